@@ -1,0 +1,90 @@
+"""Atomic file writes: a crash never leaves a torn file behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+_APPEND_LOCK = threading.Lock()
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and ``os.replace``.
+
+    The file either keeps its old content or has the new content in full.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write UTF-8 ``text`` atomically (see :func:`atomic_write_bytes`)."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None = 2) -> None:
+    """Write ``obj`` as JSON atomically (UTF-8, non-ASCII kept)."""
+    atomic_write_text(path, json.dumps(obj, indent=indent, ensure_ascii=False, sort_keys=False) + "\n")
+
+
+def append_jsonl(path: str | os.PathLike, record: Any) -> None:
+    """Append one JSON line so that a reader never sees a torn line.
+
+    The whole line is written with a single ``os.write`` on an ``O_APPEND`` descriptor
+    and fsynced; if a previous writer died mid-line (the file does not end with a
+    newline), a newline is written first so the torn line stays isolated and readers
+    that skip unparsable lines (:func:`read_jsonl`) lose nothing else.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+    with _APPEND_LOCK:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            if size:
+                with open(path, "rb") as f:
+                    f.seek(size - 1)
+                    if f.read(1) != b"\n":
+                        line = b"\n" + line
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def read_jsonl(path: str | os.PathLike, *, skip_bad: bool = True) -> list[Any]:
+    """Read a JSONL file; a torn or unparsable line is skipped when ``skip_bad``.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        json.JSONDecodeError: a bad line and ``skip_bad=False``.
+    """
+    out = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:
+                if not skip_bad:
+                    raise
+    return out

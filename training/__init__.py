@@ -1,0 +1,1 @@
+"""GRPO and SFT training on TRL (installed as ``drgym.training``)."""
