@@ -1,0 +1,190 @@
+"""HTTP calls to remote search providers with retries (tenacity) and clear errors.
+
+One function, :func:`send_with_retries`, shared by the web backends
+(:mod:`drgym.search.web`) and the page fetcher (:mod:`drgym.search.pages`):
+
+- 429 and 5xx answers, timeouts and connection failures are retried with exponential
+  backoff plus jitter; a 429/503 ``Retry-After`` header (seconds or HTTP date) is
+  honoured instead of the backoff, unless it asks for longer than ``max_retry_after_s``
+  (then the call fails at once rather than stalling a rollout).
+- 401/403 raise :class:`~drgym.errors.AuthError` naming the environment variable that
+  holds the key.
+- After the last attempt a :class:`~drgym.errors.BackendUnavailableError` says what
+  failed (status, timeout, connection) and how many attempts were made.
+
+The API key is never put into an error message or a log line.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import logging
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+import httpx
+import tenacity
+
+from drgym.errors import AuthError, BackendUnavailableError
+
+log = logging.getLogger(__name__)
+
+
+class RetryableHTTPError(BackendUnavailableError):
+    """An HTTP 429 or 5xx answer (retried, then raised as is).
+
+    Attributes:
+        status: the HTTP status code.
+        retry_after: seconds the server asked to wait (``Retry-After``), or None.
+    """
+
+    def __init__(self, message: str, status: int, retry_after: float | None = None):
+        super().__init__(message)
+        self.status = status
+        self.retry_after = retry_after
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header (RFC 9110 §10.2.3).
+
+    Args:
+        value: the header: delay-seconds (``"3"``) or an HTTP date.
+        now: POSIX time to measure a date against (default: now).
+
+    Returns:
+        A non-negative number of seconds, or None when absent or unparsable.
+    """
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    ref = datetime.fromtimestamp(time.time() if now is None else now, tz=timezone.utc)
+    return max(0.0, (when - ref).total_seconds())
+
+
+def _body_excerpt(resp: httpx.Response, n: int = 200) -> str:
+    try:
+        text = resp.text
+    except Exception:  # a streamed body not read yet, or undecodable
+        return ""
+    text = " ".join(text.split())
+    return text[:n] + ("…" if len(text) > n else "")
+
+
+def send_with_retries(
+    client: httpx.Client,
+    method: str,
+    url: str,
+    *,
+    backend: str,
+    env_var: str | None = None,
+    attempts: int = 4,
+    backoff_s: float = 0.5,
+    max_backoff_s: float = 20.0,
+    max_retry_after_s: float = 60.0,
+    stream: bool = False,
+    **request_kwargs: Any,
+) -> httpx.Response:
+    """Send one HTTP request, retrying transient failures.
+
+    Args:
+        client: the httpx client (its timeout applies to each attempt).
+        method, url: the request line.
+        backend: backend name used in error messages (``"serper"``).
+        env_var: the environment variable holding the key, named in an AuthError.
+        attempts: total tries (>= 1).
+        backoff_s: first backoff in seconds; doubles per retry (plus up to ``backoff_s``
+            of jitter), capped at ``max_backoff_s``.
+        max_retry_after_s: the longest ``Retry-After`` honoured; a longer one fails at once.
+        stream: return a streaming response (the caller must close it).
+        request_kwargs: passed to ``client.build_request`` (``headers``, ``params``, ``json``).
+
+    Returns:
+        The response of the first attempt that was not 401/403/429/5xx. Other 4xx
+        answers are returned for the caller to interpret (404 on a fetch, 400 on a search).
+
+    Raises:
+        AuthError: 401 or 403.
+        BackendUnavailableError: still 429/5xx, timing out or unreachable after
+            ``attempts`` tries (or a Retry-After beyond ``max_retry_after_s``).
+    """
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}.")
+    backoff = tenacity.wait_exponential(multiplier=backoff_s, max=max_backoff_s) + tenacity.wait_random(0, backoff_s)
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        if isinstance(exc, RetryableHTTPError) and exc.retry_after is not None:
+            return exc.retry_after
+        return backoff(state)
+
+    def should_retry(exc: BaseException) -> bool:
+        if isinstance(exc, RetryableHTTPError):
+            return exc.retry_after is None or exc.retry_after <= max_retry_after_s
+        return isinstance(exc, (httpx.TimeoutException, httpx.TransportError))
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        log.warning("%s: attempt %d failed (%s); retrying", backend, state.attempt_number, exc)
+
+    def once() -> httpx.Response:
+        request = client.build_request(method, url, **request_kwargs)
+        resp = client.send(request, stream=stream)
+        status = resp.status_code
+        if status in (401, 403):
+            if stream:
+                resp.read()
+            resp.close()
+            who = f"; set {env_var} to a valid key" if env_var else ""
+            raise AuthError(
+                f"{backend}: the API refused the credentials (HTTP {status}){who}. Server said: {_body_excerpt(resp)!r}"
+            )
+        if status == 429 or status >= 500:
+            retry_after = parse_retry_after(resp.headers.get("retry-after"))
+            if stream:
+                resp.read()
+            resp.close()
+            raise RetryableHTTPError(
+                f"{backend}: HTTP {status} from {url}"
+                + (f" (Retry-After {retry_after:g} s)" if retry_after is not None else "")
+                + f": {_body_excerpt(resp)!r}",
+                status=status,
+                retry_after=retry_after,
+            )
+        return resp
+
+    retrying = tenacity.Retrying(
+        stop=tenacity.stop_after_attempt(attempts),
+        wait=wait,
+        retry=tenacity.retry_if_exception(should_retry),
+        before_sleep=before_sleep,
+        reraise=True,
+    )
+    try:
+        return retrying(once)
+    except RetryableHTTPError as e:
+        if e.retry_after is not None and e.retry_after > max_retry_after_s:
+            raise RetryableHTTPError(
+                f"{e} — gave up: the server asks to wait longer than max_retry_after_s={max_retry_after_s:g} s.",
+                e.status,
+                e.retry_after,
+            ) from e
+        raise RetryableHTTPError(f"{e} — still failing after {attempts} attempt(s).", e.status, e.retry_after) from e
+    except httpx.TimeoutException as e:
+        raise BackendUnavailableError(
+            f"{backend}: {method} {url} timed out ({type(e).__name__}) on all {attempts} attempt(s)."
+        ) from e
+    except httpx.TransportError as e:
+        raise BackendUnavailableError(
+            f"{backend}: could not reach {url} ({type(e).__name__}: {e}) after {attempts} attempt(s)."
+        ) from e
