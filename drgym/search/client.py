@@ -1,0 +1,341 @@
+""":class:`HTTPSearchClient`: a :class:`SearchBackend` over HTTP, for a ``drgym serve``
+server or the public DeepResearchGym API (``https://clueweb22.us``, needs a key).
+
+Both speak DeepResearchGym's wire format (arXiv 2505.19253; server code
+``large-scale-embeddings/search_api/uni_search_srv.py``): ``GET /search?query=&k=``
+returns base64 JSON documents, ``GET /fetch?url=`` one base64 JSON document. The decoder
+accepts every document style seen in the wild:
+
+* drgym documents (``id``, ``url``, ``title``, ``text`` plus the ClueWeb keys);
+* ClueWeb22 records with only ``URL``, ``Clean-Text`` (first line = title) and
+  ``ClueWeb22-ID``;
+* FineWeb rows (``url``, ``text``, ``id``, ``dump``, ``date``...; no title);
+* empty entries (base64 of ``b""``, DeepResearchGym's "missing document") and entries
+  with an ``_error`` key, both skipped.
+
+Against a drgym server (detected through ``GET /health``), :meth:`search_batch` sends
+one ``POST /retrieve`` (Search-R1's shape) so the server batches the queries into one
+encoder call; against other servers it runs ``/search`` calls in a thread pool.
+
+Transient failures (HTTP 429 honouring ``Retry-After``, 5xx, timeouts, connection
+errors) are retried with exponential backoff (:func:`drgym.search.retry.send_with_retries`,
+tenacity), then raised as :class:`BackendUnavailableError`. 400/422 raise
+:class:`BadQueryError`, 404 on a fetch :class:`DocumentNotFoundError`, 401/403
+:class:`AuthError` with the server's detail.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlparse
+
+import httpx
+
+from drgym.errors import (
+    BackendUnavailableError,
+    BadQueryError,
+    ConfigError,
+    DocumentNotFoundError,
+    SearchError,
+)
+from drgym.search.base import SearchBackend
+from drgym.search.retry import send_with_retries
+from drgym.server.models import decode_b64_json
+from drgym.types import Document, SearchResult
+
+log = logging.getLogger(__name__)
+
+DEEPRESEARCHGYM_URL = "https://clueweb22.us"
+"""The public DeepResearchGym search API (ClueWeb22-B; ``/fineweb/search`` for FineWeb)."""
+
+API_KEY_ENV_VARS = ("DRGYM_API_KEY", "DEEPRESEARCHGYM_API_KEY")
+"""Environment variables read, in order, when no ``api_key`` is given."""
+
+_CONSUMED = {"id", "ClueWeb22-ID", "url", "URL", "title", "text", "Clean-Text", "source"}
+
+
+def record_fields(rec: dict[str, Any]) -> dict[str, Any]:
+    """Map one decoded wire document (any style above) to Document/SearchResult fields.
+
+    Returns:
+        ``{"doc_id", "url", "title", "text", "source", "metadata"}``; ``metadata`` holds
+        the keys not consumed (``URL-hash``, ``Language``, ``dump``, ``date``...).
+    """
+    url = str(rec.get("url") or rec.get("URL") or "")
+    doc_id = str(rec.get("id") or rec.get("ClueWeb22-ID") or url)
+    if "text" in rec and "title" in rec:  # drgym (both key styles present)
+        title, text = str(rec["title"] or ""), str(rec["text"] or "")
+    elif "Clean-Text" in rec:  # ClueWeb22: the first line is the title
+        title, _, text = str(rec["Clean-Text"] or "").partition("\n")
+    else:  # FineWeb row: text only
+        title, text = str(rec.get("title") or ""), str(rec.get("text") or "")
+    meta = {k: v for k, v in rec.items() if k not in _CONSUMED}
+    return {"doc_id": doc_id, "url": url, "title": title, "text": text,
+            "source": str(rec.get("source") or ""), "metadata": meta}
+
+
+def _detail(resp: httpx.Response) -> str:
+    """The ``detail`` of a FastAPI error body, else a short excerpt of the body."""
+    try:
+        body = resp.json()
+        if isinstance(body, dict) and "detail" in body:
+            return str(body["detail"])
+    except ValueError:
+        pass
+    text = " ".join(resp.text.split())
+    return text[:200]
+
+
+class HTTPSearchClient(SearchBackend):
+    """Search and fetch through a DeepResearchGym-compatible HTTP API.
+
+    Args:
+        base_url: server root, e.g. ``"http://127.0.0.1:8000"`` or :data:`DEEPRESEARCHGYM_URL`.
+        api_key: sent as ``x-api-key``; None reads ``DRGYM_API_KEY`` then
+            ``DEEPRESEARCHGYM_API_KEY`` (no header when neither is set).
+        timeout: seconds per attempt (connect, read, write, pool).
+        attempts: tries per request (>= 1) for transient failures.
+        backoff_s: first retry delay in seconds (doubles per retry, jittered).
+        max_backoff_s: cap of one retry delay.
+        max_retry_after_s: longest ``Retry-After`` honoured; longer fails at once.
+        route: search route, ``"/search"`` (ClueWeb22) or ``"/fineweb/search"``.
+        fetch_url: root of the fetch service when it is not ``base_url`` (the public
+            DeepResearchGym runs ``/fetch`` as a separate service).
+        drgym: whether the server is drgym (batches through ``/retrieve``); None detects
+            it from ``GET /health`` on first use.
+        max_k: largest ``k`` accepted client-side (a drgym server's own max_k replaces it).
+        workers: threads for ``search_batch`` against non-drgym servers.
+        retrieve_chunk: most queries per ``/retrieve`` request.
+        name: backend name; default ``"deepresearchgym"`` for clueweb22.us, else ``"http"``.
+        deterministic: whether rankings are repeatable. True by default: both a drgym
+            server and DeepResearchGym search a fixed index (DeepResearchGym's point);
+            pass False for a service that may be re-indexed under you.
+
+    Raises:
+        ConfigError: ``base_url`` is not an http(s) URL, or ``attempts`` < 1.
+    """
+
+    def __init__(
+        self,
+        base_url: str = "http://127.0.0.1:8000",
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        attempts: int = 4,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 8.0,
+        max_retry_after_s: float = 60.0,
+        route: str = "/search",
+        fetch_url: str | None = None,
+        drgym: bool | None = None,
+        max_k: int = 100,
+        workers: int = 8,
+        retrieve_chunk: int = 256,
+        name: str | None = None,
+        deterministic: bool = True,
+    ) -> None:
+        parsed = urlparse(base_url)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise ConfigError(f"base_url must be an http(s) URL such as 'http://127.0.0.1:8000', got {base_url!r}.")
+        if attempts < 1:
+            raise ConfigError(f"attempts must be >= 1, got {attempts}.")
+        self.base_url = base_url.rstrip("/")
+        self.fetch_base = (fetch_url or base_url).rstrip("/")
+        self.route = "/" + route.strip("/")
+        if api_key is None:
+            api_key = next((os.environ[v] for v in API_KEY_ENV_VARS if os.environ.get(v)), None)
+        self._headers = {"x-api-key": api_key} if api_key else {}
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+        self.max_retry_after_s = max_retry_after_s
+        self.max_k = max_k
+        self.workers = max(1, workers)
+        self.retrieve_chunk = max(1, retrieve_chunk)
+        self.name = name or ("deepresearchgym" if parsed.hostname and parsed.hostname.endswith("clueweb22.us") else "http")
+        self.deterministic = deterministic
+        self._drgym = drgym
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+        self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=self._headers,
+                                    limits=httpx.Limits(max_connections=max(64, 2 * self.workers)))
+
+    @classmethod
+    def deepresearchgym(cls, api_key: str | None = None, *, fineweb: bool = False, **kwargs: Any) -> "HTTPSearchClient":
+        """Client of the public DeepResearchGym API (ClueWeb22-B, or FineWeb with
+        ``fineweb=True``). Needs a key (``DEEPRESEARCHGYM_API_KEY``)."""
+        return cls(DEEPRESEARCHGYM_URL, api_key=api_key, route="/fineweb/search" if fineweb else "/search",
+                   drgym=False, **kwargs)
+
+    # -- HTTP --------------------------------------------------------------------------
+    def _send(self, method: str, url: str, **kw: Any) -> httpx.Response:
+        try:
+            return send_with_retries(
+                self._client, method, url, backend=self.name, env_var=API_KEY_ENV_VARS[0],
+                attempts=self.attempts, backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s,
+                max_retry_after_s=self.max_retry_after_s, **kw,
+            )
+        except RuntimeError as e:  # the client was closed
+            raise BackendUnavailableError(f"{self.name}: client is closed ({e}).") from e
+
+    def _json(self, resp: httpx.Response) -> Any:
+        """Body of a 2xx answer as JSON; 4xx become BadQueryError / SearchError."""
+        if resp.status_code in (400, 422):
+            raise BadQueryError(f"{self.name}: {_detail(resp)}")
+        if resp.status_code >= 400:
+            raise SearchError(f"{self.name}: HTTP {resp.status_code} from {resp.request.url}: {_detail(resp)}")
+        try:
+            return resp.json()
+        except ValueError as e:
+            excerpt = " ".join(resp.text.split())[:120]
+            raise BackendUnavailableError(
+                f"{self.name}: {resp.request.url.copy_with(query=None)} answered HTTP {resp.status_code} with "
+                f"malformed JSON ({e}): {excerpt!r}"
+            ) from e
+
+    def is_drgym(self) -> bool:
+        """Whether the server is drgym (``GET /health`` says ``"service": "drgym"``);
+        detected once, which also adopts the server's ``max_k``.
+
+        Raises:
+            BackendUnavailableError: the server cannot be reached.
+        """
+        with self._lock:
+            if self._drgym is None:
+                resp = self._send("GET", f"{self.base_url}/health")
+                info: Any = None
+                if resp.status_code == 200:
+                    try:
+                        info = resp.json()
+                    except ValueError:
+                        info = None
+                self._drgym = isinstance(info, dict) and info.get("service") == "drgym"
+                if self._drgym and isinstance(info.get("max_k"), int):
+                    self.max_k = info["max_k"]
+            return self._drgym
+
+    # -- SearchBackend -----------------------------------------------------------------
+    def search(self, query: str, k: int = 10) -> list[SearchResult]:
+        """Top-``k`` hits of ``GET {route}?query=&k=&with_distance=true``.
+
+        Returns:
+            Hits with ``score`` = the server's distance (higher is better; 0.0 when the
+            server sends none) and ranks 1..n; empty or ``_error`` entries are skipped.
+
+        Raises:
+            BadQueryError, AuthError, BackendUnavailableError, SearchError (see module doc).
+        """
+        self.check_request([query], k)
+        resp = self._send("GET", f"{self.base_url}{self.route}",
+                          params={"query": query, "k": k, "with_distance": "true"})
+        body = self._json(resp)
+        if not isinstance(body, dict) or not isinstance(body.get("results"), list):
+            raise BackendUnavailableError(f"{self.name}: expected {{'results': [...]}} from {self.route}, got {str(body)[:120]!r}")
+        results = body["results"]
+        dists = body.get("distances")
+        if not isinstance(dists, list) or len(dists) != len(results):
+            dists = [0.0] * len(results)
+        out: list[SearchResult] = []
+        for i, (entry, dist) in enumerate(zip(results, dists)):
+            try:
+                rec = decode_b64_json(entry) if isinstance(entry, str) else None
+            except ValueError as e:
+                log.warning("%s: result %d of %r is not base64 JSON (%s); skipped", self.name, i, query[:60], e)
+                continue
+            if rec is None or "_error" in rec:
+                continue
+            f = record_fields(rec)
+            out.append(SearchResult(score=float(dist if dist is not None else 0.0), rank=len(out) + 1, **f))
+        return out
+
+    def search_batch(self, queries: list[str], k: int = 10) -> list[list[SearchResult]]:
+        """One result list per query: ``POST /retrieve`` on a drgym server, else
+        concurrent ``/search`` calls (``workers`` threads).
+
+        Raises:
+            BadQueryError: a query is empty or k outside 1..max_k (checked before sending).
+        """
+        self.check_request(queries, k)
+        if not queries:
+            return []
+        if self.route == "/search" and self.is_drgym():
+            self.check_request(queries, k)  # max_k may have changed on detection
+            out: list[list[SearchResult]] = []
+            for i in range(0, len(queries), self.retrieve_chunk):
+                out.extend(self._retrieve(queries[i : i + self.retrieve_chunk], k))
+            return out
+        if len(queries) == 1:
+            return [self.search(queries[0], k)]
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.workers, thread_name_prefix="drgym-http")
+            pool = self._pool
+        return list(pool.map(lambda q: self.search(q, k), queries))
+
+    def _retrieve(self, queries: list[str], k: int) -> list[list[SearchResult]]:
+        resp = self._send("POST", f"{self.base_url}/retrieve",
+                          json={"queries": queries, "topk": k, "return_scores": True})
+        body = self._json(resp)
+        rows = body.get("result") if isinstance(body, dict) else None
+        if not isinstance(rows, list) or len(rows) != len(queries):
+            raise BackendUnavailableError(f"{self.name}: /retrieve returned {str(body)[:120]!r} for {len(queries)} queries")
+        out = []
+        for hits in rows:
+            res = []
+            for h in hits:
+                d = h["document"]
+                title = str(d.get("title") or "")
+                contents = str(d.get("contents") or "")
+                head = f'"{title}"\n'
+                text = contents[len(head):] if contents.startswith(head) else contents.partition("\n")[2]
+                res.append(SearchResult(doc_id=str(d["id"]), url=str(d.get("url") or ""), title=title, text=text,
+                                        score=float(h.get("score") or 0.0), rank=len(res) + 1,
+                                        source=str(d.get("source") or "")))
+            out.append(res)
+        return out
+
+    def fetch(self, url: str) -> Document:
+        """The whole document at ``url`` (``GET /fetch?url=``).
+
+        Accepts ``clean_text`` as base64 JSON (current servers) or plain text (an older
+        DeepResearchGym variant); plain text is split into title (first line) and text.
+
+        Raises:
+            DocumentNotFoundError: HTTP 404 (the server's detail is in the message).
+            AuthError, BackendUnavailableError, SearchError.
+        """
+        if not isinstance(url, str) or not url.strip():
+            raise DocumentNotFoundError(f"URL not found: {url!r} (empty URL).")
+        resp = self._send("GET", f"{self.fetch_base}/fetch", params={"url": url})
+        if resp.status_code == 404:
+            raise DocumentNotFoundError(f"URL not found: {url!r} ({self.name} said: {_detail(resp)})")
+        body = self._json(resp)
+        ct = body.get("clean_text") if isinstance(body, dict) else None
+        if not isinstance(ct, str):
+            raise BackendUnavailableError(f"{self.name}: expected {{'clean_text': ...}} from /fetch, got {str(body)[:120]!r}")
+        try:
+            rec = decode_b64_json(ct)
+        except (ValueError, UnicodeDecodeError):
+            title, _, text = ct.partition("\n")
+            rec = {"URL": url, "title": title, "text": text}
+        if rec is None:
+            raise DocumentNotFoundError(f"URL not found: {url!r} ({self.name} returned an empty document)")
+        f = record_fields(rec)
+        if not f["url"]:
+            f["url"] = url
+        return Document(**f)
+
+    def close(self) -> None:
+        """Close the HTTP connections and the thread pool. Idempotent."""
+        with self._lock:
+            if self._pool is not None:
+                self._pool.shutdown(wait=False)
+                self._pool = None
+        self._client.close()
+
+    def __repr__(self) -> str:
+        return f"HTTPSearchClient({self.base_url!r}, name={self.name!r})"

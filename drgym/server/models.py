@@ -1,0 +1,225 @@
+"""Wire formats of the drgym search service: settings, request/response models, and the
+base64 document encoding of DeepResearchGym.
+
+Two public APIs are mirrored so existing agent code can point at drgym unchanged:
+
+* DeepResearchGym (arXiv 2505.19253, server ``large-scale-embeddings/search_api/
+  uni_search_srv.py``): ``GET /search`` answers ``{"results": [base64(JSON doc)],
+  "distances": [float] | null, "outlinks": [...]}``; ``GET /fetch`` answers
+  ``{"clean_text": base64(JSON doc)}``. A decoded document is a ClueWeb22 record
+  (``URL``, ``ClueWeb22-ID``, ``Clean-Text`` whose first line is the title) or a FineWeb
+  row (``url``, ``id``, ``text``); drgym emits both key styles plus ``title``.
+* Search-R1 (arXiv 2503.09516, ``search_r1/search/retrieval_server.py``): ``POST
+  /retrieve`` with ``{"queries", "topk", "return_scores"}`` answers ``{"result": [[hit,
+  ...] per query]}`` where a hit is ``{"document": {"id", "contents"}, "score"}`` (or the
+  bare document without scores); ``contents`` is ``'"title"\\ntext'``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+from pydantic import BaseModel, Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from drgym.types import Document, SearchResult
+
+
+class ServerSettings(BaseSettings):
+    """Settings of ``drgym serve``; every field can be set by a ``DRGYM_<FIELD>`` env var
+    (e.g. ``DRGYM_PORT=9000``, ``DRGYM_API_KEYS=k1,k2``) or a CLI option of the same name.
+
+    Attributes:
+        corpus: named corpus to serve (``wiki-default``, ``hotpotqa``...).
+        method: retrieval method of the local engine (``dense``, ``bm25``, ``hybrid``);
+            None uses the engine's default.
+        encoder: sentence-transformers model name or path; None uses the index's.
+        index_dir: explicit index folder; None uses the cache under ``DRGYM_HOME``.
+        host, port: where uvicorn listens.
+        max_k: largest ``k`` accepted (400 beyond it).
+        default_k: ``k`` of ``/search`` when the request gives none (DeepResearchGym: 10).
+        retrieve_topk: ``topk`` of ``/retrieve`` when the request gives none (Search-R1: 3).
+        max_batch_queries: most queries in one ``/retrieve`` request (400 beyond it).
+        max_query_chars: longer queries are cut to this many characters before search
+            (the encoder truncates to its token window anyway; this bounds BM25 work and
+            cache memory). Never an error.
+        batch_window_ms: how long the micro-batcher waits for more queries after the
+            first one arrives, in milliseconds (0 = take whatever is queued).
+        max_batch_size: most queries in one ``search_batch`` call.
+        cache_size: entries of the LRU result cache (0 disables it).
+        api_keys: comma-separated keys accepted in the ``x-api-key`` header; empty means
+            no authentication (the default, for loopback use).
+        log_level: uvicorn log level.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="DRGYM_", extra="ignore")
+
+    corpus: str = "wiki-default"
+    method: str | None = None
+    encoder: str | None = None
+    index_dir: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    max_k: int = Field(100, ge=1, le=10_000)
+    default_k: int = Field(10, ge=1)
+    retrieve_topk: int = Field(3, ge=1)
+    max_batch_queries: int = Field(4096, ge=1)
+    max_query_chars: int = Field(20_000, ge=1)
+    batch_window_ms: float = Field(1.0, ge=0.0, le=1000.0)
+    max_batch_size: int = Field(64, ge=1)
+    cache_size: int = Field(4096, ge=0)
+    api_keys: str = ""
+    log_level: str = "warning"
+
+    @model_validator(mode="after")
+    def _defaults_within_max_k(self) -> "ServerSettings":
+        for name in ("default_k", "retrieve_topk"):
+            if getattr(self, name) > self.max_k:
+                raise ValueError(f"{name} must be <= max_k ({self.max_k}), got {getattr(self, name)}.")
+        return self
+
+    def key_set(self) -> frozenset[str]:
+        """The accepted API keys (empty: authentication off)."""
+        return frozenset(k.strip() for k in self.api_keys.split(",") if k.strip())
+
+
+# -- DeepResearchGym document encoding --------------------------------------------------
+
+
+def clean_text(title: str, text: str) -> str:
+    """ClueWeb22 ``Clean-Text``: the title as first line, then the text (no title: text)."""
+    return f"{title}\n{text}" if title else text
+
+
+def result_record(r: SearchResult) -> dict[str, Any]:
+    """JSON document of one search hit, with both DeepResearchGym key styles.
+
+    Returns:
+        ``{"URL", "ClueWeb22-ID", "Clean-Text", "url", "id", "title", "text", "source"}``;
+        ``text`` is the passage, ``Clean-Text`` is ``title\\npassage``.
+    """
+    return {
+        "URL": r.url,
+        "ClueWeb22-ID": r.doc_id,
+        "Clean-Text": clean_text(r.title, r.text),
+        "url": r.url,
+        "id": r.doc_id,
+        "title": r.title,
+        "text": r.text,
+        "source": r.source,
+    }
+
+
+def document_record(d: Document) -> dict[str, Any]:
+    """JSON document of a whole fetched document (same keys as :func:`result_record`)."""
+    return {
+        "URL": d.url,
+        "ClueWeb22-ID": d.doc_id,
+        "Clean-Text": clean_text(d.title, d.text),
+        "url": d.url,
+        "id": d.doc_id,
+        "title": d.title,
+        "text": d.text,
+        "source": d.source,
+    }
+
+
+def b64_json(record: dict[str, Any]) -> str:
+    """Base64 (standard alphabet, ASCII) of the UTF-8 JSON of ``record``."""
+    return base64.b64encode(json.dumps(record, ensure_ascii=False).encode("utf-8")).decode("ascii")
+
+
+def decode_b64_json(s: str) -> dict[str, Any] | None:
+    """Inverse of :func:`b64_json`.
+
+    Returns:
+        The decoded object, or None for an empty entry (DeepResearchGym encodes a missing
+        document as base64 of ``b""``).
+
+    Raises:
+        ValueError: ``s`` is not base64 of a UTF-8 JSON object.
+    """
+    raw = base64.b64decode(s, validate=True)
+    if not raw.strip():
+        return None
+    obj = json.loads(raw.decode("utf-8"))
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+# -- response / request models ----------------------------------------------------------
+
+
+class SearchResponse(BaseModel):
+    """``GET /search`` answer (DeepResearchGym shape)."""
+
+    results: list[str] = Field(description="base64 of one JSON document per hit, best first")
+    distances: list[float] | None = Field(
+        None, description="score per hit (higher is better) when with_distance=true, else null"
+    )
+    outlinks: list[str] | None = Field(default_factory=list, description="always empty: drgym keeps no outlinks")
+
+
+class FetchResponse(BaseModel):
+    """``GET /fetch`` answer (DeepResearchGym shape)."""
+
+    clean_text: str = Field(description="base64 of the JSON of the whole document")
+
+
+class RetrieveRequest(BaseModel):
+    """``POST /retrieve`` body (Search-R1's ``QueryRequest``)."""
+
+    queries: list[str]
+    topk: int | None = None
+    return_scores: bool = False
+
+
+class RetrieveDocument(BaseModel):
+    """A corpus row in Search-R1's format, plus the ``url``, ``title`` and ``source``
+    drgym adds (extra keys Search-R1 code ignores)."""
+
+    id: str
+    contents: str = Field(description='"title"\\ntext (FlashRAG / Search-R1 format)')
+    url: str = ""
+    title: str = ""
+    source: str = ""
+
+
+class RetrieveHit(BaseModel):
+    """A scored hit of ``/retrieve`` when ``return_scores`` is true."""
+
+    document: RetrieveDocument
+    score: float
+
+
+class RetrieveResponse(BaseModel):
+    """``POST /retrieve`` answer: one list per query, in the order of the queries."""
+
+    result: list[list[RetrieveHit]] | list[list[RetrieveDocument]]
+
+
+class HealthResponse(BaseModel):
+    """``GET /health`` answer; ``service == "drgym"`` tells clients they can use
+    ``/retrieve`` for batches."""
+
+    status: str = "healthy"
+    service: str = "drgym"
+    version: str
+    backend: str
+    deterministic: bool
+    max_k: int
+    stats: dict[str, int | float] = Field(default_factory=dict)
+
+
+class ErrorResponse(BaseModel):
+    """Every error answer: ``{"detail": message}``."""
+
+    detail: Any
+
+
+def retrieve_document(r: SearchResult) -> RetrieveDocument:
+    """Search-R1 corpus row of a hit."""
+    return RetrieveDocument(id=r.doc_id, contents=f'"{r.title}"\n{r.text}', url=r.url, title=r.title, source=r.source)

@@ -1,0 +1,170 @@
+"""Start and stop a drgym search server on a free loopback port (tests, benchmarks).
+
+Two ways, one context manager::
+
+    from drgym.server.testing import running_server
+
+    with running_server(engine) as srv:                 # uvicorn in a thread of this process
+        httpx.get(f"{srv.url}/search", params={"query": "x"})
+
+    with running_server(cli_args=["--corpus", "wiki-default", "--method", "dense"]) as srv:
+        ...                                             # `python -m drgym serve` subprocess
+
+The thread form reuses an already loaded backend (fast, but shares this process's GIL
+with the caller); the subprocess form is the real CLI in its own process (what a
+throughput benchmark with many client threads should use). Both wait until
+``GET /health`` answers and stop the server on exit, even on error.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from drgym.search.base import SearchBackend
+from drgym.server.app import UVICORN_H11_MAX_EVENT
+from drgym.server.models import ServerSettings
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago (bind to port 0, then close)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningServer:
+    """Handle of a started server.
+
+    Attributes:
+        url: ``http://host:port`` (no trailing slash).
+        port: the TCP port.
+        process: the ``drgym serve`` subprocess (subprocess form), else None.
+        log_path: file collecting the subprocess's stdout and stderr, else None.
+    """
+
+    url: str
+    port: int
+    process: subprocess.Popen | None = None
+    log_path: Path | None = None
+    _stop: object = field(default=None, repr=False)
+
+    def log_text(self) -> str:
+        """What the subprocess printed so far ('' for the thread form)."""
+        if self.log_path and self.log_path.exists():
+            return self.log_path.read_text(errors="replace")
+        return ""
+
+
+def _wait_healthy(url: str, timeout: float, alive) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not alive():
+            raise RuntimeError("server exited during start-up")
+        try:
+            if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"server at {url} did not answer /health within {timeout:.0f} s")
+
+
+@contextmanager
+def running_server(
+    backend: SearchBackend | None = None,
+    *,
+    settings: ServerSettings | None = None,
+    cli_args: Sequence[str] = (),
+    host: str = "127.0.0.1",
+    startup_timeout: float = 300.0,
+    env: dict[str, str] | None = None,
+) -> Iterator[RunningServer]:
+    """Run a drgym server for the duration of a ``with`` block.
+
+    Args:
+        backend: serve this backend from a uvicorn thread in this process; None starts
+            ``python -m drgym serve --host HOST --port PORT *cli_args`` instead.
+        settings: server settings for the thread form (``host``/``port`` are ignored).
+        cli_args: extra ``drgym serve`` options for the subprocess form.
+        host: loopback address to bind.
+        startup_timeout: seconds to wait for ``/health`` (the subprocess may build an index).
+        env: extra environment variables of the subprocess.
+
+    Yields:
+        A :class:`RunningServer` with ``url``.
+
+    Raises:
+        RuntimeError: the subprocess exited during start-up (its output is in the message).
+        TimeoutError: no healthy answer within ``startup_timeout``.
+    """
+    if backend is not None:
+        yield from _thread_server(backend, settings, host, startup_timeout)
+    else:
+        yield from _process_server(cli_args, host, startup_timeout, env)
+
+
+def _thread_server(backend, settings, host, startup_timeout) -> Iterator[RunningServer]:
+    import uvicorn
+
+    from drgym.server.app import create_app
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    port = sock.getsockname()[1]
+    app = create_app(backend, settings or ServerSettings())
+    config = uvicorn.Config(app, log_level="warning", lifespan="on",
+                            h11_max_incomplete_event_size=UVICORN_H11_MAX_EVENT)
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
+                              name=f"drgym-server-{port}")
+    thread.start()
+    url = f"http://{host}:{port}"
+    try:
+        _wait_healthy(url, startup_timeout, thread.is_alive)
+        yield RunningServer(url=url, port=port)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        sock.close()
+
+
+def _process_server(cli_args, host, startup_timeout, env) -> Iterator[RunningServer]:
+    port = free_port(host)
+    fd, log_name = tempfile.mkstemp(prefix=f"drgym-serve-{port}-", suffix=".log")
+    log_path = Path(log_name)
+    full_env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    cmd = [sys.executable, "-m", "drgym", "serve", "--host", host, "--port", str(port), *cli_args]
+    with os.fdopen(fd, "wb") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=full_env)
+    url = f"http://{host}:{port}"
+    try:
+        try:
+            _wait_healthy(url, startup_timeout, lambda: proc.poll() is None)
+        except RuntimeError as e:
+            raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}: {log_path.read_text(errors='replace')[-2000:]}") from e
+        yield RunningServer(url=url, port=port, process=proc, log_path=log_path)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()  # SIGTERM: uvicorn shuts down gracefully
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        try:
+            log_path.unlink()
+        except FileNotFoundError:
+            pass
