@@ -1,0 +1,363 @@
+"""In-process search over a built index: :class:`LocalSearchEngine`.
+
+    >>> from drgym.search.local import LocalSearchEngine
+    >>> engine = LocalSearchEngine.from_corpus("wiki-default")      # builds once, then loads
+    >>> engine.search("Who wrote Hamlet?", k=5)[0].url
+    >>> engine.fetch("https://en.wikipedia.org/wiki/Hamlet")       # the whole document
+
+Three methods share one index folder:
+
+* ``"dense"``: the query embedding (same encoder as the passages) against the FAISS
+  shards; score = inner product of unit vectors (cosine).
+* ``"bm25"``: bm25s lexical scores (:mod:`drgym.index.bm25`).
+* ``"hybrid"``: reciprocal rank fusion (k=60) of the dense and BM25 top-100.
+
+A batch costs one encoder call for all queries and one FAISS search per shard. Equal
+scores are ordered by passage_id, so rankings are deterministic.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from pathlib import Path
+
+import numpy as np
+
+from drgym.errors import ConfigError, DocumentNotFoundError
+from drgym.search.base import SearchBackend
+from drgym.types import Document, SearchResult
+
+log = logging.getLogger(__name__)
+
+METHODS = ("dense", "bm25", "hybrid")
+DEFAULT_METHOD = "hybrid"
+"""Best supporting-paragraph recall@10 on the HotpotQA and MuSiQue questions over
+wiki-default (scripts/bench_search.py)."""
+
+MAX_QUERY_CHARS = 16_384
+"""Queries are cut to this many characters before tokenisation (the encoder then keeps
+its own window, 256 tokens for MiniLM): long queries are truncated, never rejected."""
+
+RRF_DEPTH = 100
+"""Candidates taken from each of dense and BM25 before reciprocal rank fusion."""
+
+_ENCODE_LOCKS: "weakref.WeakKeyDictionary[object, threading.Lock]" = weakref.WeakKeyDictionary()
+_ENCODE_LOCKS_GUARD = threading.Lock()
+
+
+def _encode_lock(encoder) -> threading.Lock:
+    with _ENCODE_LOCKS_GUARD:
+        lock = _ENCODE_LOCKS.get(encoder)
+        if lock is None:
+            lock = _ENCODE_LOCKS[encoder] = threading.Lock()
+        return lock
+
+
+class _Shared:
+    """Resources of one loaded index, shared by engines that differ only in method."""
+
+    def __init__(self, folder: Path, encoder, device, search_params) -> None:
+        from drgym.docstore import DocStore
+        from drgym.index.dense import load_tie_rank
+        from drgym.index.manifest import IndexManifest
+
+        self.folder = folder
+        self.manifest = IndexManifest.read(folder)
+        self.manifest.check_files(folder)
+        self.device = device
+        self.search_params = search_params
+        self.docstore = DocStore(folder / "docs.sqlite")
+        if self.docstore.n_passages != self.manifest.n_passages:
+            from drgym.errors import CorruptIndexError
+
+            raise CorruptIndexError(
+                f"{folder}/docs.sqlite holds {self.docstore.n_passages} passages, the manifest says {self.manifest.n_passages}."
+            )
+        self.tie_rank = load_tie_rank(folder, self.manifest.n_passages)
+        self._encoder = encoder  # an Encoder, or None to load the manifest's on first use
+        self._dense = None
+        self._bm25 = None
+        self._lock = threading.Lock()
+
+    @property
+    def encoder(self):
+        with self._lock:
+            if self._encoder is None:
+                from drgym.index.build import get_encoder
+
+                enc = get_encoder(self.manifest.encoder, self.device)
+                self.manifest.check_encoder(enc.name, enc.revision, enc.dim)
+                self._encoder = enc
+            return self._encoder
+
+    @property
+    def dense(self):
+        with self._lock:
+            if self._dense is None:
+                from drgym.index.dense import DenseIndex
+
+                m = self.manifest
+                self._dense = DenseIndex(self.folder, m.shards, m.dim, m.n_passages, device=self.device,
+                                         search_params=self.search_params)
+            return self._dense
+
+    @property
+    def bm25(self):
+        with self._lock:
+            if self._bm25 is None:
+                if self.manifest.bm25 is None:
+                    raise ConfigError(f"Index {self.folder} has no BM25 index; rebuild it with BM25 to use method 'bm25' or 'hybrid'.")
+                from drgym.index.bm25 import BM25Index
+
+                self._bm25 = BM25Index(self.folder, self.manifest.n_passages)
+            return self._bm25
+
+    def close(self) -> None:
+        self.docstore.close()
+
+
+class LocalSearchEngine(SearchBackend):
+    """Search an index folder in-process (thread-safe).
+
+    Args:
+        folder: an index folder (holding ``manifest.json``).
+        method: ``"dense"``, ``"bm25"`` or ``"hybrid"`` (default :data:`DEFAULT_METHOD`).
+        encoder: None (use the manifest's encoder, loaded on first dense query), a model
+            name, or a loaded :class:`drgym.embedding.Encoder`; it must be the encoder
+            the index was built with.
+        device: ``"cpu"`` or ``"cuda"`` for the encoder and FAISS; None picks a GPU if any.
+        search_params: FAISS search parameters (``{"efSearch": 64, "nprobe": 16}`` by default).
+        max_k: largest accepted ``k``.
+        rrf_depth: candidates per method fused by hybrid search.
+
+    Raises:
+        IndexNotFoundError: no index in ``folder``.
+        IndexMismatchError: ``encoder`` differs from the manifest's (both names given).
+        CorruptIndexError: an index file is missing, truncated or unreadable.
+        ConfigError: unknown method.
+    """
+
+    name = "local"
+    deterministic = True
+
+    def __init__(
+        self,
+        folder: str | Path,
+        *,
+        method: str = DEFAULT_METHOD,
+        encoder=None,
+        device: str | None = None,
+        search_params: dict[str, int] | None = None,
+        max_k: int = 100,
+        rrf_depth: int = RRF_DEPTH,
+        _shared: _Shared | None = None,
+    ) -> None:
+        if method not in METHODS:
+            from drgym.errors import unknown_name
+
+            raise unknown_name("search method", method, METHODS)
+        self.method = method
+        self.max_k = int(max_k)
+        self.rrf_depth = int(rrf_depth)
+        if _shared is None:
+            folder = Path(folder)
+            enc = encoder
+            if isinstance(encoder, str):
+                from drgym.embedding import resolve_model
+                from drgym.index.manifest import IndexManifest
+
+                IndexManifest.read(folder).check_encoder(resolve_model(encoder)[0])
+                from drgym.index.build import get_encoder
+
+                enc = get_encoder(encoder, device)
+            _shared = _Shared(folder, enc, device, search_params)
+            if enc is not None:
+                _shared.manifest.check_encoder(enc.name, enc.revision, enc.dim)
+        self._shared = _shared
+        self.folder = _shared.folder
+        self.manifest = _shared.manifest
+        self.docstore = _shared.docstore
+
+    # -- construction --------------------------------------------------------------------
+    @classmethod
+    def from_corpus(
+        cls,
+        corpus: str = "wiki-default",
+        *,
+        method: str = DEFAULT_METHOD,
+        encoder: str = "all-MiniLM-L6-v2",
+        factory: str | None = None,
+        shard_size: int | None = None,
+        format: str | None = None,
+        name: str | None = None,
+        root: str | Path | None = None,
+        rebuild: bool = False,
+        progress: bool = False,
+        device: str | None = None,
+        search_params: dict[str, int] | None = None,
+        max_k: int = 100,
+    ) -> "LocalSearchEngine":
+        """Build the index of ``corpus`` if it is missing or outdated, then load it.
+
+        Args:
+            corpus: a named corpus (``"wiki-default"``, ``"hotpotqa"``...) or a corpus path.
+            factory: FAISS factory string (default :data:`drgym.index.build.DEFAULT_FACTORY`).
+            shard_size: rows per dense shard (default 25M, i.e. one shard).
+            format: corpus format for a path; None sniffs it.
+            name: index folder name; None derives it.
+            root: folder of index folders (default ``$DRGYM_HOME/indexes``).
+            rebuild: rebuild even when an identical index exists.
+            progress: show progress bars while building.
+            Other arguments as for :class:`LocalSearchEngine`.
+
+        Raises:
+            As :func:`drgym.index.build.build_index` and :class:`LocalSearchEngine`.
+        """
+        from drgym.index.build import DEFAULT_FACTORY, DEFAULT_SHARD_SIZE, IndexSpec, build_index, get_encoder
+
+        enc = get_encoder(encoder, device)
+        spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
+                         shard_size=shard_size or DEFAULT_SHARD_SIZE, name=name)
+        res = build_index(spec, root=root, encoder=enc, force=rebuild, progress=progress)
+        return cls(res.folder, method=method, encoder=enc, device=device, search_params=search_params, max_k=max_k)
+
+    @classmethod
+    def open(cls, name_or_folder: str | Path, **kwargs) -> "LocalSearchEngine":
+        """Load an existing index by folder path or by name under ``$DRGYM_HOME/indexes``.
+
+        Raises:
+            IndexNotFoundError: neither exists.
+        """
+        from drgym.paths import indexes_dir
+
+        p = Path(name_or_folder).expanduser()
+        if not (p / "manifest.json").exists() and (indexes_dir() / str(name_or_folder) / "manifest.json").exists():
+            p = indexes_dir() / str(name_or_folder)
+        return cls(p, **kwargs)
+
+    def with_method(self, method: str) -> "LocalSearchEngine":
+        """Another engine on the same loaded index (no reload) with a different method."""
+        return LocalSearchEngine(self.folder, method=method, max_k=self.max_k, rrf_depth=self.rrf_depth, _shared=self._shared)
+
+    # -- properties ----------------------------------------------------------------------
+    @property
+    def encoder(self):
+        """The query encoder (loaded on first use)."""
+        return self._shared.encoder
+
+    @property
+    def n_passages(self) -> int:
+        """Rows in the index."""
+        return self.manifest.n_passages
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (f"LocalSearchEngine({m.name!r}, method={self.method!r}, passages={m.n_passages}, "
+                f"encoder={m.encoder!r}, factory={m.factory!r}, shards={len(m.shards)})")
+
+    # -- search --------------------------------------------------------------------------
+    def encode_queries(self, queries: list[str]) -> np.ndarray:
+        """Embed queries in one encoder call (serialised across threads).
+
+        Returns:
+            float32 ``(len(queries), dim)`` unit vectors.
+        """
+        enc = self.encoder
+        cut = [q[:MAX_QUERY_CHARS] for q in queries]
+        with _encode_lock(enc):
+            return enc.encode_queries(cut)
+
+    def search_rows(self, queries: list[str], k: int, method: str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Rankings as index rows (no docstore lookup).
+
+        Returns:
+            Per query ``(scores, rows)``: float32 and int64 arrays of length <= k, best first.
+        """
+        method = method or self.method
+        if method not in METHODS:
+            from drgym.errors import unknown_name
+
+            raise unknown_name("search method", method, METHODS)
+        sh = self._shared
+        cut = [q[:MAX_QUERY_CHARS] for q in queries]
+        dense_runs = bm25_runs = None
+        depth = k if method != "hybrid" else max(k, self.rrf_depth)
+        if method in ("dense", "hybrid"):
+            qv = self.encode_queries(cut)
+            S, R = sh.dense.search(qv, depth)
+            dense_runs = [(S[i][R[i] >= 0], R[i][R[i] >= 0]) for i in range(len(cut))]
+        if method in ("bm25", "hybrid"):
+            bm25_runs = sh.bm25.search(cut, depth, sh.tie_rank)
+        if method == "dense":
+            return dense_runs
+        if method == "bm25":
+            return bm25_runs
+        from drgym.index.bm25 import rrf_fuse
+
+        return [rrf_fuse([dense_runs[i][1], bm25_runs[i][1]], k, sh.tie_rank) for i in range(len(cut))]
+
+    def search_batch(self, queries: list[str], k: int = 10, *, method: str | None = None) -> list[list[SearchResult]]:
+        """Top-``k`` passages of each query (see :meth:`SearchBackend.search_batch`).
+
+        Args:
+            queries: non-empty strings; longer than the encoder window is fine (truncated).
+            k: 1 <= k <= max_k.
+            method: override the engine's method for this call.
+
+        Returns:
+            One list per query of at most ``k`` :class:`SearchResult` (``doc_id`` is the
+            passage id, ``url``/``title`` the parent document's, ``text`` the passage,
+            ``score`` cosine / BM25 / RRF score, ``rank`` 1-based), best first.
+            ``metadata`` holds ``parent_doc_id`` and ``method``.
+
+        Raises:
+            BadQueryError: empty query or k outside 1..max_k.
+        """
+        self.check_request(queries, k)
+        method = method or self.method
+        runs = self.search_rows(list(queries), k, method)
+        all_rows = {int(r) for _, rows in runs for r in rows}
+        recs = self.docstore.passages(sorted(all_rows))
+        out: list[list[SearchResult]] = []
+        for scores, rows in runs:
+            res = []
+            for score, row in zip(scores, rows):
+                rec = recs.get(int(row))
+                if rec is None:
+                    from drgym.errors import CorruptIndexError
+
+                    raise CorruptIndexError(f"Index row {int(row)} has no passage in {self.docstore.path}; rebuild the index.")
+                res.append(SearchResult(
+                    doc_id=rec.passage_id, url=rec.url, title=rec.title, text=rec.text,
+                    score=float(score), rank=len(res) + 1, source=rec.source,
+                    metadata={"parent_doc_id": rec.doc_id, "method": method},
+                ))
+            out.append(res)
+        return out
+
+    # -- documents -----------------------------------------------------------------------
+    def fetch(self, url: str) -> Document:
+        """The whole document at ``url`` (exact, normalised, then fragment-less match).
+
+        Raises:
+            DocumentNotFoundError: no document has that URL.
+        """
+        return self.docstore.fetch(url)
+
+    def get(self, doc_id: str) -> Document:
+        """The whole document with this doc_id (or the parent of a passage id).
+
+        Raises:
+            DocumentNotFoundError: unknown doc_id.
+        """
+        return self.docstore.get(doc_id)
+
+    def close(self) -> None:
+        """Close the docstore connections. Idempotent; engines from :meth:`with_method`
+        share them, so close the last one only."""
+        self._shared.close()
+
+
+__all__ = ["DEFAULT_METHOD", "METHODS", "LocalSearchEngine", "DocumentNotFoundError"]
