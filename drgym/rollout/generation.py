@@ -1,0 +1,136 @@
+"""Shared helpers of the generating policies: stop strings, chat clean-up, usage records.
+
+Every generating policy (``hf``, ``vllm``, ``openai`` in text mode) ends a turn at the
+closing tag of the first tool call or answer, Search-R1 style (Jin et al. 2025,
+arXiv 2503.09516, section 3.1: generation stops at ``</search>`` and the retrieved
+passages are appended). These helpers make that cut identical across backends.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_STOPS: tuple[str, ...] = ("</search>", "</fetch>", "</answer>", "</tool_call>")
+"""Closing tags that end an assistant turn (the env parses the text up to them)."""
+
+_OPEN_FOR_CLOSE = {"</search>": "<search>", "</fetch>": "<fetch>", "</answer>": "<answer>", "</tool_call>": "<tool_call>"}
+
+
+def cut_at_stop(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS, eos: tuple[str, ...] | list[str] = ()) -> tuple[str, str]:
+    """Cut ``text`` right after the earliest stop string, else before the earliest eos.
+
+    Batched ``generate`` pads finished rows with the pad token, which for SmolLM2 is the
+    eos token ``<|im_end|>`` (id 2): a row that stopped on ``</search>`` is followed by
+    spurious eos tokens. Cutting after the first stop string first (not at the first
+    eos) keeps exactly what the model wrote.
+
+    Args:
+        text: the decoded completion (special tokens kept).
+        stops: stop strings; the earliest occurrence wins and is kept in the output.
+        eos: end-of-sequence / pad token texts; the text is cut before the earliest one
+            when no stop string occurs before it.
+
+    Returns:
+        ``(kept_text, reason)`` with reason ``"stop"``, ``"eos"`` or ``"length"`` (no stop
+        string and no eos: the token budget ran out).
+    """
+    best = None
+    for s in stops:
+        i = text.find(s)
+        if i >= 0 and (best is None or i + len(s) < best[0]):
+            best = (i + len(s), "stop")
+    for e in eos:
+        if not e:
+            continue
+        i = text.find(e)
+        if i >= 0 and (best is None or i < best[0]):
+            best = (i, "eos")
+    if best is None:
+        return text, "length"
+    return text[: best[0]], best[1]
+
+
+def close_open_tag(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS) -> str:
+    """Re-append the closing tag an API stripped when it stopped on it.
+
+    OpenAI-compatible servers drop the matched stop string from the completion. When
+    the text has an opening ``<search>`` (etc.) after the last closing tag, the closing
+    tag is appended so the env sees a complete action.
+    """
+    last_open, close = -1, None
+    for c in stops:
+        o = _OPEN_FOR_CLOSE.get(c)
+        if not o:
+            continue
+        i = text.rfind(o)
+        if i > last_open and text.find(c, i) < 0:
+            last_open, close = i, c
+    return text + close if close else text
+
+
+def normalise_messages(conversation: list[dict[str, Any]], *, keep_tool_role: bool = True) -> list[dict[str, Any]]:
+    """Turn env messages into plain ``{"role", "content"}`` chat messages.
+
+    Args:
+        conversation: env ``messages``; assistant turns may hold the JSON of an
+            OpenAI-style message (``{"content", "tool_calls"}``), tool results have role
+            ``"tool"``.
+        keep_tool_role: False maps ``"tool"`` messages to ``"user"`` (chat templates
+            such as SmolLM2's ChatML have no tool role semantics).
+
+    Returns:
+        New message dicts; the input is not modified.
+    """
+    out = []
+    for m in conversation:
+        role = m.get("role", "user")
+        content = m.get("content")
+        if content is None:
+            content = ""
+        if not isinstance(content, str):
+            content = json.dumps(content, ensure_ascii=False)
+        if role == "tool" and not keep_tool_role:
+            role = "user"
+        out.append({"role": role, "content": content})
+    return out
+
+
+@dataclass
+class Usage:
+    """Token and time accounting of one generated turn.
+
+    Attributes:
+        prompt_tokens: tokens of the prompt the model read (after the chat template).
+        completion_tokens: tokens the model wrote for this turn (after the stop cut).
+        generation_s: wall seconds of the batch call this turn was part of, divided
+            evenly among its rows (so sums over turns give total generation time).
+        finish: ``"stop"``, ``"eos"``, ``"length"``, ``"tool_calls"`` or ``"error"``.
+    """
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    generation_s: float = 0.0
+    finish: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        d = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+             "generation_s": round(self.generation_s, 6), "finish": self.finish}
+        d.update(self.extra)
+        return d
+
+
+class Timer:
+    """``with Timer() as t: ...``; ``t.s`` is the elapsed wall time in seconds."""
+
+    def __enter__(self) -> "Timer":
+        self.t0 = time.perf_counter()
+        self.s = 0.0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.s = time.perf_counter() - self.t0

