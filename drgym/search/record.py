@@ -84,16 +84,14 @@ def _utcnow() -> str:
 
 
 def _error_class(name: str | None) -> type[SearchError]:
-    """The drgym error class named ``name`` (SearchError when unknown)."""
-    cls = getattr(_errors, name or "", None)
-    if isinstance(cls, type) and issubclass(cls, SearchError):
-        return cls
-    if name == "UnsupportedContentError":
-        from drgym.search.pages import UnsupportedContentError
+    """The drgym error class named ``name`` (SearchError when unknown), so a replayed
+    failure has the class name the env shows the agent."""
+    from drgym.search import pages, retry
 
-        return UnsupportedContentError
-    if name == "RetryableHTTPError":
-        return _errors.BackendUnavailableError
+    for module in (_errors, retry, pages):
+        cls = getattr(module, name or "", None)
+        if isinstance(cls, type) and issubclass(cls, SearchError):
+            return cls
     return SearchError
 
 

@@ -39,7 +39,7 @@ class RetryableHTTPError(BackendUnavailableError):
         retry_after: seconds the server asked to wait (``Retry-After``), or None.
     """
 
-    def __init__(self, message: str, status: int, retry_after: float | None = None):
+    def __init__(self, message: str, status: int = 0, retry_after: float | None = None):
         super().__init__(message)
         self.status = status
         self.retry_after = retry_after

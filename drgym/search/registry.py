@@ -1,0 +1,168 @@
+"""Build any search backend from a short spec, optionally recorded or replayed.
+
+>>> make_backend("local")                                   # doctest: +SKIP
+>>> make_backend("serper", mode="record", store="web.sqlite")  # doctest: +SKIP
+>>> make_backend("serper", mode="replay", store="web.sqlite")  # offline, no key  # doctest: +SKIP
+
+Specs:
+
+==================== ====================================================================
+``local``            :class:`~drgym.search.local.LocalSearchEngine` over ``wiki-default``
+``local:<name>``     over a named corpus or an index name/folder (``local:hotpotqa``)
+``serper``           :class:`~drgym.search.web.SerperSearch` (``SERPER_API_KEY``)
+``tavily``           :class:`~drgym.search.web.TavilySearch` (``TAVILY_API_KEY``)
+``brave``            :class:`~drgym.search.web.BraveSearch` (``BRAVE_API_KEY``)
+``deepresearchgym``  the public DeepResearchGym API, ``https://clueweb22.us``
+                     (:class:`~drgym.search.client.HTTPSearchClient`, ``DEEPRESEARCHGYM_API_KEY``)
+``http://host:port`` a ``drgym serve`` server or any DeepResearchGym-compatible API
+==================== ====================================================================
+
+Modes (:mod:`drgym.search.record`): ``live`` (the bare backend), ``record``, ``cache``
+(both wrap it in a :class:`~drgym.search.record.RecordReplayBackend` writing ``store``),
+``replay`` (answers only from ``store``; the live backend is never built, so no key,
+index or network is needed). Record and replay key the store by :func:`record_name`
+of the spec, so ``make_backend("serper", mode="replay", store=...)`` finds what
+``make_backend("serper", mode="record", store=...)`` wrote.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from drgym.errors import AuthError, ConfigError, unknown_name
+from drgym.search.base import SearchBackend
+from drgym.search.record import MODES, RecordReplayBackend
+
+#: Named specs (besides ``local:<name>`` and ``http(s)://`` URLs).
+NAMES: tuple[str, ...] = ("local", "serper", "tavily", "brave", "deepresearchgym")
+DEEPRESEARCHGYM_ENV = "DEEPRESEARCHGYM_API_KEY"
+
+
+def _kind(spec: str) -> str:
+    s = spec.strip()
+    if s.startswith(("http://", "https://")):
+        return "http"
+    head = s.split(":", 1)[0].lower()
+    if head not in NAMES:
+        raise unknown_name("search backend", s, [*NAMES, "local:<corpus>", "http://host:port"])
+    if ":" in s and head != "local":
+        raise ConfigError(f"Only 'local' takes a ':<name>' suffix, got {spec!r}.")
+    return head
+
+
+def record_name(spec: str) -> str:
+    """The name a spec's recordings are keyed by: ``"serper"``, ``"local:hotpotqa"``,
+    ``"http://127.0.0.1:8000"`` (lower-cased names; URLs without a trailing slash).
+
+    Raises:
+        ConfigError: unknown spec.
+    """
+    kind = _kind(spec)
+    s = spec.strip()
+    if kind == "http":
+        return s.rstrip("/")
+    if kind == "local":
+        return "local" if s.lower() in ("local", "local:wiki-default") else "local:" + s.split(":", 1)[1]
+    return kind
+
+
+def _build_live(spec: str, kind: str, kwargs: dict[str, Any]) -> SearchBackend:
+    if kind == "local":
+        from drgym.search.local import LocalSearchEngine
+
+        target = spec.split(":", 1)[1] if ":" in spec else kwargs.pop("corpus", "wiki-default")
+        from drgym.paths import indexes_dir
+
+        folder = Path(str(target)).expanduser()
+        if (folder / "manifest.json").exists() or (indexes_dir() / str(target) / "manifest.json").exists():
+            return LocalSearchEngine.open(target, **kwargs)
+        return LocalSearchEngine.from_corpus(str(target), **kwargs)
+    if kind in ("serper", "tavily", "brave"):
+        from drgym.search.web import WEB_BACKENDS
+
+        return WEB_BACKENDS[kind](**kwargs)
+    from drgym.search.client import HTTPSearchClient
+
+    if kind == "deepresearchgym":
+        key = kwargs.pop("api_key", None) or os.environ.get(DEEPRESEARCHGYM_ENV, "")
+        if not key.strip():
+            raise AuthError(
+                f"deepresearchgym: no API key. Set {DEEPRESEARCHGYM_ENV} (keys are given on request by the "
+                "DeepResearchGym authors, deepresearchgym@cmu.edu), or use mode='replay' with a recording."
+            )
+        return HTTPSearchClient.deepresearchgym(api_key=key.strip(), name="deepresearchgym", **kwargs)
+    return HTTPSearchClient(spec.strip(), **kwargs)
+
+
+def _replay_max_k(kind: str) -> int:
+    if kind in ("serper", "tavily", "brave"):
+        from drgym.search.web import WEB_BACKENDS
+
+        return WEB_BACKENDS[kind].max_k
+    return 100
+
+
+def make_backend(
+    spec: str | SearchBackend,
+    *,
+    mode: str = "live",
+    store: str | Path | None = None,
+    name: str | None = None,
+    **kwargs: Any,
+) -> SearchBackend:
+    """Build the backend named by ``spec`` in ``mode``.
+
+    Args:
+        spec: see the module docstring, or an already built backend (wrapped as asked).
+        mode: ``"live"``, ``"record"``, ``"cache"`` or ``"replay"``.
+        store: the SQLite recording (required unless ``mode == "live"``).
+        name: the recording key (default :func:`record_name` of ``spec``, or the
+            backend's ``name`` when ``spec`` is a backend).
+        kwargs: passed to the live backend's constructor (``api_key``, ``base_url``,
+            ``timeout_s``... for web backends; ``method``, ``corpus`` for local;
+            ``timeout``, ``attempts`` for HTTP). Ignored in replay.
+
+    Returns:
+        A :class:`SearchBackend`; in replay it has ``deterministic = True``.
+
+    Raises:
+        ConfigError: unknown spec or mode; no ``store`` for record/cache/replay; in
+            replay, a store file that does not exist.
+        AuthError: a web backend or DeepResearchGym without its key (live/record/cache).
+    """
+    if mode not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
+    if mode != "live" and store is None:
+        raise ConfigError(f"mode {mode!r} needs store=<path to a .sqlite recording>.")
+    if isinstance(spec, SearchBackend):
+        if mode == "live":
+            return spec
+        return RecordReplayBackend(spec, store, mode=mode, name=name or spec.name)  # type: ignore[arg-type]
+    kind = _kind(spec)
+    key = name or record_name(spec)
+    if mode == "replay":
+        return RecordReplayBackend(None, store, mode="replay", name=key, max_k=_replay_max_k(kind))  # type: ignore[arg-type]
+    live = _build_live(spec, kind, dict(kwargs))
+    if mode == "live":
+        return live
+    return RecordReplayBackend(live, store, mode=mode, name=key)  # type: ignore[arg-type]
+
+
+def parse_backend_list(text: str) -> list[str]:
+    """Split ``"local,serper, tavily"`` into specs, checking each one.
+
+    Raises:
+        ConfigError: empty list, unknown or duplicate spec.
+    """
+    specs = [s.strip() for s in text.split(",") if s.strip()]
+    if not specs:
+        raise ConfigError(f"No backend in {text!r}; give e.g. 'local,serper'.")
+    seen: set[str] = set()
+    for s in specs:
+        key = record_name(s)
+        if key in seen:
+            raise ConfigError(f"Backend {s!r} is listed twice in {text!r}.")
+        seen.add(key)
+    return specs
