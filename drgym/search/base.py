@@ -68,6 +68,15 @@ class SearchBackend(abc.ABC):
             DocumentNotFoundError: no document has that URL.
         """
 
+    def __deepcopy__(self, memo: dict) -> "SearchBackend":
+        """A backend is a shared, thread-safe service handle: deep copies return it as is.
+
+        Gymnasium deep-copies an env spec's kwargs (``env.spec.make()``, ``check_env``),
+        which hold the backend passed to ``gymnasium.make``; copying an index or an HTTP
+        client there would be slow or impossible.
+        """
+        return self
+
     def close(self) -> None:
         """Release resources (HTTP connections, file handles). Idempotent."""
 
