@@ -1,0 +1,370 @@
+"""Task loaders for the QA and research sets in ``shared/data``, and a name registry.
+
+Every loader returns ``list[Task]`` in file order with stable ``task_id`` values.
+
+==================  ======================================================  ======  ========
+name                source (format)                                         rows    shipped
+==================  ======================================================  ======  ========
+hotpotqa-dev        HippoRAG ``hotpotqa_train.json`` (JSON, repr fields)    79      yes
+musique-dev         HippoRAG ``musique_train.json``                         80      yes
+hipporag-dev        both of the above                                       159     yes
+nq-open             NQ-open dev, first 200 rows (JSONL)                     200     yes
+nq-open-full        NQ-open dev (JSONL)                                     2,819   shared
+bamboogle           R1-Searcher ``eval_set/bamboogle.jsonl``                66      yes
+r1-hotpotqa         R1-Searcher ``eval_set/hotpotqa_500.jsonl``             393     yes
+r1-2wiki            R1-Searcher ``eval_set/2wiki_500.jsonl``                398     yes
+r1-musique          R1-Searcher ``eval_set/musique_500.jsonl``              379     yes
+r1-stage1/2         R1-Searcher ``training_set/stage_{1,2}.jsonl``          240/6478 shared
+deepresearcher-dev  DeepResearcher ``dev.parquet`` (aliases split on        627     yes
+                    ``<|answer_split|>``)
+deepresearcher-test DeepResearcher ``test.parquet``                         2,448   shared
+simpleqa            SimpleQA test, first 100 rows (CSV)                     100     yes
+simpleqa-full       SimpleQA test (CSV)                                     3,461   shared
+frames              FRAMES test, first 50 rows (CSV)                        50      yes
+frames-full         FRAMES test (CSV)                                       660     shared
+drb                 DeepResearch Bench ``query.jsonl`` (research)           90      yes
+drb-en / drb-zh     its English / Chinese prompts                           40/50   yes
+researchy           DeepResearchGym Researchy queries + key points          1,000   shared
+researchy-100       the 100-query sample, with key points                   100     shared
+==================  ======================================================  ======  ========
+
+"shipped" files are in ``drgym/data/tasks`` (see DATA_NOTICE.md); "shared" files are read
+from ``$DRGYM_SHARED_DATA`` or ``<repo>/../shared/data`` and raise a clear error when
+absent. DeepResearchGym's files have no licence and are never copied.
+
+Other sets: :func:`load_hf_tasks` reads any local file that ``datasets`` can load.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from drgym.envs.tasks import Task
+from drgym.errors import ConfigError, CorpusError, unknown_name
+from drgym.paths import DATA_DIR
+
+TASKS_DIR = DATA_DIR / "tasks"
+ANSWER_SPLIT = "<|answer_split|>"
+
+
+def shared_data_dir() -> Path:
+    """``$DRGYM_SHARED_DATA`` if set, else ``<repository>/../shared/data`` (may not exist)."""
+    env = os.environ.get("DRGYM_SHARED_DATA")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent.parent / "shared" / "data"
+
+
+def _shared(rel: str) -> Path:
+    p = shared_data_dir() / rel
+    if not p.exists():
+        raise CorpusError(
+            f"{p} does not exist: this task set is not shipped with drgym. Point DRGYM_SHARED_DATA at a folder "
+            f"holding {rel}, or load the file with the matching loader in drgym.envs.task_loaders."
+        )
+    return p
+
+
+def _literal(v: Any) -> Any:
+    """HippoRAG stores lists as Python-repr strings; parse them (JSON-native values pass through)."""
+    if isinstance(v, str) and v[:1] in "[{(":
+        try:
+            return ast.literal_eval(v)
+        except (ValueError, SyntaxError):
+            return v
+    return v
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise CorpusError(f"{path}:{i} is not valid JSON ({e.msg}).") from e
+    return rows
+
+
+def _dedupe(answers: list[str]) -> list[str]:
+    out: list[str] = []
+    for a in answers:
+        a = str(a).strip()
+        if a and a not in out:
+            out.append(a)
+    return out
+
+
+# -- loaders ---------------------------------------------------------------------------
+def load_hipporag_hotpotqa(path: str | Path, *, source: str = "hotpotqa") -> list[Task]:
+    """HippoRAG's HotpotQA JSON (a list of HotpotQA distractor-setting records).
+
+    ``supporting_facts`` (``[[title, sentence_idx], ...]``, a Python-repr string) gives
+    ``gold_docs`` (unique titles, in order); ``context`` is dropped (the paragraphs are in
+    the corpus). ``metadata``: ``type``, ``level``, ``gold_docs_kind="title"``.
+    """
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    tasks = []
+    for r in rows:
+        facts = _literal(r.get("supporting_facts") or [])
+        titles = _dedupe([f[0] for f in facts if isinstance(f, (list, tuple)) and f])
+        tasks.append(Task(
+            task_id=f"{source}-{r['_id']}",
+            question=r["question"].strip(),
+            answers=_dedupe([r["answer"]]),
+            kind="qa",
+            gold_docs=titles,
+            source=source,
+            metadata={"type": r.get("type"), "level": r.get("level"), "gold_docs_kind": "title"},
+        ))
+    return tasks
+
+
+def load_hipporag_musique(path: str | Path, *, source: str = "musique") -> list[Task]:
+    """HippoRAG's MuSiQue JSON: answers are ``answer`` + ``answer_aliases``.
+
+    ``gold_docs`` are the titles of the paragraphs with ``is_supporting`` true;
+    ``metadata`` keeps the ``question_decomposition`` (list of sub-questions) and
+    ``answerable``.
+    """
+    rows = json.loads(Path(path).read_text(encoding="utf-8"))
+    tasks = []
+    for r in rows:
+        paras = _literal(r.get("paragraphs") or [])
+        titles = _dedupe([p.get("title", "") for p in paras if isinstance(p, dict) and p.get("is_supporting")])
+        aliases = _literal(r.get("answer_aliases") or [])
+        tasks.append(Task(
+            task_id=f"{source}-{r['id']}",
+            question=r["question"].strip(),
+            answers=_dedupe([r["answer"], *(aliases if isinstance(aliases, list) else [])]),
+            kind="qa",
+            gold_docs=titles,
+            source=source,
+            metadata={
+                "decomposition": _literal(r.get("question_decomposition") or []),
+                "answerable": str(r.get("answerable")) == "True",
+                "gold_docs_kind": "title",
+            },
+        ))
+    return tasks
+
+
+def load_nq_open(path: str | Path, *, source: str = "nq-open") -> list[Task]:
+    """NQ-open JSONL (``{"question", "answer": [aliases]}``); ids are ``nq-open-<line>``."""
+    return [
+        Task(task_id=f"{source}-{i}", question=r["question"].strip(), answers=_dedupe(r["answer"]), source=source)
+        for i, r in enumerate(_read_jsonl(Path(path)))
+    ]
+
+
+def load_r1_searcher(path: str | Path, *, source: str) -> list[Task]:
+    """R1-Searcher JSONL (``{"idx", "question", "answer"}``; answer a string or list)."""
+    tasks = []
+    for i, r in enumerate(_read_jsonl(Path(path))):
+        ans = r.get("answer")
+        answers = ans if isinstance(ans, list) else [ans]
+        tasks.append(Task(task_id=f"{source}-{r.get('idx', i)}", question=r["question"].strip(),
+                          answers=_dedupe(answers), source=source))
+    return tasks
+
+
+def load_deepresearcher(path: str | Path, *, source: str = "deepresearcher") -> list[Task]:
+    """DeepResearcher parquet: question in ``prompt[0].content``, aliases in
+    ``reward_model.ground_truth`` joined by ``<|answer_split|>``, sub-set in ``data_source``,
+    id in ``extra_info.index``."""
+    import pandas as pd
+
+    df = pd.read_parquet(path)
+    tasks = []
+    for i, r in enumerate(df.to_dict("records")):
+        prompt = r["prompt"]
+        question = prompt[0]["content"] if len(prompt) else ""
+        gt = r["reward_model"]["ground_truth"]
+        answers = gt.split(ANSWER_SPLIT) if isinstance(gt, str) else [str(x) for x in gt]
+        idx = (r.get("extra_info") or {}).get("index") or i
+        tasks.append(Task(task_id=f"{source}-{idx}", question=str(question).strip(), answers=_dedupe(answers),
+                          source=source, metadata={"data_source": r.get("data_source")}))
+    return tasks
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    csv.field_size_limit(1 << 28)
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def load_simpleqa(path: str | Path, *, source: str = "simpleqa") -> list[Task]:
+    """SimpleQA CSV (``metadata`` as a Python-repr dict, ``problem``, ``answer``); the
+    metadata's ``urls`` become ``gold_docs`` (``gold_docs_kind="url"``)."""
+    tasks = []
+    for i, r in enumerate(_read_csv(Path(path))):
+        meta = _literal(r.get("metadata") or "{}")
+        meta = meta if isinstance(meta, dict) else {}
+        tasks.append(Task(task_id=f"{source}-{i}", question=r["problem"].strip(), answers=_dedupe([r["answer"]]),
+                          gold_docs=_dedupe(meta.get("urls") or []), source=source,
+                          metadata={"topic": meta.get("topic"), "answer_type": meta.get("answer_type"), "gold_docs_kind": "url"}))
+    return tasks
+
+
+def load_frames(path: str | Path, *, source: str = "frames") -> list[Task]:
+    """FRAMES CSV as shipped by OpenDeepSearch (``question``, ``true_answer``,
+    ``wikipedia_link_*``, ``reasoning_types``); the links become ``gold_docs``."""
+    tasks = []
+    for i, r in enumerate(_read_csv(Path(path))):
+        links = [v.strip() for k, v in r.items() if k and k.startswith("wikipedia_link") and v and v.strip().startswith("http")]
+        tasks.append(Task(task_id=f"{source}-{i}", question=r["question"].strip(), answers=_dedupe([r["true_answer"]]),
+                          gold_docs=_dedupe(links), source=source,
+                          metadata={"reasoning_types": r.get("reasoning_types"), "gold_docs_kind": "url"}))
+    return tasks
+
+
+def load_drb(path: str | Path, *, language: str | None = None, source: str = "drb") -> list[Task]:
+    """DeepResearch Bench ``query.jsonl`` (``id``, ``topic``, ``language``, ``prompt``) as
+    research tasks; ``language`` (``"en"``/``"zh"``) filters."""
+    tasks = []
+    for r in _read_jsonl(Path(path)):
+        if language is not None and r.get("language") != language:
+            continue
+        tasks.append(Task(task_id=f"{source}-{r['id']}", question=r["prompt"].strip(), kind="research", source=source,
+                          metadata={"topic": r.get("topic"), "language": r.get("language")}))
+    return tasks
+
+
+def load_researchy(queries: str | Path, key_points: str | Path | None = None, *, source: str = "researchy") -> list[Task]:
+    """DeepResearchGym Researchy-Questions queries (``{"id", "query"}`` JSONL) with the
+    key points of ``key_points_aggregated.jsonl`` (``{"id", "key_points": [{"point_number",
+    "point_content", ...}]}``) mapped to ``[{"point": str, "number": int}]``."""
+    kp: dict[str, list[dict[str, Any]]] = {}
+    if key_points is not None:
+        for r in _read_jsonl(Path(key_points)):
+            kp[str(r["id"])] = [
+                {"point": p.get("point_content", ""), "number": p.get("point_number")}
+                for p in r.get("key_points") or []
+            ]
+    return [
+        Task(task_id=f"{source}-{r['id']}", question=r["query"].strip(), kind="research",
+             key_points=kp.get(str(r["id"]), []), source=source)
+        for r in _read_jsonl(Path(queries))
+    ]
+
+
+def load_hf_tasks(
+    path: str | Path,
+    *,
+    question_key: str = "question",
+    answer_key: str | None = "answer",
+    id_key: str | None = None,
+    kind: str = "qa",
+    source: str | None = None,
+    split: str = "train",
+) -> list[Task]:
+    """Any local file ``datasets`` can read (json/jsonl/csv/parquet), via
+    ``datasets.load_dataset(<format>, data_files=path)``.
+
+    Args:
+        path: the file.
+        question_key: column holding the question or prompt.
+        answer_key: column holding the answer (string, list, or ``<|answer_split|>``
+            joined aliases); None for research tasks.
+        id_key: column with an id (default: row number).
+        kind: ``"qa"`` or ``"research"``.
+        source: the set name (default: file stem).
+
+    Raises:
+        ConfigError: unknown file type, or a missing column.
+    """
+    import datasets
+
+    path = Path(path)
+    fmt = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".tsv": "csv"}.get(path.suffix)
+    if fmt is None:
+        raise ConfigError(f"Cannot tell the format of {path}: expected .json, .jsonl, .csv, .tsv or .parquet.")
+    kw = {"delimiter": "\t"} if path.suffix == ".tsv" else {}
+    ds = datasets.load_dataset(fmt, data_files=str(path), split=split, **kw)
+    for key in (question_key, answer_key, id_key):
+        if key is not None and key not in ds.column_names:
+            raise ConfigError(f"{path} has no column {key!r}; columns: {', '.join(ds.column_names)}.")
+    source = source or path.stem
+    tasks = []
+    for i, r in enumerate(ds):
+        ans: Any = r[answer_key] if answer_key else []
+        if isinstance(ans, str):
+            ans = ans.split(ANSWER_SPLIT)
+        tasks.append(Task(task_id=f"{source}-{r[id_key] if id_key else i}", question=str(r[question_key]).strip(),
+                          answers=_dedupe(ans or []), kind=kind, source=source))  # type: ignore[arg-type]
+    return tasks
+
+
+# -- name registry ---------------------------------------------------------------------
+def _shipped(name: str) -> Path:
+    return TASKS_DIR / name
+
+
+TASK_SETS: dict[str, Callable[[], list[Task]]] = {
+    "hotpotqa-dev": lambda: load_hipporag_hotpotqa(_shipped("hipporag_hotpotqa_train.json")),
+    "musique-dev": lambda: load_hipporag_musique(_shipped("hipporag_musique_train.json")),
+    "hipporag-dev": lambda: load_tasks("hotpotqa-dev") + load_tasks("musique-dev"),
+    "nq-open": lambda: load_nq_open(_shipped("nq_open_dev_200.jsonl")),
+    "nq-open-full": lambda: load_nq_open(_shared("nq-open/NQ-open.dev.jsonl")),
+    "bamboogle": lambda: load_r1_searcher(_shipped("r1_bamboogle.jsonl"), source="bamboogle"),
+    "r1-hotpotqa": lambda: load_r1_searcher(_shipped("r1_hotpotqa_500.jsonl"), source="r1-hotpotqa"),
+    "r1-2wiki": lambda: load_r1_searcher(_shipped("r1_2wiki_500.jsonl"), source="r1-2wiki"),
+    "r1-musique": lambda: load_r1_searcher(_shipped("r1_musique_500.jsonl"), source="r1-musique"),
+    "r1-stage1": lambda: load_r1_searcher(_shared("r1-searcher/training_set/stage_1.jsonl"), source="r1-stage1"),
+    "r1-stage2": lambda: load_r1_searcher(_shared("r1-searcher/training_set/stage_2.jsonl"), source="r1-stage2"),
+    "deepresearcher-dev": lambda: load_deepresearcher(_shipped("deepresearcher_dev.parquet"), source="deepresearcher-dev"),
+    "deepresearcher-test": lambda: load_deepresearcher(_shared("deepresearcher/test.parquet"), source="deepresearcher-test"),
+    "simpleqa": lambda: load_simpleqa(_shipped("simpleqa_test_100.csv")),
+    "simpleqa-full": lambda: load_simpleqa(_shared("simpleqa/simple_qa_test_set.csv")),
+    "frames": lambda: load_frames(_shipped("frames_test_50.csv")),
+    "frames-full": lambda: load_frames(_shared("frames/frames_test_set.csv")),
+    "drb": lambda: load_drb(_shipped("drb_query.jsonl")),
+    "drb-en": lambda: load_drb(_shipped("drb_query.jsonl"), language="en"),
+    "drb-zh": lambda: load_drb(_shipped("drb_query.jsonl"), language="zh"),
+    "researchy": lambda: load_researchy(
+        _shared("deepresearchgym/queries/researchy_queries_sample_doc_click.jsonl"),
+        _shared("deepresearchgym/key_points/key_points_aggregated.jsonl"),
+    ),
+    "researchy-100": lambda: load_researchy(
+        _shared("deepresearchgym/queries/researchy_queries_sample_doc_click_100.jsonl"),
+        _shared("deepresearchgym/key_points/key_points_aggregated.jsonl"),
+    ),
+}
+
+_CACHE: dict[str, list[Task]] = {}
+
+
+def task_set_names() -> list[str]:
+    """Names :func:`load_tasks` accepts."""
+    return sorted(TASK_SETS)
+
+
+def load_tasks(name: str, *, limit: int | None = None) -> list[Task]:
+    """Load a named task set (see the table in the module docstring), or a file path.
+
+    Results are cached per process; each call returns fresh copies of the list (the Task
+    records themselves are shared, treat them as read-only).
+
+    Args:
+        name: a registered name, or a path to a ``.json``/``.jsonl``/``.csv``/``.parquet``
+            file read with :func:`load_hf_tasks` (``question`` and ``answer`` columns).
+        limit: keep the first ``limit`` tasks.
+
+    Raises:
+        ConfigError: unknown name (with a "Did you mean" hint).
+        CorpusError: the set is not shipped and ``shared/data`` is absent.
+    """
+    if name not in TASK_SETS:
+        if Path(name).suffix in (".json", ".jsonl", ".csv", ".parquet", ".tsv") and Path(name).exists():
+            return load_hf_tasks(name)[:limit]
+        raise unknown_name("task set", name, TASK_SETS)
+    if name not in _CACHE:
+        _CACHE[name] = TASK_SETS[name]()
+    tasks = list(_CACHE[name])
+    return tasks[:limit] if limit is not None else tasks

@@ -1,0 +1,70 @@
+"""A small real search backend for the env tests: bm25s over HippoRAG's HotpotQA paragraphs.
+
+Used where a test must not depend on the default dense index (fast, 994 real passages,
+deterministic), and to inject backend failures.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from drgym.errors import BackendUnavailableError, DocumentNotFoundError
+from drgym.search.base import SearchBackend
+from drgym.types import Document, SearchResult
+
+
+class BM25Backend(SearchBackend):
+    """bm25s (English stop words, no stemming) over named-corpus documents, title + text."""
+
+    name = "bm25-test"
+    deterministic = True
+
+    def __init__(self, corpus: str = "hotpotqa") -> None:
+        import bm25s
+
+        from drgym.corpus.named import load_named_corpus
+
+        self.docs = load_named_corpus(corpus)
+        self.by_url = {d.url: d for d in self.docs}
+        self._bm25s = bm25s
+        self.retriever = bm25s.BM25()
+        self.retriever.index(bm25s.tokenize([f"{d.title} {d.text}" for d in self.docs], stopwords="en", show_progress=False), show_progress=False)
+        self.calls: list[list[str]] = []
+        self._lock = threading.Lock()
+
+    def search_batch(self, queries, k=10):
+        self.check_request(queries, k)
+        with self._lock:
+            self.calls.append(list(queries))
+            toks = self._bm25s.tokenize(list(queries), stopwords="en", show_progress=False)
+            ids, scores = self.retriever.retrieve(toks, k=min(k, len(self.docs)), show_progress=False, n_threads=1)
+        out = []
+        for row_ids, row_scores in zip(ids, scores):
+            res = []
+            for i, s in zip(row_ids, row_scores):
+                d = self.docs[int(i)]
+                res.append(SearchResult(d.doc_id, d.url, d.title, d.text, float(s), len(res) + 1, d.source))
+            out.append(res)
+        return out
+
+    def fetch(self, url):
+        if url not in self.by_url:
+            raise DocumentNotFoundError(f"No document has URL {url!r}.")
+        return self.by_url[url]
+
+
+class FailingBackend(SearchBackend):
+    """Wraps a backend; queries containing ``fail`` make the whole batch raise."""
+
+    name = "failing"
+
+    def __init__(self, inner: SearchBackend) -> None:
+        self.inner = inner
+
+    def search_batch(self, queries, k=10):
+        if any("fail" in q for q in queries):
+            raise BackendUnavailableError("search service unreachable after 3 retries")
+        return self.inner.search_batch(queries, k)
+
+    def fetch(self, url: str) -> Document:
+        return self.inner.fetch(url)
