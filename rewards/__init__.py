@@ -1,5 +1,12 @@
-"""Reward modules (installed as ``drgym.rewards``)."""
+"""Reward modules (installed as ``drgym.rewards``).
+
+Every metric is a :class:`Reward` (a batch of :class:`Episode` in, a
+:class:`RewardOutput` out). Build one by name or config with :func:`get_reward` /
+:func:`build_reward`; adapt one to TRL with :class:`drgym.rewards.trl_adapter.TRLReward`.
+Heavy modules (judges, models) load lazily.
+"""
 
 from drgym.rewards.base import Episode, Reward, RewardOutput
+from drgym.rewards.registry import WeightedReward, build_reward, get_reward, reward_names
 
-__all__ = ["Episode", "Reward", "RewardOutput"]
+__all__ = ["Episode", "Reward", "RewardOutput", "WeightedReward", "build_reward", "get_reward", "reward_names"]

@@ -1,0 +1,454 @@
+"""The one :class:`Judge` interface: chat messages in, a pydantic-validated verdict out.
+
+A judge renders a versioned :class:`PromptTemplate` into chat messages, asks its backend
+(an OpenAI-compatible endpoint, :mod:`drgym.judges.openai`, or a local transformers
+model, :mod:`drgym.judges.local`) for a completion, extracts the JSON object from the
+text and validates it against the template's pydantic verdict model.
+
+Robustness contract (DeepResearchGym and DeepResearch Bench retry judge calls the same
+way, see ``shared/notes/deepresearchgym_and_bench.md`` §1c, §2b):
+
+- malformed JSON, missing or out-of-range fields, refusals (no JSON at all), timeouts
+  and 429/5xx answers are retried with exponential backoff (tenacity);
+- after ``max_attempts`` the request becomes a *recorded failure*: a
+  :class:`JudgeResult` with ``ok == False`` and an ``error`` string. Rewards exclude it
+  (score ``None``) and count it in ``RewardOutput.failures``; nothing crashes and
+  nothing silently becomes 0;
+- every valid verdict is stored in a persistent SQLite :class:`VerdictCache` keyed by
+  judge model, template name + version, rendered messages and sampling settings, so a
+  rerun is free and gives identical verdicts. Failures are not cached (a rerun retries).
+
+Concurrency: :meth:`Judge.judge_many` runs the requests of a batch in a thread pool of
+at most ``max_concurrency`` workers (HTTP backends are I/O bound; the local backend
+serialises generation behind a lock). :meth:`Judge.ajudge_many` is the asyncio form.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import hashlib
+import json
+import logging
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, ValidationError
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from drgym.errors import ConfigError, JudgeError
+
+log = logging.getLogger(__name__)
+
+Messages = list[dict[str, str]]
+
+
+class JudgeOutputError(JudgeError):
+    """The judge answered, but the text holds no valid verdict (retryable)."""
+
+
+class JudgeTransportError(JudgeError):
+    """The judge backend did not answer: timeout, connection error, HTTP 429/5xx (retryable)."""
+
+
+# ---------------------------------------------------------------------------------------
+# Templates
+# ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PromptTemplate:
+    """A versioned judge prompt with its verdict schema.
+
+    Attributes:
+        name: stable template name (``"kpr"``, ``"citation_support"``...).
+        version: bumped whenever the wording or schema changes; part of the cache key.
+        system: system message (``str.format`` fields allowed).
+        user: user message with ``{field}`` placeholders filled from the inputs.
+        verdict: pydantic model the JSON answer must validate against.
+    """
+
+    name: str
+    version: str
+    system: str
+    user: str
+    verdict: type[BaseModel]
+
+    @property
+    def fields(self) -> set[str]:
+        """Placeholder names used by ``system`` and ``user``."""
+        import string
+
+        out = set()
+        for text in (self.system, self.user):
+            out |= {f for _, f, _, _ in string.Formatter().parse(text) if f}
+        return out
+
+    def render(self, **inputs: Any) -> Messages:
+        """Fill the placeholders and return ``[{"role": "system", ...}, {"role": "user", ...}]``.
+
+        Raises:
+            ConfigError: a placeholder has no input.
+        """
+        missing = self.fields - set(inputs)
+        if missing:
+            raise ConfigError(f"Template {self.name!r} needs inputs {sorted(missing)}, got {sorted(inputs)}.")
+        return [
+            {"role": "system", "content": self.system.format(**inputs)},
+            {"role": "user", "content": self.user.format(**inputs)},
+        ]
+
+    @property
+    def tag(self) -> str:
+        """``"name@version"``, recorded with every score."""
+        return f"{self.name}@{self.version}"
+
+
+@dataclass
+class JudgeRequest:
+    """One judge call to make: a template and the inputs that fill it."""
+
+    template: PromptTemplate
+    inputs: dict[str, Any]
+
+
+@dataclass
+class JudgeResult:
+    """The outcome of one request.
+
+    Attributes:
+        verdicts: one validated verdict per sample (``n_samples`` of them) when ok,
+            else empty.
+        error: why the request failed after all retries, else None.
+        attempts: backend calls made (0 when everything came from the cache).
+        cached: number of samples served from the cache.
+        raw: the raw completion texts (last attempt), for debugging.
+    """
+
+    verdicts: list[BaseModel] = field(default_factory=list)
+    error: str | None = None
+    attempts: int = 0
+    cached: int = 0
+    raw: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when every sample produced a valid verdict."""
+        return self.error is None and bool(self.verdicts)
+
+    @property
+    def verdict(self) -> BaseModel | None:
+        """The first sample's verdict (the only one at ``n_samples=1``), or None on failure."""
+        return self.verdicts[0] if self.ok else None
+
+    def mean(self, fn: Callable[[Any], float]) -> float | None:
+        """Average ``fn(verdict)`` over the samples; None on failure."""
+        if not self.ok:
+            return None
+        vals = [float(fn(v)) for v in self.verdicts]
+        return sum(vals) / len(vals)
+
+
+# ---------------------------------------------------------------------------------------
+# JSON extraction
+# ---------------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)
+
+
+def extract_json(text: str) -> Any:
+    """Return the first JSON object or array found in a judge's text.
+
+    Accepts plain JSON, JSON inside a markdown fence, or JSON surrounded by prose (the
+    first ``{``/``[`` from which a complete value decodes wins).
+
+    Raises:
+        JudgeOutputError: no decodable JSON value (malformed output or a refusal).
+    """
+    if not isinstance(text, str) or not text.strip():
+        raise JudgeOutputError("empty judge output")
+    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
+    dec = json.JSONDecoder()
+    for cand in candidates:
+        s = cand.strip()
+        try:
+            return json.loads(s)
+        except json.JSONDecodeError:
+            pass
+        for i, ch in enumerate(s):
+            if ch in "{[":
+                try:
+                    return dec.raw_decode(s, i)[0]
+                except json.JSONDecodeError:
+                    continue
+    snippet = text.strip().replace("\n", " ")[:120]
+    raise JudgeOutputError(f"no JSON object in judge output (malformed or refusal): {snippet!r}")
+
+
+def parse_verdict(text: str, model: type[BaseModel]) -> BaseModel:
+    """Extract JSON from ``text`` and validate it as ``model``.
+
+    A bare list is accepted for a model whose only required field is a list (it is
+    wrapped as ``{field: list}``).
+
+    Raises:
+        JudgeOutputError: no JSON, or the JSON does not validate (missing field, bad label).
+    """
+    obj = extract_json(text)
+    if isinstance(obj, list):
+        req = [n for n, f in model.model_fields.items() if f.is_required()]
+        if len(req) == 1:
+            obj = {req[0]: obj}
+    try:
+        return model.model_validate(obj)
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = ".".join(str(x) for x in first.get("loc", ()))
+        raise JudgeOutputError(f"verdict does not match {model.__name__}: {loc}: {first.get('msg')}") from None
+
+
+# ---------------------------------------------------------------------------------------
+# The judge
+# ---------------------------------------------------------------------------------------
+
+
+class Judge(abc.ABC):
+    """Base class of judge backends.
+
+    Subclasses implement :meth:`complete` (one chat completion, raising
+    :class:`JudgeTransportError` on a retryable backend failure) and set ``model_id``.
+
+    Args:
+        cache: a :class:`~drgym.judges.cache.VerdictCache`, a path to its SQLite file,
+            None for the default ``$DRGYM_HOME/judge_cache.sqlite``, or False for none.
+        n_samples: samples per request; numeric verdicts are averaged by the caller
+            (:meth:`JudgeResult.mean`). With ``temperature == 0`` all samples are equal.
+        temperature: sampling temperature (0 = greedy, the default everywhere).
+        max_attempts: attempts per sample before the request is a recorded failure.
+        backoff_s: base of the exponential backoff between attempts, in seconds.
+        max_concurrency: worker threads of :meth:`judge_many`.
+        max_tokens: completion length limit, in tokens.
+
+    Attributes:
+        model_id: ``"<backend>:<model>"``, part of the cache key and of every score record.
+        stats: counters ``calls``, ``cache_hits``, ``failures``, ``retries``.
+    """
+
+    model_id: str = "judge"
+
+    def __init__(
+        self,
+        *,
+        cache: Any = None,
+        n_samples: int = 1,
+        temperature: float = 0.0,
+        max_attempts: int = 3,
+        backoff_s: float = 1.0,
+        max_concurrency: int = 8,
+        max_tokens: int = 1024,
+    ) -> None:
+        from drgym.judges.cache import VerdictCache
+
+        if n_samples < 1:
+            raise ConfigError(f"n_samples must be >= 1, got {n_samples}.")
+        if max_attempts < 1:
+            raise ConfigError(f"max_attempts must be >= 1, got {max_attempts}.")
+        if max_concurrency < 1:
+            raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}.")
+        if cache is False:
+            self.cache = None
+        elif isinstance(cache, VerdictCache):
+            self.cache = cache
+        else:
+            self.cache = VerdictCache(cache)
+        self.n_samples = int(n_samples)
+        self.temperature = float(temperature)
+        self.max_attempts = int(max_attempts)
+        self.backoff_s = float(backoff_s)
+        self.max_concurrency = int(max_concurrency)
+        self.max_tokens = int(max_tokens)
+        self.stats = {"calls": 0, "cache_hits": 0, "failures": 0, "retries": 0}
+        self._stats_lock = threading.Lock()
+
+    # -- backend ------------------------------------------------------------------------
+    @abc.abstractmethod
+    def complete(self, messages: Messages, *, temperature: float, seed: int, attempt: int) -> str:
+        """Return the assistant text for ``messages``.
+
+        Args:
+            messages: chat messages (``role``/``content`` dicts).
+            temperature: sampling temperature.
+            seed: sample index (0..n_samples-1), used as the sampling seed where possible.
+            attempt: 1-based attempt number (backends may vary sampling on retries).
+
+        Raises:
+            JudgeTransportError: timeout, connection failure, HTTP 429/5xx.
+        """
+
+    def close(self) -> None:
+        """Release backend resources. Idempotent."""
+
+    # -- public API ---------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """Settings to record next to scores (model id, temperature, samples)."""
+        return {"model": self.model_id, "temperature": self.temperature, "n_samples": self.n_samples}
+
+    def judge(self, template: PromptTemplate, **inputs: Any) -> JudgeResult:
+        """Judge one request (see :meth:`judge_many`)."""
+        return self.judge_many([JudgeRequest(template, inputs)])[0]
+
+    def judge_many(
+        self,
+        requests: list[JudgeRequest],
+        *,
+        max_concurrency: int | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[JudgeResult]:
+        """Judge a batch concurrently; one :class:`JudgeResult` per request, in order.
+
+        Never raises for a bad judge answer or a backend timeout: those become failed
+        results. Raises only for programming/config errors (a template input missing).
+        """
+        if not requests:
+            return []
+        workers = min(max_concurrency or self.max_concurrency, len(requests))
+        if workers == 1:
+            out = []
+            for r in requests:
+                out.append(self._judge_one(r))
+                if progress:
+                    progress(1)
+            return out
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="judge") as pool:
+            futs = [pool.submit(self._judge_one, r) for r in requests]
+            out = []
+            for f in futs:
+                out.append(f.result())
+                if progress:
+                    progress(1)
+            return out
+
+    async def ajudge_many(self, requests: list[JudgeRequest], *, max_concurrency: int | None = None) -> list[JudgeResult]:
+        """Asyncio form of :meth:`judge_many` (runs it in a worker thread)."""
+        return await asyncio.to_thread(self.judge_many, requests, max_concurrency=max_concurrency)
+
+    # -- internals ----------------------------------------------------------------------
+    def _bump(self, key: str, n: int = 1) -> None:
+        with self._stats_lock:
+            self.stats[key] += n
+
+    def cache_key(self, template: PromptTemplate, messages: Messages, sample: int) -> str:
+        """SHA-256 over judge model, template name+version, messages and sampling settings."""
+        payload = {
+            "model": self.model_id,
+            "template": template.name,
+            "version": template.version,
+            "messages": messages,
+            "sample": sample,
+            "temperature": self.temperature,
+            "max_tokens": self.max_tokens,
+        }
+        return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+    def _judge_one(self, req: JudgeRequest) -> JudgeResult:
+        messages = req.template.render(**req.inputs)
+        res = JudgeResult()
+        for s in range(self.n_samples):
+            key = self.cache_key(req.template, messages, s)
+            hit = self.cache.get(key) if self.cache is not None else None
+            if hit is not None:
+                try:
+                    res.verdicts.append(req.template.verdict.model_validate(hit["verdict"]))
+                    res.raw.append(hit.get("raw", ""))
+                    res.cached += 1
+                    self._bump("cache_hits")
+                    continue
+                except ValidationError:
+                    log.warning("cached verdict for %s no longer validates; re-judging", req.template.tag)
+            try:
+                verdict, raw, attempts = self._sample(req.template, messages, s)
+            except JudgeError as e:
+                self._bump("failures")
+                log.warning("judge %s failed on %s after %d attempts: %s", self.model_id, req.template.tag, self.max_attempts, e)
+                return JudgeResult(error=f"{type(e).__name__}: {e}", attempts=res.attempts + self.max_attempts, cached=res.cached, raw=res.raw)
+            res.attempts += attempts
+            res.verdicts.append(verdict)
+            res.raw.append(raw)
+            if self.cache is not None:
+                self.cache.put(
+                    key,
+                    model=self.model_id,
+                    template=req.template.tag,
+                    verdict=verdict.model_dump(mode="json"),
+                    raw=raw,
+                )
+        return res
+
+    def _sample(self, template: PromptTemplate, messages: Messages, sample: int) -> tuple[BaseModel, str, int]:
+        retrying = Retrying(
+            stop=stop_after_attempt(self.max_attempts),
+            wait=wait_exponential(multiplier=self.backoff_s, max=30.0),
+            retry=retry_if_exception_type((JudgeOutputError, JudgeTransportError)),
+            reraise=True,
+        )
+        for attempt in retrying:
+            with attempt:
+                n = attempt.retry_state.attempt_number
+                if n > 1:
+                    self._bump("retries")
+                self._bump("calls")
+                raw = self.complete(messages, temperature=self.temperature, seed=sample, attempt=n)
+                return parse_verdict(raw, template.verdict), raw, n
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------------------
+# Judge specs
+# ---------------------------------------------------------------------------------------
+
+
+def make_judge(spec: str | Judge, **kwargs: Any) -> Judge:
+    """Build a judge from a spec string.
+
+    Specs:
+        ``hf:NAME`` -- local transformers model (``hf:smollm2`` = SmolLM2-135M-Instruct
+        via :func:`drgym.models.load_causal_lm`; or a local folder / hub name).
+        ``openai:MODEL@BASE_URL`` -- OpenAI-compatible endpoint (vLLM, OpenAI,
+        OpenRouter); the key comes from ``DRGYM_JUDGE_API_KEY`` or ``OPENAI_API_KEY``.
+        ``openai:MODEL`` -- base URL from ``DRGYM_JUDGE_BASE_URL`` / ``OPENAI_BASE_URL``
+        (default ``https://api.openai.com/v1``).
+        ``openai`` -- model from ``DRGYM_JUDGE_MODEL`` as well.
+
+    ``kwargs`` go to the judge constructor (``cache``, ``n_samples``, ``temperature``,
+    ``max_attempts``, ``timeout_s``...).
+
+    Raises:
+        ConfigError: unknown backend prefix or empty model.
+    """
+    if isinstance(spec, Judge):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"Judge spec must be a non-empty string like 'hf:smollm2' or 'openai:MODEL@URL', got {spec!r}.")
+    kind, _, rest = spec.strip().partition(":")
+    kind = kind.lower()
+    if kind == "hf":
+        from drgym.judges.local import HFJudge
+
+        return HFJudge(rest or "smollm2", **kwargs)
+    if kind == "openai":
+        from drgym.judges.openai import OpenAIJudge
+
+        model, _, base = rest.partition("@")
+        return OpenAIJudge(model=model or None, base_url=base or None, **kwargs)
+    raise ConfigError(f"Unknown judge backend {kind!r} in {spec!r}: use 'hf:NAME' or 'openai:MODEL@BASE_URL'.")
+
+
+def default_cache_path() -> Path:
+    """``$DRGYM_HOME/judge_cache.sqlite``."""
+    from drgym.paths import drgym_home
+
+    return drgym_home() / "judge_cache.sqlite"

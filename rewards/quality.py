@@ -1,0 +1,81 @@
+"""Report quality: six 0-10 criteria, normalised to 0-100 (DeepResearchGym).
+
+Source: DeepResearchGym (Coelho et al., arXiv 2505.19253, §3.2 "Report quality");
+upstream ``eval_quality_async.py``: one judge call per criterion (Clarity, Depth,
+Balance, Breadth, Support, Insightfulness), integer 0-10 each, report score =
+sum / (6 x 10) x 100. The reward's score is that value divided by 100 (a fraction in
+[0, 1]); components give each criterion on its 0-10 scale.
+"""
+
+from __future__ import annotations
+
+from drgym.errors import ConfigError
+from drgym.judges.base import Judge, JudgeRequest, make_judge
+from drgym.judges.prompts import QUALITY, QUALITY_CRITERIA
+from drgym.rewards.base import Episode, Reward, RewardOutput
+
+
+def quality_score(criterion_scores: dict[str, float]) -> float:
+    """Normalised quality in 0-100: ``sum(scores) / (10 * len(scores)) * 100``.
+
+    Raises:
+        ConfigError: empty input, or a score outside 0-10.
+    """
+    if not criterion_scores:
+        raise ConfigError("quality_score needs at least one criterion score.")
+    for k, v in criterion_scores.items():
+        if not 0.0 <= v <= 10.0:
+            raise ConfigError(f"criterion {k!r} score must be in [0, 10], got {v}.")
+    return sum(criterion_scores.values()) / (10.0 * len(criterion_scores)) * 100.0
+
+
+class ReportQuality(Reward):
+    """Six-criterion report quality (DeepResearchGym); score = sum/60 in [0, 1].
+
+    An empty report scores 0 without judge calls. If any criterion's judge call fails
+    after retries the episode scores None (counted in ``failures``).
+
+    Args:
+        judge: judge or spec.
+        criteria: subset of the six names (default all six).
+        max_report_chars: the report is cut to this many characters.
+    """
+
+    name = "quality"
+
+    def __init__(self, judge: Judge | str = "hf:smollm2", *, criteria: list[str] | None = None, max_report_chars: int = 30000) -> None:
+        crit = list(criteria or QUALITY_CRITERIA)
+        bad = [c for c in crit if c not in QUALITY_CRITERIA]
+        if bad:
+            raise ConfigError(f"Unknown quality criteria {bad}; known: {list(QUALITY_CRITERIA)}.")
+        self.criteria = crit
+        self.judge = make_judge(judge)
+        self.max_report_chars = int(max_report_chars)
+
+    def score(self, episodes: list[Episode]) -> RewardOutput:
+        n = len(episodes)
+        per: dict[str, list[float | None]] = {c: [None] * n for c in self.criteria}
+        reqs, where = [], []
+        for i, ep in enumerate(episodes):
+            report = (ep.answer or "")[: self.max_report_chars]
+            if not report.strip():
+                for c in self.criteria:
+                    per[c][i] = 0.0
+                continue
+            for c in self.criteria:
+                reqs.append(
+                    JudgeRequest(QUALITY, {"question": ep.task.question, "report": report, "criterion": c, "description": QUALITY_CRITERIA[c]})
+                )
+                where.append((i, c))
+        for (i, c), res in zip(where, self.judge.judge_many(reqs)):
+            per[c][i] = res.mean(lambda v: v.score)
+        scores: list[float | None] = []
+        failures = 0
+        for i in range(n):
+            vals = {c: per[c][i] for c in self.criteria}
+            if any(v is None for v in vals.values()):
+                failures += 1
+                scores.append(None)
+            else:
+                scores.append(quality_score(vals) / 100.0)
+        return RewardOutput(scores=scores, components={f"quality_{c.lower()}": per[c] for c in self.criteria}, failures=failures)

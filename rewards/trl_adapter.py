@@ -1,0 +1,132 @@
+"""Use any drgym :class:`~drgym.rewards.base.Reward` as a TRL ``reward_funcs`` entry.
+
+TRL (GRPOTrainer) calls each reward function as
+``f(prompts=..., completions=..., completion_ids=..., **dataset_columns)`` and expects
+``list[float | None]`` (None = not applicable; TRL ignores it in the weighted sum).
+
+Dataset columns read by :class:`TRLReward` (all optional except the golds a metric needs):
+
+==================== ==================================================================
+``answers``          gold answers per row, a list of aliases or one string (also accepted
+                     under ``golds``, ``golden_answers``, ``answer``)
+``question``         the question / research prompt (else the last user message of the prompt)
+``task_id``          the task id (else ``"trl-<i>"``)
+``key_points``       DeepResearchGym key points (for ``kpr``)
+``task``             a full :class:`~drgym.envs.tasks.Task` dict, overriding the above
+==================== ==================================================================
+
+Completions may be strings or chat message lists (the last assistant message's text is
+used). The answer is the last ``<answer>...</answer>`` block when present, else the
+whole text (``extract`` overrides this).
+
+The environment path needs no adapter: the Gymnasium env calls ``reward.score`` on
+its one finished :class:`~drgym.rewards.base.Episode` itself.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable
+
+from drgym.envs.tasks import Task
+from drgym.rewards.base import Episode, Reward
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
+GOLD_KEYS = ("answers", "golds", "golden_answers", "answer")
+
+
+def completion_text(completion: Any) -> str:
+    """Text of a TRL completion: a string, or the last assistant message of a message list."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return str(completion.get("content") or "")
+    for m in reversed(list(completion or [])):
+        if isinstance(m, dict) and m.get("role", "assistant") == "assistant":
+            return str(m.get("content") or "")
+    return ""
+
+
+def extract_answer(text: str) -> str:
+    """The last ``<answer>`` block of ``text`` (stripped), or the whole text when there is none."""
+    found = _ANSWER.findall(text or "")
+    return (found[-1] if found else text or "").strip()
+
+
+def _question(prompt: Any) -> str:
+    if isinstance(prompt, str):
+        return prompt
+    for m in reversed(list(prompt or [])):
+        if isinstance(m, dict) and m.get("role") == "user":
+            return str(m.get("content") or "")
+    return ""
+
+
+class TRLReward:
+    """A drgym reward as a TRL reward function (picklable, named for TRL's logs).
+
+    Args:
+        reward: the drgym reward.
+        extract: ``completion text -> answer``; default :func:`extract_answer`.
+        name: the name TRL logs under (``rewards/<name>/mean``); default ``reward.name``.
+
+    Calling it returns one float (or None) per completion, in order.
+    """
+
+    def __init__(self, reward: Reward, *, extract: Callable[[str], str] | None = None, name: str | None = None) -> None:
+        self.reward = reward
+        self.extract = extract or extract_answer
+        self.__name__ = name or reward.name
+
+    def episodes(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[Episode]:
+        """Build the :class:`Episode` batch from TRL's arguments."""
+        n = len(completions)
+        gold_key = next((k for k in GOLD_KEYS if kwargs.get(k) is not None), None)
+        eps = []
+        for i in range(n):
+            if kwargs.get("task") is not None:
+                task = Task.from_dict(kwargs["task"][i])
+            else:
+                golds: Any = kwargs[gold_key][i] if gold_key else []
+                if isinstance(golds, str):
+                    golds = [golds]
+                task = Task(
+                    task_id=str(kwargs["task_id"][i]) if kwargs.get("task_id") is not None else f"trl-{i}",
+                    question=str(kwargs["question"][i]) if kwargs.get("question") is not None else _question(prompts[i] if prompts else ""),
+                    answers=[str(g) for g in (golds or [])],
+                    kind="research" if kwargs.get("key_points") is not None else "qa",
+                    key_points=list(kwargs["key_points"][i] or []) if kwargs.get("key_points") is not None else [],
+                )
+            eps.append(Episode(task=task, answer=self.extract(completion_text(completions[i]))))
+        return eps
+
+    def __call__(self, prompts: list[Any] | None = None, completions: list[Any] | None = None, **kwargs: Any) -> list[float | None]:
+        completions = list(completions or [])
+        out = self.reward.score(self.episodes(list(prompts or []), completions, **kwargs))
+        return [None if s is None or (isinstance(s, float) and math.isnan(s)) else float(s) for s in out.scores]
+
+
+def trl_reward_funcs(spec: Any, **build_kwargs: Any) -> list[TRLReward]:
+    """TRL ``reward_funcs`` from a reward spec: one function per part of a weighted spec.
+
+    Returns:
+        ``[TRLReward, ...]``; pair them with ``GRPOConfig(reward_weights=...)`` using
+        :func:`trl_reward_weights` so TRL logs each part separately.
+    """
+    from drgym.rewards.registry import WeightedReward, build_reward
+
+    r = build_reward(spec, **build_kwargs)
+    if isinstance(r, WeightedReward):
+        return [TRLReward(p) for p, _ in r.parts]
+    return [TRLReward(r)]
+
+
+def trl_reward_weights(spec: Any, **build_kwargs: Any) -> list[float]:
+    """Weights aligned with :func:`trl_reward_funcs` (1.0 for a single reward)."""
+    from drgym.rewards.registry import WeightedReward, build_reward
+
+    r = build_reward(spec, **build_kwargs)
+    if isinstance(r, WeightedReward):
+        return [w for _, w in r.parts]
+    return [1.0]
