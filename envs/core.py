@@ -111,7 +111,7 @@ class SearchAgentEnv(gym.Env[str, str]):
         render_mode: None or ``"ansi"`` (``render()`` returns the conversation as text).
     """
 
-    metadata = {"render_modes": ["ansi"]}
+    metadata = {"render_modes": ["ansi"], "render_fps": 1}
     kind = "qa"
     default_tasks = "hotpotqa-dev"
     default_reward = "f1"

@@ -50,6 +50,8 @@ def answer_span(text: str, question: str, title: str = "") -> str:
             span = [t]
             while j < len(toks):
                 nxt = toks[j]
+                if span[-1].endswith(".") and len(span[-1]) > 3:
+                    break  # a sentence ended inside the run ("... Williams. It")
                 if nxt[:1].isupper() and nxt[:1].isalpha():
                     span.append(nxt)
                     j += 1
