@@ -3,8 +3,10 @@
 String metrics use the SQuAD answer normalisation (Rajpurkar et al. 2016, the official
 SQuAD v1.1 evaluation script): lower-case, drop punctuation, drop the articles
 a/an/the, collapse white space. Every metric takes the maximum over all gold aliases.
-Cover-EM ("gold contained") is the substring variant used by Search-R1 / R1-Searcher
-style training (the normalised gold occurs in the normalised prediction).
+Cover-EM ("gold contained") is the containment variant used by Search-R1 / R1-Searcher
+style training: the normalised gold occurs in the normalised prediction. drgym requires
+whole words (``"paris"`` is not covered by ``"parisian"``), which is stricter than
+Search-R1's plain substring check.
 """
 
 from __future__ import annotations
