@@ -360,7 +360,7 @@ RACE_WEIGHTS = PromptTemplate(
 class GeneratedCriterion(BaseModel):
     criterion: str
     explanation: str = ""
-    weight: float = Field(ge=0.0, le=1.0)
+    weight: float = Field(ge=0.0)  # renormalised per dimension by the caller
 
 
 class GeneratedCriteria(BaseModel):
