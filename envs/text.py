@@ -46,9 +46,12 @@ class UnicodeText(Text):
     inclusive) and accepts every character; :meth:`sample` draws from
     :data:`SAMPLE_CHARSET`.
 
-    Caveat: ``gymnasium.vector.AsyncVectorEnv(shared_memory=True)`` stores ``Text``
-    observations as indices into the charset, so characters outside it are garbled; use
-    ``shared_memory=False`` (the observations are then pickled through pipes).
+    Vector envs: ``gymnasium.vector.SyncVectorEnv`` works as is, and so does
+    ``AsyncVectorEnv(..., shared_memory=False)`` (observations are pickled through pipes).
+    ``AsyncVectorEnv(shared_memory=True)`` does not: Gymnasium stores ``Text`` observations
+    in shared memory as indices into the charset (and reserves ``max_length`` int32 per
+    env), so a character outside :data:`SAMPLE_CHARSET` makes the worker fail with a
+    ``KeyError`` (Gymnasium 1.4; with a narrow charset the text would be garbled instead).
 
     Args:
         max_length: longest string, in characters.
