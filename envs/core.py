@@ -469,7 +469,7 @@ class SearchAgentEnv(gym.Env[str, str]):
             from drgym.rewards.base import Episode
 
             try:
-                out = self.reward.score([Episode(task=self._task, answer=self._final_answer or "", trajectory=traj)])
+                out = self.reward.score([Episode(task=self._task, answer=self._answer_for_reward(), trajectory=traj)])
                 score = out.scores[0]
                 comps = {k: (v[0] if v else None) for k, v in out.components.items()}
                 comps.setdefault(getattr(self.reward, "name", "reward"), score)
@@ -484,6 +484,10 @@ class SearchAgentEnv(gym.Env[str, str]):
         traj.reward = total
         traj.reward_components = comps
         return total
+
+    def _answer_for_reward(self) -> str:
+        """The answer text the reward scores (subclasses may rewrite it)."""
+        return self._final_answer or ""
 
     def _finalize_trajectory(self, traj: Trajectory) -> None:
         """Hook for subclasses (e.g. resolve citations) before scoring."""

@@ -78,6 +78,23 @@ def extract_citations(report: str, sources: dict[int, str]) -> list[dict[str, An
     return claims
 
 
+def resolve_markers(report: str, sources: dict[int, str]) -> str:
+    """Rewrite each resolvable ``[n]`` marker as the markdown link ``[n](url)``.
+
+    Reward modules that look for URLs in the report text (DeepResearchGym's citation
+    metrics) then see the sources the agent cited by number. ``[1, 3]`` becomes
+    ``[1](u1)[3](u3)``; unknown numbers are left as they are.
+    """
+
+    def sub(m: re.Match) -> str:
+        nums = _marker_numbers(m.group(1))
+        if not nums or any(n not in sources for n in nums):
+            return m.group(0)
+        return "".join(f"[{n}]({sources[n]})" for n in nums)
+
+    return _MARKER_RE.sub(sub, report)
+
+
 class DeepResearchEnv(SearchAgentEnv):
     """Long-form research with inline citations: the DeepResearchGym / DeepResearch Bench setting.
 
@@ -93,7 +110,9 @@ class DeepResearchEnv(SearchAgentEnv):
     As :class:`~drgym.envs.searchqa.SearchQAEnv`, except that result items are labelled
     ``[n] (Title: ..., URL: ...)`` with episode-wide numbers. At the end the trajectory's
     ``metadata`` holds ``sources`` (``[{"n", "url", "title"}]``) and ``citations``
-    (:func:`extract_citations` of the report), which citation rewards read.
+    (:func:`extract_citations` of the report). The reward scores the report with its
+    ``[n]`` markers rewritten as ``[n](url)`` (:func:`resolve_markers`), so URL-based
+    citation rewards see numbered citations; ``final_answer`` keeps the agent's text.
 
     **Rewards.** 0.0 until the end; then the configured reward (no default that needs no
     judge exists for reports, so the default is ``False``: no reward, 0.0). Pass e.g. a
@@ -137,6 +156,10 @@ class DeepResearchEnv(SearchAgentEnv):
     def sources(self) -> dict[int, str]:
         """Source number -> URL for the current episode."""
         return {n: u for u, n in self._sources.items()}
+
+    def _answer_for_reward(self) -> str:
+        """The report with ``[n]`` markers resolved to ``[n](url)`` (see :func:`resolve_markers`)."""
+        return resolve_markers(self._final_answer or "", self.sources)
 
     def _finalize_trajectory(self, traj: Trajectory) -> None:
         traj.metadata["sources"] = [{"n": n, "url": u, "title": self._titles.get(u, "")} for u, n in self._sources.items()]

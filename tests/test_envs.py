@@ -279,6 +279,29 @@ def test_deepresearch_sources_and_citations(bm25_backend):
     ]
 
 
+def test_reward_sees_resolved_markers(bm25_backend):
+    from drgym.envs.deepresearch import resolve_markers
+    from drgym.rewards.base import Reward, RewardOutput
+
+    class Seen(Reward):
+        name = "seen"
+        answers: list[str] = []
+
+        def score(self, episodes):
+            self.answers.extend(e.answer for e in episodes)
+            return RewardOutput([0.5])
+
+    rw = Seen()
+    env = gym.make("drgym/DeepResearch-v0", backend=bm25_backend, top_k=2, reward=rw)
+    env.reset(options={"task_index": 0})
+    env.step("<search>Lilu mythology</search>")
+    src = env.unwrapped.sources
+    _, r, *_, info = env.step("<answer>Lilu is a spirit [1, 2]. Unknown [9].</answer>")
+    assert r == 0.5 and info["final_answer"] == "Lilu is a spirit [1, 2]. Unknown [9]."
+    assert rw.answers == [f"Lilu is a spirit [1]({src[1]})[2]({src[2]}). Unknown [9]."]
+    assert resolve_markers("see [2-3]", {2: "u2", 3: "u3"}) == "see [2](u2)[3](u3)"
+
+
 def test_bibliography_only_report_has_no_inline_citations():
     report = "Lilu is a spirit. Gallu is a demon.\n\nReferences\n[1] https://en.wikipedia.org/wiki/Lilu\n[2] https://en.wikipedia.org/wiki/Gallu"
     claims = extract_citations(report, {})
