@@ -13,6 +13,7 @@ so a budget of 500 drgym tokens is about 500-700 model tokens).
 from __future__ import annotations
 
 import re
+from itertools import islice
 
 import numpy as np
 from gymnasium.spaces import Text
@@ -98,9 +99,7 @@ def truncate_tokens(text: str, max_tokens: int, marker: str = " …") -> tuple[s
     """
     if max_tokens <= 0:
         return (marker.strip() if text.strip() else ""), bool(text.strip())
-    end = None
-    for i, m in enumerate(_TOKEN_RE.finditer(text)):
-        if i == max_tokens:
-            return text[:end].rstrip() + marker, True
-        end = m.end()
-    return text, False
+    nxt = next(islice(_TOKEN_RE.finditer(text), max_tokens, None), None)  # token max_tokens + 1
+    if nxt is None:
+        return text, False
+    return text[: nxt.start()].rstrip() + marker, True

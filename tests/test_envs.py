@@ -331,3 +331,12 @@ def test_task_list_and_task_option(bm25_backend):
     assert env.reset(options={"task": other})[1]["question"] == "Who is Gallu?"
     with pytest.raises(ConfigError, match=r"^tasks must be Task records, got a dict\.$"):
         SearchQAEnv(backend=bm25_backend, tasks=[{"task_id": "x"}])
+
+
+def test_token_count_and_truncation():
+    from drgym.envs.text import truncate_tokens
+
+    assert count_tokens("Lilu is a spirit, related to Alû.") == 7
+    assert count_tokens("中文 ab, c") == 4  # each CJK character is one token
+    assert truncate_tokens("a b  c d", 2) == ("a b …", True)
+    assert truncate_tokens("a b", 2) == ("a b", False)
