@@ -14,6 +14,7 @@ runs both with the env's own backend.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -36,6 +37,8 @@ from drgym.envs.trajectory import Step, ToolCall, Trajectory
 from drgym.errors import ConfigError, unknown_name
 from drgym.search.base import SearchBackend
 from drgym.types import Document, SearchResult
+
+logger = logging.getLogger(__name__)
 
 #: Longest observation, in characters (the observation space's ``max_length``).
 MAX_OBS_CHARS = 1_000_000
@@ -238,6 +241,10 @@ class SearchAgentEnv(gym.Env[str, str]):
             ConfigError: unknown ``task_id`` or out-of-range ``task_index``.
         """
         super().reset(seed=seed)
+        if self._backend is not None and not self._backend.deterministic and self.spec is not None and not self.spec.nondeterministic and not getattr(self, "_warned_nondet", False):
+            self._warned_nondet = True
+            logger.warning("%s is registered as deterministic but backend %r is not (a live web backend); "
+                           "use the '-Web' id (drgym.envs.make_env picks it).", self.spec.id, self._backend.name)
         options = options or {}
         if isinstance(options.get("task"), Task):
             task = options["task"]

@@ -43,12 +43,16 @@ def test_check_env(env_id, bm25_backend):
     assert env.spec.nondeterministic is False
 
 
-def test_web_ids_are_nondeterministic(bm25_backend):
+def test_web_ids_are_nondeterministic(bm25_backend, caplog):
     class Web(FailingBackend):
         deterministic = False
 
     env = drgym.envs.make_env("qa", backend=Web(bm25_backend))
     assert env.spec.id == "drgym/SearchQA-Web-v0" and env.spec.nondeterministic is True
+    env.reset(seed=0)
+    assert not caplog.records
+    gym.make("drgym/SearchQA-v0", backend=Web(bm25_backend)).reset(seed=0)
+    assert "drgym/SearchQA-v0 is registered as deterministic but backend 'failing' is not" in caplog.text
     assert drgym.envs.make_env("research", backend=bm25_backend).spec.id == "drgym/DeepResearch-v0"
 
 
