@@ -1,0 +1,269 @@
+"""HTTPSearchClient against tiny loopback fake servers (auth, retries, malformed answers,
+timeouts, every DeepResearchGym document style) and against a real drgym server."""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from drgym.errors import AuthError, BackendUnavailableError, BadQueryError, ConfigError, DocumentNotFoundError
+from drgym.search.client import HTTPSearchClient, record_fields
+from drgym.types import Document
+
+
+def b64(obj) -> str:
+    raw = obj if isinstance(obj, bytes) else json.dumps(obj).encode()
+    return base64.b64encode(raw).decode()
+
+
+class FakeServer:
+    """A loopback HTTP server answering from a script of (status, headers, body, delay)
+    tuples, one per request (the last one repeats); records each request."""
+
+    def __init__(self, script):
+        self.script = list(script)
+        self.requests: list[dict] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _answer(self):
+                u = urlparse(self.path)
+                n = len(fake.requests)
+                fake.requests.append({"method": self.command, "path": u.path, "params": parse_qs(u.query),
+                                      "headers": dict(self.headers)})
+                status, headers, body, delay = fake.script[min(n, len(fake.script) - 1)]
+                if callable(body):
+                    body = body(u.path, parse_qs(u.query))
+                if delay:
+                    time.sleep(delay)
+                data = body if isinstance(body, bytes) else json.dumps(body).encode()
+                try:
+                    self.send_response(status)
+                    for k, v in headers.items():
+                        self.send_header(k, v)
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *a):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake():
+    servers = []
+
+    def make(*script):
+        s = FakeServer(script)
+        servers.append(s)
+        return s
+
+    yield make
+    for s in servers:
+        s.close()
+
+
+def ok(body, delay=0.0):
+    return (200, {"Content-Type": "application/json"}, body, delay)
+
+
+def err(status, detail, headers=None):
+    return (status, {"Content-Type": "application/json", **(headers or {})}, {"detail": detail}, 0.0)
+
+
+CLUEWEB = {"URL": "https://example.org/a\n", "URL-hash": "ABC", "Language": "en", "ClueWeb22-ID": "clueweb22-en0001-01-00001",
+           "Clean-Text": "Alpha page\nAlpha is the first letter.\nSecond line."}
+FINEWEB = {"text": "A FineWeb page body.", "id": "<urn:uuid:1234>", "dump": "CC-MAIN-2024-51", "url": "https://fw.example/x",
+           "date": "2024-12-01", "language": "en", "token_count": 5}
+
+
+def search_body(path, params):
+    return {"results": [b64(CLUEWEB), b64(b""), b64(FINEWEB), b64({"_error": "lost"})],
+            "distances": [-5.25, -5.5, -6.0, -7.0], "outlinks": []}
+
+
+def test_decodes_clueweb_fineweb_and_skips_empty_entries(fake):
+    srv = fake(ok(search_body))
+    with HTTPSearchClient(srv.url, drgym=False, api_key="k-123") as c:
+        hits = c.search("alpha", k=4)
+    assert [h.rank for h in hits] == [1, 2]
+    a, f = hits
+    assert (a.doc_id, a.title, a.text, a.score) == (
+        "clueweb22-en0001-01-00001", "Alpha page", "Alpha is the first letter.\nSecond line.", -5.25)
+    assert a.url == "https://example.org/a\n" and a.metadata == {"URL-hash": "ABC", "Language": "en"}
+    assert (f.doc_id, f.url, f.title, f.text, f.score) == ("<urn:uuid:1234>", "https://fw.example/x", "",
+                                                          "A FineWeb page body.", -6.0)
+    assert f.metadata["dump"] == "CC-MAIN-2024-51"
+    req = srv.requests[0]
+    assert req["path"] == "/search" and req["params"] == {"query": ["alpha"], "k": ["4"], "with_distance": ["true"]}
+    assert req["headers"]["x-api-key"] == "k-123"
+
+
+def test_record_fields_prefers_drgym_keys():
+    rec = {"URL": "u", "ClueWeb22-ID": "d", "Clean-Text": "T\nbody", "url": "u", "id": "d", "title": "T",
+           "text": "body", "source": "hotpotqa"}
+    assert record_fields(rec) == {"doc_id": "d", "url": "u", "title": "T", "text": "body", "source": "hotpotqa",
+                                  "metadata": {}}
+
+
+def test_api_key_from_env_and_batch_through_thread_pool(fake, monkeypatch):
+    monkeypatch.delenv("DRGYM_API_KEY", raising=False)
+    monkeypatch.setenv("DEEPRESEARCHGYM_API_KEY", "env-key")
+    srv = fake(ok({"status": "healthy"}), ok(search_body))  # /health answers like the public API
+    c = HTTPSearchClient(srv.url, workers=3)
+    out = c.search_batch(["q1", "q2", "q3"], k=2)
+    c.close()
+    assert not c.is_drgym()
+    assert [len(r) for r in out] == [2, 2, 2]
+    paths = [r["path"] for r in srv.requests]
+    assert paths[0] == "/health" and paths[1:] == ["/search"] * 3
+    assert sorted(r["params"]["query"][0] for r in srv.requests[1:]) == ["q1", "q2", "q3"]
+    assert all(r["headers"].get("x-api-key") == "env-key" for r in srv.requests)
+
+
+def test_401_raises_auth_error_with_server_detail_and_no_retry(fake):
+    srv = fake(err(401, "Invalid or missing API Key. Request one at deepresearchgym@cmu.edu"))
+    c = HTTPSearchClient(srv.url, drgym=False, attempts=4, backoff_s=0.01)
+    with pytest.raises(AuthError, match="Invalid or missing API Key") as ei:
+        c.search("q")
+    assert "401" in str(ei.value)
+    assert len(srv.requests) == 1
+
+
+def test_429_retry_after_is_honoured(fake):
+    srv = fake(err(429, "slow down", {"Retry-After": "1"}), ok(search_body))
+    c = HTTPSearchClient(srv.url, drgym=False, attempts=3, backoff_s=0.01)
+    t = time.monotonic()
+    hits = c.search("q", k=2)
+    took = time.monotonic() - t
+    assert len(hits) == 2 and len(srv.requests) == 2
+    assert 0.95 <= took < 5.0
+
+
+def test_500_then_200_recovers(fake):
+    srv = fake(err(500, "boom"), ok(search_body))
+    c = HTTPSearchClient(srv.url, drgym=False, attempts=3, backoff_s=0.01)
+    assert [h.rank for h in c.search("q")] == [1, 2]
+    assert len(srv.requests) == 2
+
+
+def test_persistent_500_becomes_backend_unavailable_after_all_attempts(fake):
+    srv = fake(err(503, "index reloading"))
+    c = HTTPSearchClient(srv.url, drgym=False, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
+    with pytest.raises(BackendUnavailableError, match=r"HTTP 503.*index reloading.*3 attempt"):
+        c.search("q")
+    assert len(srv.requests) == 3
+
+
+def test_malformed_json_is_a_clear_error(fake):
+    srv = fake((200, {"Content-Type": "application/json"}, b"<html>not json", 0.0))
+    c = HTTPSearchClient(srv.url, drgym=False, attempts=2, backoff_s=0.01)
+    with pytest.raises(BackendUnavailableError, match="malformed JSON.*<html>not json"):
+        c.search("q")
+    srv2 = fake(ok({"items": []}))
+    with pytest.raises(BackendUnavailableError, match="expected {'results'"):
+        HTTPSearchClient(srv2.url, drgym=False).search("q")
+
+
+def test_timeout_is_retried_then_reported(fake):
+    srv = fake(ok(search_body, delay=3.0))
+    c = HTTPSearchClient(srv.url, drgym=False, timeout=0.3, attempts=2, backoff_s=0.01)
+    t = time.monotonic()
+    with pytest.raises(BackendUnavailableError, match="timed out.*2 attempt"):
+        c.search("q")
+    assert time.monotonic() - t < 2.5
+    assert len(srv.requests) == 2
+
+
+def test_connection_refused_is_backend_unavailable():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    c = HTTPSearchClient(f"http://127.0.0.1:{port}", drgym=False, attempts=2, backoff_s=0.01)
+    with pytest.raises(BackendUnavailableError, match="could not reach"):
+        c.search("q")
+
+
+def test_400_and_client_side_validation(fake):
+    srv = fake(err(400, "No query text in request"))
+    c = HTTPSearchClient(srv.url, drgym=False, max_k=50)
+    with pytest.raises(BadQueryError, match="No query text in request"):
+        c.search("q")
+    n = len(srv.requests)
+    for q, k in [("", 5), ("   ", 5), ("q", 0), ("q", 51)]:
+        with pytest.raises(BadQueryError):
+            c.search(q, k)
+    assert len(srv.requests) == n  # rejected before sending
+
+
+def test_fetch_404_plain_text_and_b64(fake):
+    srv = fake(err(404, "URL not found."))
+    with pytest.raises(DocumentNotFoundError, match="URL not found.*https://nowhere.example"):
+        HTTPSearchClient(srv.url, drgym=False).fetch("https://nowhere.example")
+    srv2 = fake(ok({"clean_text": "Old Title\nold plain body"}))  # an older DeepResearchGym variant
+    d = HTTPSearchClient(srv2.url, drgym=False).fetch("https://old.example/p")
+    assert (d.doc_id, d.url, d.title, d.text) == ("https://old.example/p", "https://old.example/p", "Old Title",
+                                                  "old plain body")
+    srv3 = fake(ok({"clean_text": b64(CLUEWEB)}))
+    d = HTTPSearchClient(srv3.url, drgym=False, fetch_url=srv3.url + "/").fetch("https://example.org/a")
+    assert (d.doc_id, d.title, d.text) == ("clueweb22-en0001-01-00001", "Alpha page", "Alpha is the first letter.\nSecond line.")
+    assert srv3.requests[0]["params"]["url"] == ["https://example.org/a"]
+
+
+def test_config_errors_and_names():
+    with pytest.raises(ConfigError, match="http"):
+        HTTPSearchClient("localhost:8000")
+    assert HTTPSearchClient.deepresearchgym(api_key="x").name == "deepresearchgym"
+    assert HTTPSearchClient.deepresearchgym(api_key="x", fineweb=True).route == "/fineweb/search"
+    assert HTTPSearchClient("http://127.0.0.1:1").name == "http"
+
+
+# -- against a real drgym server -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def served_engine(hotpotqa_engine):
+    """(engine, base_url): a real index served from a uvicorn thread."""
+    from drgym.server.testing import running_server
+
+    with running_server(hotpotqa_engine) as srv:
+        yield hotpotqa_engine, srv.url
+
+
+def test_round_trip_equals_in_process(served_engine):
+    engine, url = served_engine
+    queries = ["Who founded the Kingdom of Prussia?", "Mount Everest height", "Ångström unit of length"]
+    with HTTPSearchClient(url) as c:
+        assert c.is_drgym() and c.max_k == engine.max_k
+        for q in queries:
+            assert c.search(q, k=5) == engine.search(q, k=5)
+        assert c.search_batch(queries, k=7) == engine.search_batch(queries, k=7)
+        hit = engine.search(queries[0], k=1)[0]
+        doc = c.fetch(hit.url)
+        assert doc == engine.fetch(hit.url)
+        assert doc.text.count(hit.text[:40]) >= 1  # the passage comes from the fetched document
+        with pytest.raises(DocumentNotFoundError):
+            c.fetch("https://en.wikipedia.org/wiki/No_such_page_drgym_test")
+        with pytest.raises(BadQueryError, match="k must be between 1 and"):
+            HTTPSearchClient(url, max_k=10_000).search("x", k=engine.max_k + 1)
