@@ -58,9 +58,9 @@ def default_backend(corpus: str = "wiki-default") -> SearchBackend:
     """
     with _DEFAULT_LOCK:
         if corpus not in _DEFAULT_BACKENDS:
-            from drgym.search import local
+            from drgym.search.local import LocalSearchEngine
 
-            _DEFAULT_BACKENDS[corpus] = local.default_engine(corpus) if hasattr(local, "default_engine") else local.LocalSearchEngine.from_name(corpus)
+            _DEFAULT_BACKENDS[corpus] = LocalSearchEngine.from_corpus(corpus)
         return _DEFAULT_BACKENDS[corpus]
 
 

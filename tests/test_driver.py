@@ -81,13 +81,46 @@ def test_answer_span_rules():
     assert answer_span("all lower case", "q", title="Fallback") == "Fallback"
 
 
-@pytest.mark.slow
+# The same policy over the default corpus (wiki-default, 21,126 passages) with the
+# default hybrid engine; EM / F1 by hand as above:
+#   "Jack Owens" vs "Jack Owens": 1, 1.   "Richard David Bach" vs itself: 1, 1.
+#   "Central and Southern United States" vs "March 2 and 3, 2012": 5 tokens each, one
+#       common ("and"): P=R=1/5, F1=0.2.
+#   "NBA" vs "NBA Inside Stuff": P=1, R=1/3, F1=2*(1/3)/(4/3)=0.5.
+DEFAULT_CASES = [
+    ("hotpotqa-5a809f815542996402f6a5b7", "The Hukilau Song", "Jack Owens", 1.0, 1.0),
+    ("hotpotqa-5a7f6af65542994857a76736", "Richard Bach", "Richard David Bach", 1.0, 1.0),
+    ("hotpotqa-5ae7b39f554299540e5a5650", "Tornado outbreak sequence of May 1896", "Central and Southern United States", 0.0, 0.2),
+    ("hotpotqa-5a88d89f554299206df2b37b", "1997–98 Orlando Magic season", "NBA", 0.0, 0.5),
+    ("hotpotqa-5a77ec115542992a6e59dff7", "Lilu (mythology)", "Akkadian", 0.0, 0.0),
+]
+
+
 def test_scripted_policy_on_default_corpus(default_engine):
-    """The whole HotpotQA dev set (79) over wiki-default with the default hybrid engine."""
-    with BatchedDriver(make_envs(default_engine, 8)) as driver:
+    backend = Counting(default_engine)
+    tasks = {t.task_id: t for t in load_tasks("hotpotqa-dev")}
+    with BatchedDriver(make_envs(backend, 4)) as driver:
+        trajs = driver.run(ScriptedPolicy(), [{"task_id": c[0]} for c in DEFAULT_CASES])
+    for traj, (tid, fetched_title, answer, em, f1) in zip(trajs, DEFAULT_CASES):
+        assert traj.task_id == tid and traj.steps[1].results[0]["title"] == fetched_title
+        assert traj.final_answer == answer
+        assert exact_match(answer, tasks[tid].answers) == em
+        assert traj.reward == pytest.approx(f1) and token_f1(answer, tasks[tid].answers) == pytest.approx(f1)
+    assert [len(b) for b in backend.batches] == [4, 1]
+
+
+@pytest.mark.slow
+def test_scripted_policy_whole_hotpotqa_default_backend(default_engine):
+    """All 79 HotpotQA questions with the env's own default backend (built lazily)."""
+    env0 = gym.make("drgym/SearchQA-v0")
+    assert env0.unwrapped._backend is None  # nothing is loaded before the first reset
+    envs = [env0] + [gym.make("drgym/SearchQA-v0") for _ in range(7)]
+    with BatchedDriver(envs) as driver:
         trajs = driver.run(ScriptedPolicy(), [{"task_id": t.task_id} for t in load_tasks("hotpotqa-dev")])
+    assert len({id(e.unwrapped.backend) for e in envs}) == 1  # one engine shared by the process
     assert len(trajs) == 79 and all(t.terminated for t in trajs)
     assert all(t.count("search") == 1 and t.count("fetch") == 1 for t in trajs)
+    assert sum(t.reward for t in trajs) / 79 == pytest.approx(0.0595, abs=0.005)  # measured: 4.70 / 79
 
 
 # -- the driver -----------------------------------------------------------------------
