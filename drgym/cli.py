@@ -52,6 +52,7 @@ def _register_all() -> None:
     register_rollout(app)
     register_evaluate(app)
     register_training(app)
+    __import__("drgym.rollout.compare_cli", fromlist=["register"]).register(app)
 
 
 _register_all()

@@ -7,7 +7,7 @@ Routes (the prefix is the provider's base URL in tests):
     POST /serper/search                 Serper: X-API-KEY, {"q","num"} -> {"organic": [...]}
     POST /tavily/search                 Tavily: Bearer key, {"query","max_results"} -> {"results": [...]}
     GET  /brave/res/v1/web/search       Brave: X-Subscription-Token, ?q=&count= -> {"web": {"results": [...]}}
-    GET  /pages/<slug>                  an HTML page about <slug> (see PAGES), /pages/doc.pdf (PDF),
+    GET  /pages/<slug>                  an HTML page about <slug> (PAGES, or the pages given), /pages/doc.pdf (PDF),
                                         /pages/huge (large HTML), anything else 404
 
 Failures are scripted with :meth:`FakeProviders.plan`: the next requests to a route get
@@ -17,6 +17,7 @@ resume. Every request is logged in :attr:`FakeProviders.requests`.
 
 from __future__ import annotations
 
+import html
 import json
 import threading
 import time
@@ -40,10 +41,11 @@ PAGES: dict[str, tuple[str, str]] = {
 }
 
 
-def page_html(slug: str) -> str:
+def page_html(slug: str, pages: dict[str, tuple[str, str]] | None = None) -> str:
     """The HTML served for ``slug``: navigation and footer boilerplate around the main text."""
-    title, text = PAGES[slug]
-    paras = "".join(f"<p>{s.strip()}.</p>" for s in text.split(".") if s.strip())
+    title, text = (PAGES if pages is None else pages)[slug]
+    paras = f"<p>{html.escape(text)}</p>"
+    title = html.escape(title)
     return (
         f"<html><head><title>{title}</title></head><body>"
         "<nav><a href='/'>Home</a> | <a href='/about'>About us</a> | <a href='/login'>Log in</a></nav>"
@@ -68,7 +70,11 @@ def rank_pages(query: str, k: int) -> list[str]:
 class FakeProviders:
     """Start with ``with FakeProviders() as fp:``; ``fp.base`` is ``http://127.0.0.1:<port>``."""
 
-    def __init__(self) -> None:
+    def __init__(self, pages: dict[str, tuple[str, str]] | None = None, ranker=None) -> None:
+        """Args: ``pages`` (slug -> (title, text), default :data:`PAGES`) and ``ranker``
+        (``(query, k) -> [slug]``, default word overlap :func:`rank_pages`)."""
+        self.pages = PAGES if pages is None else pages
+        self.ranker = ranker or rank_pages
         self.requests: list[dict] = []
         self._plans: dict[str, list[tuple[int, dict, bytes, float]]] = {}
         self._lock = threading.Lock()
@@ -149,35 +155,35 @@ class FakeProviders:
             if h.get("x-api-key") != API_KEY:
                 return 403, js, b'{"message": "Unauthorized.", "statusCode": 403}'
             body = json.loads(rec["body"])
-            slugs = rank_pages(body["q"], int(body.get("num", 10)))
-            organic = [{"title": PAGES[s][0], "link": f"{self.base}/pages/{s}", "snippet": PAGES[s][1][:90],
+            slugs = self.ranker(body["q"], int(body.get("num", 10)))
+            organic = [{"title": self.pages[s][0], "link": f"{self.base}/pages/{s}", "snippet": self.pages[s][1][:90],
                         "position": i + 1} for i, s in enumerate(slugs)]
             return 200, js, json.dumps({"searchParameters": {"q": body["q"], "type": "search"}, "organic": organic}).encode()
         if route == "/tavily/search" and method == "POST":
             if h.get("authorization") != f"Bearer {API_KEY}":
                 return 401, js, b'{"detail": {"error": "Unauthorized: missing or invalid API key."}}'
             body = json.loads(rec["body"])
-            slugs = rank_pages(body["query"], int(body.get("max_results", 5)))
-            results = [{"title": PAGES[s][0], "url": f"{self.base}/pages/{s}", "content": PAGES[s][1][:90],
+            slugs = self.ranker(body["query"], int(body.get("max_results", 5)))
+            results = [{"title": self.pages[s][0], "url": f"{self.base}/pages/{s}", "content": self.pages[s][1][:90],
                         "score": round(0.9 - 0.1 * i, 3),
-                        "raw_content": PAGES[s][1] if body.get("include_raw_content") else None}
+                        "raw_content": self.pages[s][1] if body.get("include_raw_content") else None}
                        for i, s in enumerate(slugs)]
             return 200, js, json.dumps({"query": body["query"], "results": results, "response_time": 0.01}).encode()
         if route == "/brave/res/v1/web/search" and method == "GET":
             if h.get("x-subscription-token") != API_KEY:
                 return 401, js, b'{"type": "ErrorResponse", "error": {"code": "SUBSCRIPTION_TOKEN_INVALID", "status": 401}}'
             q = rec["query"]["q"][0]
-            slugs = rank_pages(q, int(rec["query"].get("count", ["10"])[0]))
+            slugs = self.ranker(q, int(rec["query"].get("count", ["10"])[0]))
             if not slugs:  # Brave omits "web" when nothing matched
                 return 200, js, json.dumps({"type": "search", "query": {"original": q}}).encode()
-            results = [{"title": PAGES[s][0], "url": f"{self.base}/pages/{s}",
-                        "description": PAGES[s][1][:90].replace(PAGES[s][1].split()[0], f"<strong>{PAGES[s][1].split()[0]}</strong>", 1)}
+            results = [{"title": self.pages[s][0], "url": f"{self.base}/pages/{s}",
+                        "description": self.pages[s][1][:90].replace(self.pages[s][1].split()[0], f"<strong>{self.pages[s][1].split()[0]}</strong>", 1)}
                        for s in slugs]
             return 200, js, json.dumps({"type": "search", "query": {"original": q}, "web": {"type": "search", "results": results}}).encode()
         if route.startswith("/pages/"):
             slug = route.removeprefix("/pages/")
-            if slug in PAGES:
-                return 200, {"Content-Type": "text/html; charset=utf-8"}, page_html(slug).encode()
+            if slug in self.pages:
+                return 200, {"Content-Type": "text/html; charset=utf-8"}, page_html(slug, self.pages).encode()
             if slug == "doc.pdf":
                 return 200, {"Content-Type": "application/pdf"}, b"%PDF-1.4 fake"
             if slug == "huge":

@@ -78,7 +78,7 @@ class Usage:
         price_per_search: USD per search request (see :data:`DEFAULT_PRICES`).
         searches: number of queries sent (a batch of n queries counts n).
         fetches: number of page fetches.
-        errors: number of calls that raised.
+        errors: queries and fetches that failed (a failed batch of n queries counts n).
         search_latencies_s: wall time of each search call, seconds (a batch call adds
             one entry per query, each the batch time divided by its size).
         fetch_latencies_s: wall time of each fetch, seconds.
@@ -97,7 +97,7 @@ class Usage:
         """Count one search request of ``n_queries`` queries that took ``seconds``."""
         with self._lock:
             self.searches += n_queries
-            self.errors += int(error)
+            self.errors += n_queries if error else 0
             if n_queries:
                 self.search_latencies_s.extend([seconds / n_queries] * n_queries)
 
@@ -134,12 +134,15 @@ class MeteredBackend(SearchBackend):
     Args:
         inner: the backend to wrap; ``name``, ``deterministic`` and ``max_k`` are copied.
         price_per_search: USD per query; default :func:`default_price` of ``inner.name``.
+        close_inner: whether :meth:`close` closes ``inner`` (False when the caller keeps
+            using ``inner`` after this wrapper, e.g. one backend shared by several runs).
 
     Errors raised by ``inner`` pass through unchanged (and are counted).
     """
 
-    def __init__(self, inner: SearchBackend, price_per_search: float | None = None):
+    def __init__(self, inner: SearchBackend, price_per_search: float | None = None, *, close_inner: bool = True):
         self.inner = inner
+        self.close_inner = close_inner
         self.name = inner.name
         self.deterministic = inner.deterministic
         self.max_k = inner.max_k
@@ -169,4 +172,5 @@ class MeteredBackend(SearchBackend):
         return doc
 
     def close(self) -> None:
-        self.inner.close()
+        if self.close_inner:
+            self.inner.close()

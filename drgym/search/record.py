@@ -256,7 +256,8 @@ class RecordReplayBackend(SearchBackend):
     Attributes:
         deterministic: True in replay mode, else ``inner.deterministic``.
         hits, misses, live_calls: counters (replayed answers, replay misses, calls that
-            went to ``inner``).
+            went to ``inner``); ``live_searches`` and ``live_fetches`` split ``live_calls``
+            (providers bill searches).
 
     Raises:
         ConfigError: unknown mode; no inner backend outside replay; no name.
@@ -280,11 +281,15 @@ class RecordReplayBackend(SearchBackend):
         self.hits = 0
         self.misses = 0
         self.live_calls = 0
+        self.live_searches = 0
+        self.live_fetches = 0
         self._count_lock = threading.Lock()
 
     def _count(self, attr: str, n: int = 1) -> None:
         with self._count_lock:
             setattr(self, attr, getattr(self, attr) + n)
+            if attr in ("live_searches", "live_fetches"):
+                self.live_calls += n
 
     # -- search -------------------------------------------------------------------------
     def search_batch(self, queries: list[str], k: int = 10) -> list[list[SearchResult]]:
@@ -296,7 +301,7 @@ class RecordReplayBackend(SearchBackend):
         """
         self.check_request(queries, k)
         if self.mode == "live":
-            self._count("live_calls", len(queries))
+            self._count("live_searches", len(queries))
             return self.inner.search_batch(queries, k)  # type: ignore[union-attr]
         out: list[list[SearchResult] | None] = [None] * len(queries)
         todo: list[int] = []
@@ -325,7 +330,7 @@ class RecordReplayBackend(SearchBackend):
         return out  # type: ignore[return-value]
 
     def _search_live(self, qs: list[str], k: int, idx: list[int], out: list) -> None:
-        self._count("live_calls", len(qs))
+        self._count("live_searches", len(qs))
         t0 = time.perf_counter()
         try:
             res = self.inner.search_batch(qs, k)  # type: ignore[union-attr]
@@ -346,7 +351,7 @@ class RecordReplayBackend(SearchBackend):
         if not isinstance(url, str) or not url.strip():
             raise BadQueryError(f"fetch needs a non-empty URL, got {url!r}.")
         if self.mode == "live":
-            self._count("live_calls")
+            self._count("live_fetches")
             return self.inner.fetch(url)  # type: ignore[union-attr]
         if self.mode in ("replay", "cache"):
             row = self.store.get_fetch(self.name, url)
@@ -362,7 +367,7 @@ class RecordReplayBackend(SearchBackend):
                 raise ReplayMissError(
                     f"Replay miss: backend {self.name!r} has no recorded fetch of {url.strip()!r} in {self.store.path}."
                 )
-        self._count("live_calls")
+        self._count("live_fetches")
         t0 = time.perf_counter()
         try:
             doc = self.inner.fetch(url)  # type: ignore[union-attr]
