@@ -7,6 +7,7 @@ Routes (the prefix is the provider's base URL in tests):
     POST /serper/search                 Serper: X-API-KEY, {"q","num"} -> {"organic": [...]}
     POST /tavily/search                 Tavily: Bearer key, {"query","max_results"} -> {"results": [...]}
     GET  /brave/res/v1/web/search       Brave: X-Subscription-Token, ?q=&count= -> {"web": {"results": [...]}}
+    GET  /drg/search                    DeepResearchGym: x-api-key, ?query=&k= -> {"results": [base64 ClueWeb22 JSON]}
     GET  /pages/<slug>                  an HTML page about <slug> (PAGES, or the pages given), /pages/doc.pdf (PDF),
                                         /pages/huge (large HTML), anything else 404
 
@@ -17,6 +18,7 @@ resume. Every request is logged in :attr:`FakeProviders.requests`.
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import threading
@@ -180,6 +182,17 @@ class FakeProviders:
                         "description": self.pages[s][1][:90].replace(self.pages[s][1].split()[0], f"<strong>{self.pages[s][1].split()[0]}</strong>", 1)}
                        for s in slugs]
             return 200, js, json.dumps({"type": "search", "query": {"original": q}, "web": {"type": "search", "results": results}}).encode()
+        if route == "/drg/search" and method == "GET":  # DeepResearchGym: x-api-key, base64 ClueWeb22 records
+            if h.get("x-api-key") != API_KEY:
+                return 401, js, b'{"detail": "Invalid or missing API Key"}'
+            q = rec["query"]["query"][0]
+            slugs = self.ranker(q, int(rec["query"].get("k", ["10"])[0]))
+            docs = [base64.b64encode(json.dumps({
+                "URL": f"{self.base}/pages/{s}", "URL-hash": f"hash-{s}", "Language": "en",
+                "ClueWeb22-ID": f"clueweb22-en0000-00-{i:05d}", "Clean-Text": f"{self.pages[s][0]}\n{self.pages[s][1]}",
+            }).encode()).decode() for i, s in enumerate(slugs)]
+            return 200, js, json.dumps({"results": docs, "distances": [-5.0 - i for i in range(len(docs))],
+                                        "outlinks": []}).encode()
         if route.startswith("/pages/"):
             slug = route.removeprefix("/pages/")
             if slug in self.pages:

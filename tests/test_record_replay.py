@@ -3,6 +3,7 @@ against the loopback fake providers; replay runs with the network switched off."
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import threading
 from datetime import datetime, timezone
@@ -223,3 +224,42 @@ def test_recorded_rollout_replays_identically_offline(fp, tmp_path, monkeypatch)
     monkeypatch.setattr(httpx.Client, "send", lambda *a, **k: pytest.fail("replay used the network"))
     replayed = _rollout(make_backend("serper", mode="replay", store=db), fp.base)
     assert replayed == recorded
+
+
+def test_deepresearchgym_record_and_replay(fp, tmp_path, monkeypatch):
+    """The 'deepresearchgym' spec speaks DeepResearchGym's wire format (x-api-key, base64
+    ClueWeb22 records) through HTTPSearchClient; pointed at the loopback fake here."""
+    monkeypatch.setenv("DEEPRESEARCHGYM_API_KEY", API_KEY)
+    monkeypatch.setenv("DEEPRESEARCHGYM_BASE_URL", f"{fp.base}/drg")
+    db = tmp_path / "drg.sqlite"
+    rec = make_backend("deepresearchgym", mode="record", store=db, attempts=1)
+    live = rec.search("Danube river Vienna", k=2)
+    rec.close()
+    assert [r.url.rsplit("/", 1)[1] for r in live] == ["danube", "nile"]
+    assert live[0].doc_id == "clueweb22-en0000-00-00000" and live[0].title == "Danube river"
+    assert live[0].score == -5.0 and fp.requests[0]["headers"]["x-api-key"] == API_KEY
+    monkeypatch.setattr(httpx.Client, "send", lambda *a, **k: pytest.fail("replay used the network"))
+    rep = make_backend("deepresearchgym", mode="replay", store=db)
+    assert [r.to_dict() for r in rep.search("Danube river  Vienna", k=2)] == [r.to_dict() for r in live]
+    monkeypatch.undo()
+    monkeypatch.setenv("DEEPRESEARCHGYM_API_KEY", "wrong")
+    monkeypatch.setenv("DEEPRESEARCHGYM_BASE_URL", f"{fp.base}/drg")
+    with pytest.raises(AuthError, match="Invalid or missing API Key"):
+        make_backend("deepresearchgym", attempts=1).search("Danube", k=1)
+
+
+def test_recording_command(fp, tmp_path):
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    db = tmp_path / "web.sqlite"
+    rec = recorder(fp, db, "brave")
+    rec.search("Paris", k=2)
+    rec.fetch(f"{fp.base}/pages/paris")
+    rec.close()
+    res = CliRunner().invoke(app, ["recording", str(db)])
+    assert res.exit_code == 0, res.output
+    s = json.loads(res.output)["brave"]
+    assert (s["searches"], s["fetches"], s["errors"]) == (1, 1, 0)
+    assert CliRunner().invoke(app, ["recording", str(tmp_path / "none.sqlite")]).exit_code == 2

@@ -47,9 +47,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run the same policies and tasks over each search backend and compare them side by side.
 
-        Writes OUT/compare.md, compare.html, compare.png and compare.json (scores, answer
-        rate, calls, search latency, cost, Kendall tau of the policies' ranking between
-        backends) and one rollout run directory per (policy, backend) under OUT/runs/.
+        Writes OUT/compare.md, compare.html, compare.png and compare.json (scores, answer rate, calls, search latency, cost, Kendall tau of the policies' ranking between backends) and one rollout run directory per (policy, backend) under OUT/runs/.
+
+        Example (offline, replaying a recording): drgym compare -p scripted -p 'scripted fetch=false' -b local,serper --replay web.sqlite --n 30
         """
         from rich.console import Console
 
@@ -76,3 +76,23 @@ def register(app: typer.Typer) -> None:
         typer.echo((Path(out) / "compare.md").read_text(encoding="utf-8"))
         console.print(f"wrote {out}/compare.md, compare.html, compare.png, compare.json "
                       f"({len(result['rows'])} runs, {result['wall_s']:.1f} s)")
+
+    @app.command("recording")
+    def recording(
+        path: Path = typer.Argument(..., help="A SQLite recording written with mode 'record' (e.g. drgym compare --record)."),
+    ) -> None:
+        """Show what a search recording holds: searches, fetches, failures and when the web was seen, per backend."""
+        import json
+
+        from drgym.errors import DrgymError
+        from drgym.search.record import RecordStore
+
+        try:
+            store = RecordStore(path, readonly=True)
+        except DrgymError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from e
+        try:
+            typer.echo(json.dumps(store.summary(), indent=2))
+        finally:
+            store.close()

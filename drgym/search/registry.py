@@ -13,7 +13,8 @@ Specs:
 ``tavily``           :class:`~drgym.search.web.TavilySearch` (``TAVILY_API_KEY``)
 ``brave``            :class:`~drgym.search.web.BraveSearch` (``BRAVE_API_KEY``)
 ``deepresearchgym``  the public DeepResearchGym API, ``https://clueweb22.us``
-                     (:class:`~drgym.search.client.HTTPSearchClient`, ``DEEPRESEARCHGYM_API_KEY``)
+                     (:class:`~drgym.search.client.HTTPSearchClient`, ``DEEPRESEARCHGYM_API_KEY``;
+                     ``base_url=`` or ``DEEPRESEARCHGYM_BASE_URL`` point it elsewhere)
 ``http://host:port`` a ``drgym serve`` server or any DeepResearchGym-compatible API
 ==================== ====================================================================
 
@@ -92,6 +93,10 @@ def _build_live(spec: str, kind: str, kwargs: dict[str, Any]) -> SearchBackend:
                 f"deepresearchgym: no API key. Set {DEEPRESEARCHGYM_ENV} (keys are given on request by the "
                 "DeepResearchGym authors, deepresearchgym@cmu.edu), or use mode='replay' with a recording."
             )
+        base = kwargs.pop("base_url", None) or os.environ.get("DEEPRESEARCHGYM_BASE_URL")
+        if base:  # a mirror, a proxy, or a loopback fake in tests
+            kwargs.setdefault("drgym", False)
+            return HTTPSearchClient(base, api_key=key.strip(), name="deepresearchgym", **kwargs)
         return HTTPSearchClient.deepresearchgym(api_key=key.strip(), name="deepresearchgym", **kwargs)
     return HTTPSearchClient(spec.strip(), **kwargs)
 

@@ -15,6 +15,10 @@ brave     ``GET https://api.search.brave.com/res/v1/web/search``     ``BRAVE_API
           ``?q=&count=``                                             ``X-Subscription-Token``
 ========= ========================================================== ======================= ==================================================
 
+Base URLs can be overridden with ``base_url=`` or the ``SERPER_BASE_URL``,
+``TAVILY_BASE_URL`` and ``BRAVE_BASE_URL`` environment variables (a proxy, or a loopback
+fake in tests).
+
 Mapping: ``doc_id`` and ``url`` are the result URL, ``text`` is the provider's snippet
 (Brave's ``<strong>`` highlighting removed), ``score`` is Tavily's relevance score or
 ``1/rank`` for providers that give none, ``source`` is the backend name, and
