@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import gymnasium as gym
 from gymnasium.error import ResetNeeded

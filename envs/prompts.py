@@ -72,7 +72,8 @@ QA_SYSTEM_TAGS = (
 QA_SYSTEM_JSON = (
     "You answer questions using a search engine. Call the tool `search` with a query to get passages with "
     "their titles and URLs, and `fetch` with a URL to read a whole document. You may call tools several "
-    "times. When you know the answer, call `answer` with a short phrase without explanation."
+    "times. When you know the answer, call `answer` with a short phrase without explanation. Write each call as "
+    '<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>.'
 )
 
 RESEARCH_SYSTEM_TAGS = (
@@ -91,7 +92,8 @@ RESEARCH_SYSTEM_JSON = (
     "call `answer` with the full report. Support each claim with an inline citation right after it: the "
     "source number in brackets, like [3], or the URL itself. Cite only sources you were shown. A report "
     "whose sources appear only in a bibliography at the end, with no inline citations, is accepted but "
-    "scores 0 on citation quality."
+    "scores 0 on citation quality. Write each call as "
+    '<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>.'
 )
 
 
