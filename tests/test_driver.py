@@ -188,6 +188,10 @@ def test_sync_vector_env(bm25_backend):
     obs, r, term, trunc, info = venv.step(("<answer>a spirit</answer>", "<search>Lilu</search>"))
     assert list(term) == [True, False]  # env 1 was auto-reset (next-step mode) and is running again
     venv.close()
+    venv = gym.make_vec("drgym/SearchQA-v0", num_envs=3, vectorization_mode="sync", backend=bm25_backend)
+    obs, info = venv.reset(seed=0)
+    assert len(set(info["task_id"])) == 3  # sub-envs are seeded 0, 1, 2
+    venv.close()
 
 
 def _make_subprocess_env():
