@@ -263,3 +263,16 @@ def test_recording_command(fp, tmp_path):
     s = json.loads(res.output)["brave"]
     assert (s["searches"], s["fetches"], s["errors"]) == (1, 1, 0)
     assert CliRunner().invoke(app, ["recording", str(tmp_path / "none.sqlite")]).exit_code == 2
+
+
+def test_closed_recording_is_one_file(fp, tmp_path):
+    db = tmp_path / "web.sqlite"
+    rec = recorder(fp, db, "serper")
+    rec.search("Paris", k=1)
+    assert (tmp_path / "web.sqlite-wal").exists()  # WAL while recording
+    rec.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["web.sqlite"]
+    moved = tmp_path / "copy" / "moved.sqlite"
+    moved.parent.mkdir()
+    db.rename(moved)
+    assert make_backend("serper", mode="replay", store=moved).search("Paris", k=1)[0].url.endswith("/pages/eiffel")  # tie on "paris": slug order

@@ -234,9 +234,18 @@ class RecordStore:
         return out
 
     def close(self) -> None:
-        """Close the connection. Idempotent."""
+        """Close the connection. Idempotent.
+
+        A writable store first leaves WAL mode, which checkpoints the journal into the
+        main file: a closed recording is one self-contained ``.sqlite`` file to copy.
+        """
         with self._lock:
             try:
+                if not self.readonly:
+                    try:
+                        self._conn.execute("PRAGMA journal_mode=DELETE")
+                    except sqlite3.OperationalError:  # another connection still has it open
+                        pass
                 self._conn.close()
             except sqlite3.ProgrammingError:
                 pass
