@@ -25,7 +25,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import gymnasium as gym
 
@@ -194,6 +194,7 @@ class BatchedDriver:
         jobs: Iterable[dict[str, Any] | None] | int,
         *,
         seed: int | None = 0,
+        on_episode: Callable[[Trajectory], None] | None = None,
     ) -> list[Trajectory]:
         """Roll out episodes with ``policy``, keeping every env busy until the jobs run out.
 
@@ -202,6 +203,8 @@ class BatchedDriver:
             jobs: reset ``options`` per episode (e.g. ``{"task_id": ...}``), or a number of
                 episodes whose tasks are drawn by the envs' seeded RNGs.
             seed: episode ``j`` is reset with ``seed + j`` (None: unseeded).
+            on_episode: called with each trajectory as soon as its episode ends (before
+                its env is reset for the next job), e.g. to append it to a JSONL file.
 
         Returns:
             The trajectories in job order; ``timings["generation"]`` holds each episode's
@@ -242,6 +245,8 @@ class BatchedDriver:
                     traj.timings["generation"] = gen_time[i]
                     traj.metadata.setdefault("policy", getattr(policy, "name", type(policy).__name__))
                     out[job_of.pop(i)] = traj
+                    if on_episode is not None:
+                        on_episode(traj)
                     if next_job < len(queue):
                         start(i)
         return [t for t in out if t is not None]

@@ -153,10 +153,12 @@ def test_failing_query_is_isolated(bm25_backend):
 
 def test_run_refills_envs_and_is_deterministic(bm25_backend, tmp_path):
     runs = []
+    streamed = []
     for _ in range(2):
         with BatchedDriver(make_envs(bm25_backend, 3, reward=ExactMatch())) as driver:
-            runs.append(driver.run(ScriptedPolicy(protocol="json"), 7, seed=100))
-    assert len(runs[0]) == 7
+            runs.append(driver.run(ScriptedPolicy(protocol="json"), 7, seed=100, on_episode=streamed.append))
+    assert len(runs[0]) == 7 and len(streamed) == 14
+    assert {t.episode_id for t in streamed[:7]} == {t.episode_id for t in runs[0]}
     assert [t.task_id for t in runs[0]] == [t.task_id for t in runs[1]]
     assert [t.messages for t in runs[0]] == [t.messages for t in runs[1]]
     assert [t.reward_components for t in runs[0]] == [t.reward_components for t in runs[1]]
