@@ -344,3 +344,13 @@ def test_token_count_and_truncation():
     assert count_tokens("中文 ab, c") == 4  # each CJK character is one token
     assert truncate_tokens("a b  c d", 2) == ("a b …", True)
     assert truncate_tokens("a b", 2) == ("a b", False)
+
+
+def test_render_ansi(bm25_backend):
+    env = SearchQAEnv(backend=bm25_backend, render_mode="ansi")
+    env.reset(options={"task_id": LILU})
+    env.step("<search>Lilu</search>")
+    text = env.render()
+    assert text.startswith("[system] You answer questions") and "\n\n[user] Question: If Gallu is a demon Lilu is what?" in text
+    assert "\n\n[assistant] <search>Lilu</search>\n\n[user] \n\n<information>Doc 1 (Title: " in text
+    assert SearchQAEnv(backend=bm25_backend).render() is None
