@@ -145,6 +145,7 @@ def test_compare_local_vs_replayed_recording(hotpot_web, hotpotqa_engine, tmp_pa
         assert tau["tau"] == pytest.approx(1.0 if same else -1.0)
     md = (out / "compare.md").read_text()
     assert "When the web was seen" in md and "serper: answers recorded between" in md
+    assert "median live search latency then" in md
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG" and (out / "compare.html").exists()
 
 

@@ -122,6 +122,7 @@ def test_timestamps_and_summary(fp, tmp_path):
     assert before <= seen <= datetime.now(timezone.utc)
     s = store.summary()["serper"]
     assert s["searches"] == 2 and s["first_recorded_at"] <= s["last_recorded_at"]
+    assert 0 < s["search_latency_median_s"] < 2.0  # loopback: well under the 2 s timeout
     assert store.recorded_queries("serper") == [("Berlin", 1), ("Paris", 1)]
     with pytest.raises(ConfigError, match="read-only"):
         store.put_search("serper", "x", 1, [], None, 0.0)

@@ -178,7 +178,10 @@ def _provenance(rows: list[CompareRow]) -> list[str]:
     for b in dict.fromkeys(r.backend for r in rows):
         rec = next((r.recorded for r in rows if r.backend == b and r.recorded), None)
         if rec and rec.get("first_recorded_at"):
-            lines.append(f"{b}: answers recorded between {rec['first_recorded_at']} and {rec['last_recorded_at']} (UTC)")
+            lat = rec.get("search_latency_median_s")
+            lat_txt = f"; median live search latency then {1000 * lat:.1f} ms" if lat is not None else ""
+            lines.append(f"{b}: answers recorded between {rec['first_recorded_at']} and {rec['last_recorded_at']} (UTC)"
+                         f"{lat_txt}")
     return lines
 
 
@@ -199,7 +202,8 @@ def render_markdown(rows: list[CompareRow], taus: list[dict[str, Any]], metric: 
     if prov:
         out += ["## When the web was seen", ""] + [f"- {p}" for p in prov] + [""]
     out.append("Cost USD = search calls x list price per call; billed USD counts only calls sent to the provider "
-               "(replayed calls cost nothing). Latency is wall time per search query as seen by the env.")
+               "(replayed calls cost nothing). Latency is wall time per search query as seen by the env "
+               "(for a replayed backend: the lookup in the recording; its live latency is under \"When the web was seen\").")
     return "\n".join(out) + "\n"
 
 
@@ -236,7 +240,8 @@ def render_html(rows: list[CompareRow], taus: list[dict[str, Any]], metric: str,
 
 
 def render_png(rows: list[CompareRow], metric: str, path: str | Path) -> None:
-    """Grouped bars: ``metric`` per backend for each policy, and median search latency."""
+    """Grouped bars: ``metric`` per backend for each policy; median search latency per
+    backend, labelled with the list-price cost of its runs."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -245,13 +250,15 @@ def render_png(rows: list[CompareRow], metric: str, path: str | Path) -> None:
     backends = list(dict.fromkeys(r.backend for r in rows))
     policies = list(dict.fromkeys(r.policy for r in rows))
     by = {(r.policy, r.backend): r for r in rows}
+    modes = {r.backend: r.mode for r in rows}
+    labels = [b if modes[b] == "live" else f"{b}\n({modes[b]})" for b in backends]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 2.2 * len(backends) + 4), 4))
     width = 0.8 / max(1, len(policies))
     for j, p in enumerate(policies):
         xs = [i + (j - (len(policies) - 1) / 2) * width for i in range(len(backends))]
         ys = [(by[(p, b)].score(metric) if (p, b) in by else None) or 0.0 for b in backends]
         ax1.bar(xs, ys, width=width, label=p)
-    ax1.set_xticks(range(len(backends)), backends, rotation=15)
+    ax1.set_xticks(range(len(backends)), labels, rotation=15)
     ax1.set_ylabel(SCORE_LABELS.get(metric, metric))
     ax1.set_title(f"{SCORE_LABELS.get(metric, metric)} by backend")
     ax1.legend(fontsize=8)
@@ -260,10 +267,14 @@ def render_png(rows: list[CompareRow], metric: str, path: str | Path) -> None:
         vals = [(by[(p, b)].usage.get("search_latency") or {}).get("median_s") for p in policies if (p, b) in by]
         vals = [v for v in vals if v is not None]
         med.append(1000 * sum(vals) / len(vals) if vals else 0.0)
-    ax2.bar(range(len(backends)), med, color="gray")
-    ax2.set_xticks(range(len(backends)), backends, rotation=15)
+    bars = ax2.bar(range(len(backends)), med, color="gray")
+    for b, bar in zip(backends, bars):  # list-price cost of all runs on this backend
+        cost = sum(r.usage.get("cost_usd", 0.0) for r in rows if r.backend == b)
+        ax2.annotate(f"${cost:.3f}", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                     ha="center", va="bottom", fontsize=8)
+    ax2.set_xticks(range(len(backends)), labels, rotation=15)
     ax2.set_ylabel("median search latency (ms)")
-    ax2.set_title("search latency")
+    ax2.set_title("search latency (label: cost at list price)")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(path).with_suffix(".tmp.png")

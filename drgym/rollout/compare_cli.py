@@ -40,6 +40,7 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Base seed."),
         metric: Optional[str] = typer.Option(None, "--metric", help="Score ranked by Kendall tau and charted (default: f1, else kpr)."),
         judge: Optional[str] = typer.Option(None, "--judge", help="Judge spec for judged rewards (KPR, citation, quality)."),
+        reward: list[str] = typer.Option([], "--reward", help="Extra reward scored per episode (repeatable; e.g. kpr, citation, quality with --judge); default: the runner's."),
         local_method: Optional[str] = typer.Option(None, "--local-method", help="Search method of local backends: dense, bm25 or hybrid."),
         price: list[str] = typer.Option([], "--price", help="BACKEND=USD per search call, overriding the list price (repeatable)."),
         env_option: list[str] = typer.Option([], "--env-option", help="Extra env option KEY=VALUE (e.g. top_k=5, max_searches=4); repeatable."),
@@ -66,7 +67,7 @@ def register(app: typer.Typer) -> None:
             if local_method:
                 backend_options = {s: {"method": local_method} for s in specs if s.lower().startswith("local")}
             run_options = {"env": env, "seed": seed, "batch_size": batch_size, "max_turns": max_turns, "judge": judge,
-                           "env_options": parse_options(env_option), "progress": progress}
+                           "rewards": list(reward) or None, "env_options": parse_options(env_option), "progress": progress}
             result = run_compare(policies=policy, tasks=tasks, backends=specs, out=out, n=(n or None), replay=replay,
                                  record=record, prices=prices, backend_options=backend_options,
                                  run_options=run_options, metric=metric)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import statistics
 import threading
 import time
 from datetime import datetime, timezone
@@ -217,7 +218,8 @@ class RecordStore:
 
     def summary(self) -> dict[str, dict[str, Any]]:
         """Per backend: ``searches``, ``fetches``, ``errors``, ``first_recorded_at``,
-        ``last_recorded_at`` (UTC ISO 8601): when the web was seen."""
+        ``last_recorded_at`` (UTC ISO 8601: when the web was seen) and
+        ``search_latency_median_s`` (the live latency of the recorded searches, seconds)."""
         out: dict[str, dict[str, Any]] = {}
         with self._lock:
             for table, col in (("searches", "searches"), ("fetches", "fetches")):
@@ -231,6 +233,10 @@ class RecordStore:
                     s["errors"] += int(nerr or 0)
                     s["first_recorded_at"] = min(s["first_recorded_at"], first)
                     s["last_recorded_at"] = max(s["last_recorded_at"], last)
+            for b in out:
+                lat = [r[0] for r in self._conn.execute(
+                    "SELECT latency_s FROM searches WHERE backend=? AND error_type IS NULL", (b,))]
+                out[b]["search_latency_median_s"] = statistics.median(lat) if lat else None
         return out
 
     def close(self) -> None:
