@@ -1,0 +1,574 @@
+"""Run a policy through a drgym env over a task set and record everything: :func:`run_rollout`.
+
+A run directory holds:
+
+- ``config.json``: everything needed to rerun (the :class:`RolloutConfig`, package
+  versions, the index manifest fingerprint, the policy's resolved settings, seeds,
+  the task ids);
+- ``trajectories.jsonl``: one finished episode per line, appended atomically
+  (:func:`drgym.atomic.append_jsonl`) as soon as the episode ends;
+- ``metrics.json``: :func:`drgym.rollout.metrics.compute_metrics` over the run's episodes;
+- ``scores.png``, ``turns.png``, ``searches.png``: plots (:mod:`drgym.rollout.plots`).
+
+Rerunning the same command resumes: task ids already in ``trajectories.jsonl`` are
+skipped, so an interrupted run (Ctrl-C, kill) loses only unfinished episodes. Episodes
+are stepped in batches through :class:`drgym.envs.driver.BatchedDriver` (one
+``search_batch`` per turn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from drgym.atomic import append_jsonl, atomic_write_json, read_jsonl
+from drgym.errors import ConfigError
+from drgym.rollout.policy import Conversation, Policy
+
+log = logging.getLogger(__name__)
+
+DEFAULT_N = 30
+"""Default number of tasks: the first 30 of the task set (measured to finish in well
+under 5 minutes on 2 shared CPU cores with ``hf:smollm2``, see the README)."""
+
+QA_METRICS = ("em", "f1", "cover_em")
+
+
+@dataclass
+class RolloutConfig:
+    """Everything that defines a rollout run.
+
+    Attributes:
+        env: Gymnasium id (``"drgym/SearchQA-v0"`` or ``"drgym/DeepResearch-v0"``).
+        tasks: task-set name for :func:`drgym.envs.task_loaders.load_tasks` or a file path.
+        policy: policy spec (:func:`drgym.rollout.factory.make_policy`).
+        backend: search backend spec: ``"local"`` (in-process index of ``wiki-default``),
+            or anything :func:`drgym.search.registry.make_backend` accepts.
+        n: number of tasks (the first ``n`` of the set, in file order); None = all.
+        out: run directory; None = ``runs/<env>-<tasks>-<policy>``.
+        seed: base seed of env resets (episode ids) and of sampling policies.
+        batch_size: episodes stepped together (one policy batch, one search batch per turn).
+        max_turns: env turn budget; None = the env's default.
+        judge: judge spec (``"hf:smollm2"``, ``"openai:MODEL@URL"``) for the LLM soft
+            match (QA) or the report rewards (research); None = no judge.
+        rewards: extra reward names scored after each episode (research default:
+            ``["citation"]`` without a judge; ``["race", "citation", "quality"]`` with one).
+        policy_options: constructor options of the policy (``max_new_tokens``...).
+        env_options: extra env keyword arguments (``max_searches``, ``top_k``...).
+        plots: write PNG plots.
+    """
+
+    env: str = "drgym/SearchQA-v0"
+    tasks: str = "hotpotqa-dev"
+    policy: str = "hf:smollm2"
+    backend: str = "local"
+    n: int | None = DEFAULT_N
+    out: str | None = None
+    seed: int = 0
+    batch_size: int = 8
+    max_turns: int | None = None
+    judge: str | None = None
+    rewards: list[str] | None = None
+    policy_options: dict[str, Any] = field(default_factory=dict)
+    env_options: dict[str, Any] = field(default_factory=dict)
+    plots: bool = True
+
+    # fields that may change between a run and its resumption
+    RESUMABLE = ("n", "out", "batch_size", "plots")
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that must match for a rerun to resume a run directory."""
+        d = dataclasses.asdict(self)
+        for k in self.RESUMABLE:
+            d.pop(k, None)
+        return d
+
+    def out_dir(self) -> Path:
+        """The run directory (``out`` or the default name)."""
+        return Path(self.out) if self.out else Path("runs") / default_run_name(self.env, self.tasks, self.policy)
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad field."""
+        if self.n is not None and (not isinstance(self.n, int) or self.n < 1):
+            raise ConfigError(f"n must be a positive integer (or None for all tasks), got {self.n!r}.")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
+        if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
+            raise ConfigError(f"max_turns must be a positive integer, got {self.max_turns!r}.")
+        import drgym.envs  # noqa: F401  (registers the ids)
+        import gymnasium as gym
+
+        if self.env not in gym.registry:
+            from drgym.errors import unknown_name
+
+            raise unknown_name("environment", self.env, [k for k in gym.registry if k.startswith("drgym/")])
+
+
+def default_run_name(env: str, tasks: str, policy: str) -> str:
+    """``("drgym/SearchQA-v0", "hotpotqa-dev", "hf:smollm2")`` -> ``"searchqa-hotpotqa-dev-hf-smollm2"``."""
+    e = env.split("/")[-1].lower()
+    e = re.sub(r"-v\d+$", "", e)
+    t = Path(tasks).stem if os.sep in tasks or "." in Path(tasks).name else tasks
+    p = re.sub(r"https?://", "", policy)
+    name = f"{e}-{t}-{p}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:120]
+
+
+@dataclass
+class RunResult:
+    """What :func:`run_rollout` returns.
+
+    Attributes:
+        out_dir: the run directory.
+        metrics: the metrics written to ``metrics.json``.
+        trajectories: every episode of the run (resumed ones included), as dicts, in task order.
+        new_episodes: episodes run by this call.
+        skipped: task ids skipped because they were already done.
+        wall_s: wall time of this call (setup included).
+        setup_s: seconds spent loading the policy, the backend and the envs.
+        interrupted: True when stopped by Ctrl-C (finished episodes are saved).
+    """
+
+    out_dir: Path
+    metrics: dict[str, Any]
+    trajectories: list[dict[str, Any]]
+    new_episodes: int = 0
+    skipped: int = 0
+    wall_s: float = 0.0
+    setup_s: float = 0.0
+    interrupted: bool = False
+
+
+# -- helpers ---------------------------------------------------------------------------
+def versions() -> dict[str, str]:
+    """Versions of Python, drgym and the libraries that shape results."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("drgym", "torch", "transformers", "gymnasium", "faiss-cpu", "bm25s", "sentence-transformers", "vllm", "trl"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    out["cpu_count"] = str(os.cpu_count())
+    return out
+
+
+def make_backend_from_spec(spec: str):
+    """Build the search backend named by ``spec``.
+
+    ``"local"`` is the in-process index of the default corpus (built and cached under
+    ``$DRGYM_HOME/indexes`` on first use). Other specs go to
+    :func:`drgym.search.registry.make_backend` when that module is installed.
+
+    Raises:
+        ConfigError: unknown spec.
+    """
+    try:
+        from drgym.search.registry import make_backend
+    except ImportError:
+        make_backend = None
+    if make_backend is not None:
+        return make_backend(spec)
+    if spec in ("local", "local:wiki-default", "wiki-default"):
+        from drgym.envs.core import default_backend
+
+        return default_backend("wiki-default")
+    if spec.startswith("local:"):
+        from drgym.search.local import LocalSearchEngine
+
+        return LocalSearchEngine.from_corpus(spec.split(":", 1)[1])
+    raise ConfigError(f"Unknown backend {spec!r}: expected 'local' or 'local:CORPUS'.")
+
+
+def backend_fingerprint(backend: Any) -> dict[str, Any]:
+    """Identity of the backend for the run config: name, method and index manifest."""
+    d: dict[str, Any] = {"name": getattr(backend, "name", type(backend).__name__), "class": type(backend).__name__,
+                         "deterministic": getattr(backend, "deterministic", None)}
+    if hasattr(backend, "method"):
+        d["method"] = backend.method
+    m = getattr(backend, "manifest", None)
+    if m is not None:
+        ident = m.identity() if hasattr(m, "identity") else {}
+        d["index"] = {"name": getattr(m, "name", None), "corpus": getattr(m, "corpus", None),
+                      "corpus_fingerprint": getattr(m, "corpus_fingerprint", None),
+                      "n_passages": getattr(m, "n_passages", None), "encoder": getattr(m, "encoder", None),
+                      "encoder_revision": getattr(m, "encoder_revision", None), "factory": getattr(m, "factory", None),
+                      "manifest_fingerprint": hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]}
+    return d
+
+
+class _RecordingPolicy(Policy):
+    """Wraps a policy: records per-episode usage and generation time, runs a hook first."""
+
+    def __init__(self, inner: Policy, before_act: Callable[[], None] | None = None) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.before_act = before_act
+        self.usage: dict[str, list[dict[str, Any]]] = {}
+        self.gen_s: dict[str, float] = {}
+        self.first_seen: dict[str, float] = {}
+
+    def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
+        if self.before_act is not None:
+            self.before_act()
+        now = time.perf_counter()
+        ids = [str((i or {}).get("episode_id", f"?{k}")) for k, i in enumerate(infos or [{}] * len(conversations))]
+        for e in ids:
+            self.first_seen.setdefault(e, now)
+        t0 = time.perf_counter()
+        actions = self.inner.act(conversations, infos)
+        dt = time.perf_counter() - t0
+        usage = getattr(self.inner, "last_usage", None) or []
+        for k, e in enumerate(ids):
+            u = usage[k] if k < len(usage) else None
+            d = u.to_dict() if hasattr(u, "to_dict") else (dict(u) if isinstance(u, dict) else {})
+            self.usage.setdefault(e, []).append(d)
+            self.gen_s[e] = self.gen_s.get(e, 0.0) + dt / max(1, len(ids))
+        return actions
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _reward_objects(cfg: RolloutConfig, kind: str) -> list[Any]:
+    """Extra rewards scored by the runner (judge soft match; research rewards)."""
+    names = list(cfg.rewards) if cfg.rewards is not None else None
+    if kind == "qa":
+        names = names if names is not None else (["llm_match"] if cfg.judge else [])
+    else:
+        names = names if names is not None else (["race", "citation", "quality"] if cfg.judge else ["citation"])
+    out = []
+    for name in names:
+        out.append(_make_reward(name, cfg.judge))
+    return out
+
+
+def _make_reward(name: str, judge: str | None):
+    import inspect
+
+    from drgym import rewards as R
+
+    get = getattr(R, "get_reward", None)
+    if get is not None:
+        try:
+            params = inspect.signature(get).parameters
+            if judge and ("judge" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())):
+                return get(name, judge=judge)
+            return get(name)
+        except TypeError:
+            return get(name)
+    if name in ("llm_match", "judge"):
+        from drgym.rewards.qa import SoftMatch
+
+        return SoftMatch(judge or "hf:smollm2")
+    raise ConfigError(f"reward {name!r} needs drgym.rewards.get_reward, which this install lacks.")
+
+
+# -- the run -----------------------------------------------------------------------------
+def run_rollout(
+    config: RolloutConfig,
+    *,
+    policy: Policy | None = None,
+    backend: Any = None,
+    progress: bool = True,
+    console: Any = None,
+    fresh: bool = False,
+) -> RunResult:
+    """Run (or resume) a rollout and write the run directory.
+
+    Args:
+        config: the run definition.
+        policy: an already built policy (its ``name`` should match ``config.policy``);
+            None builds it from ``config.policy``. A policy passed in is not closed.
+        backend: an already built search backend; None builds ``config.backend``.
+        progress: show a rich progress bar with ETA.
+        console: a ``rich.console.Console`` for the progress bar (None: stderr).
+        fresh: discard an existing run in ``out`` (its trajectories and metrics).
+
+    Returns:
+        A :class:`RunResult`; ``metrics`` covers every episode of the run directory
+        whose task is among the first ``n``.
+
+    Raises:
+        ConfigError: bad config, or ``out`` holds a different run (same directory,
+            different env/tasks/policy/backend/seed/options); pass ``fresh=True`` or
+            another ``out``.
+        KeyboardInterrupt: re-raised after the finished episodes and the metrics of the
+            run so far are saved.
+    """
+    t_start = time.perf_counter()
+    config.validate()
+    out = config.out_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    traj_path = out / "trajectories.jsonl"
+    cfg_path = out / "config.json"
+    if fresh:
+        for p in (traj_path, cfg_path, out / "metrics.json"):
+            if p.exists():
+                p.unlink()
+    if cfg_path.exists():
+        try:
+            old = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            old = None
+        if old is not None and old.get("identity") != json.loads(json.dumps(config.identity())):
+            diff = sorted(k for k in set(old.get("identity", {})) | set(config.identity())
+                          if (old.get("identity") or {}).get(k) != json.loads(json.dumps(config.identity())).get(k))
+            raise ConfigError(
+                f"{out} holds a different run (differs in: {', '.join(diff)}). Use another --out, or --fresh to discard it."
+            )
+
+    from drgym.envs.task_loaders import load_tasks
+
+    all_tasks = load_tasks(config.tasks)
+    tasks = all_tasks[: config.n] if config.n is not None else all_tasks
+    if not tasks:
+        raise ConfigError(f"task set {config.tasks!r} is empty.")
+    index_of = {t.task_id: i for i, t in enumerate(tasks)}
+    done_ids = {d.get("task_id") for d in read_jsonl(traj_path)} if traj_path.exists() else set()
+    todo = [t for t in tasks if t.task_id not in done_ids]
+    skipped = len(tasks) - len(todo)
+
+    interrupted = False
+    new = 0
+    setup_s = 0.0
+    own_policy = policy is None
+    pol = policy
+    cfg_record: dict[str, Any] = {}
+    if todo:
+        import gymnasium as gym
+
+        import drgym.envs  # noqa: F401
+        from drgym.envs.driver import BatchedDriver
+        from drgym.rollout.factory import describe_policy, make_policy
+
+        be = backend if backend is not None else make_backend_from_spec(config.backend)
+        if pol is None:
+            pol = make_policy(config.policy, **dict(config.policy_options))
+        env_kw = dict(config.env_options)
+        if config.max_turns is not None:
+            env_kw["max_turns"] = config.max_turns
+        n_envs = min(config.batch_size, len(todo))
+        envs = [gym.make(config.env, backend=be, tasks=tasks, **env_kw) for _ in range(n_envs)]
+        raw0 = envs[0].unwrapped
+        kind = getattr(raw0, "kind", "qa")
+        extra_rewards = _reward_objects(config, kind)
+        setup_s = time.perf_counter() - t_start
+        cfg_record = {
+            "identity": config.identity(),
+            "config": dataclasses.asdict(config),
+            "command": sys.argv,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "versions": versions(),
+            "backend": backend_fingerprint(be),
+            "policy": describe_policy(pol),
+            "env": {"id": config.env, "kind": kind, "max_turns": raw0.max_turns, "max_searches": raw0.max_searches,
+                    "max_fetches": raw0.max_fetches, "max_obs_tokens": raw0.max_obs_tokens, "top_k": raw0.top_k,
+                    "protocol": raw0.protocol, "reward": getattr(raw0.reward, "name", None) if raw0.reward else None,
+                    **{k: v for k, v in env_kw.items() if isinstance(v, (int, float, str, bool, type(None)))}},
+            "extra_rewards": [getattr(r, "name", type(r).__name__) for r in extra_rewards],
+            "tasks": {"name": config.tasks, "n": len(tasks), "n_in_set": len(all_tasks),
+                      "task_ids_sha256": hashlib.sha256("\n".join(t.task_id for t in tasks).encode()).hexdigest()[:16]},
+            "seeds": {"base": config.seed, "episode_seed": "base + position of the episode in its driver batch (affects episode ids only; greedy decoding)"},
+            "setup_s": round(setup_s, 3),
+        }
+        if cfg_path.exists():
+            try:
+                prev = json.loads(cfg_path.read_text(encoding="utf-8"))
+                cfg_record["created"] = prev.get("created", cfg_record["created"])
+                cfg_record["sessions"] = prev.get("sessions", [])
+            except (OSError, json.JSONDecodeError):
+                pass
+        cfg_record.setdefault("sessions", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                                      "todo": len(todo), "setup_s": round(setup_s, 3)})
+        atomic_write_json(cfg_path, cfg_record)
+
+        tasks_by_id = {t.task_id: t for t in tasks}
+        written: set[str] = set()
+        last_flush = [time.perf_counter()]
+        bar = _Progress(len(tasks), skipped, enabled=progress, console=console, label=config.policy)
+        driver = BatchedDriver(envs)
+        rec = _RecordingPolicy(pol)
+
+        def flush(trajs: list[Any]) -> None:
+            trajs = [t for t in trajs if t is not None and t.episode_id not in written and t.task_id in tasks_by_id]
+            if not trajs:
+                return
+            _finish_trajectories(trajs, tasks_by_id, rec, extra_rewards, config)
+            now = time.perf_counter()
+            share = (now - last_flush[0]) / len(trajs)
+            last_flush[0] = now
+            for t in trajs:
+                t.metadata["wall_share_s"] = share
+                t.metadata["task_index"] = index_of.get(t.task_id)
+                append_jsonl(traj_path, t.to_dict())
+                written.add(t.episode_id)
+                bar.advance(t)
+
+        def flush_done_envs() -> None:
+            flush([e.trajectory for e in driver.raw if e.done and e.trajectory is not None and e.trajectory.steps])
+
+        rec.before_act = flush_done_envs
+        import inspect
+
+        streaming = "on_episode" in inspect.signature(driver.run).parameters
+        try:
+            bar.start()
+            if streaming:
+                jobs = [{"task_id": t.task_id} for t in todo]
+                driver.run(rec, jobs, seed=config.seed, on_episode=lambda t: flush([t]))
+            else:
+                # Without a per-episode callback, run one batch of envs at a time (as many jobs
+                # as envs, so no env is reset for a new job mid-run): a finished episode stays in
+                # its env until the next policy call flushes it, or the batch returns.
+                for b in range(0, len(todo), n_envs):
+                    chunk = todo[b : b + n_envs]
+                    flush(driver.run(rec, [{"task_id": t.task_id} for t in chunk], seed=config.seed + b))
+        except KeyboardInterrupt:
+            interrupted = True
+            try:
+                flush_done_envs()
+            except Exception:  # saving what is finished must not mask the interrupt
+                log.exception("could not save finished episodes after the interrupt")
+        finally:
+            bar.stop()
+            driver.close()
+            new = len(written)
+            if own_policy and pol is not None:
+                pol.close()
+
+    wall = time.perf_counter() - t_start
+    trajectories = _run_trajectories(traj_path, index_of)
+    metrics = compute_metrics_for_run(trajectories)
+    metrics["setup_s_last_session"] = round(setup_s, 3)
+    metrics["wall_s_last_session"] = round(wall, 3)
+    metrics["interrupted"] = interrupted
+    metrics["tasks_total"] = len(tasks)
+    atomic_write_json(out / "metrics.json", metrics)
+    if config.plots and trajectories:
+        try:
+            from drgym.rollout.plots import write_plots
+
+            write_plots(trajectories, out)
+        except Exception:  # plots are a convenience; never fail a run on them
+            log.exception("could not write plots")
+    if not cfg_path.exists():
+        atomic_write_json(cfg_path, {"identity": config.identity(), "config": dataclasses.asdict(config), "versions": versions()})
+    result = RunResult(out_dir=out, metrics=metrics, trajectories=trajectories, new_episodes=new, skipped=skipped,
+                       wall_s=wall, setup_s=setup_s, interrupted=interrupted)
+    if interrupted:
+        raise KeyboardInterrupt(result)
+    return result
+
+
+def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _RecordingPolicy,
+                         extra_rewards: list[Any], config: RolloutConfig) -> None:
+    """Attach usage, generation time, QA metrics and extra reward scores to finished episodes."""
+    from drgym.rewards.base import Episode
+
+    now = time.perf_counter()
+    for t in trajs:
+        task = tasks_by_id[t.task_id]
+        t.metadata["usage"] = rec.usage.pop(t.episode_id, [])
+        t.timings["generation"] = rec.gen_s.pop(t.episode_id, t.timings.get("generation", 0.0))
+        t0 = rec.first_seen.pop(t.episode_id, None)
+        t.metadata["latency_s"] = (now - t0) if t0 is not None else None
+        t.metadata["policy"] = config.policy
+        t.metadata["answers"] = list(task.answers)
+        if task.kind == "qa" and task.answers:
+            t0r = time.perf_counter()
+            from drgym.rewards.qa import cover_exact_match, exact_match, token_f1
+
+            ans = t.final_answer or ""
+            t.reward_components.setdefault("em", exact_match(ans, task.answers))
+            t.reward_components.setdefault("f1", token_f1(ans, task.answers))
+            t.reward_components.setdefault("cover_em", cover_exact_match(ans, task.answers))
+            t.timings["reward"] = t.timings.get("reward", 0.0) + time.perf_counter() - t0r
+    for r in extra_rewards:
+        eps = [Episode(task=tasks_by_id[t.task_id], answer=t.final_answer or "", trajectory=t) for t in trajs]
+        t0r = time.perf_counter()
+        try:
+            res = r.score(eps)
+        except Exception as e:  # a failing reward is recorded, the run goes on
+            log.warning("reward %s failed: %s", getattr(r, "name", r), e)
+            for t in trajs:
+                t.reward_components[getattr(r, "name", "reward")] = None
+                t.metadata.setdefault("reward_errors", []).append(f"{getattr(r, 'name', r)}: {type(e).__name__}: {e}")
+            continue
+        dt = (time.perf_counter() - t0r) / len(trajs)
+        name = "judge" if getattr(r, "name", "") == "llm_match" else getattr(r, "name", "reward")
+        for k, t in enumerate(trajs):
+            t.reward_components[name] = res.scores[k]
+            for cname, vals in (res.components or {}).items():
+                if cname != getattr(r, "name", "") and k < len(vals):
+                    t.reward_components[cname] = vals[k]
+            t.timings["reward"] = t.timings.get("reward", 0.0) + dt
+
+
+def _run_trajectories(traj_path: Path, index_of: dict[str, int]) -> list[dict[str, Any]]:
+    """The run's episodes: first record per task id among the selected tasks, in task order."""
+    if not traj_path.exists():
+        return []
+    seen: dict[str, dict[str, Any]] = {}
+    for d in read_jsonl(traj_path):
+        tid = d.get("task_id")
+        if tid in index_of and tid not in seen:
+            seen[tid] = d
+    return sorted(seen.values(), key=lambda d: index_of[d["task_id"]])
+
+
+def compute_metrics_for_run(trajectories: list[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`~drgym.rollout.metrics.compute_metrics` with wall time summed from the episodes."""
+    from drgym.rollout.metrics import compute_metrics
+
+    wall = sum(float((t.get("metadata") or {}).get("wall_share_s") or 0.0) for t in trajectories)
+    return compute_metrics(trajectories, wall_s=wall if wall > 0 else None)
+
+
+class _Progress:
+    """A rich progress bar (with ETA) over the run's tasks; silent when disabled."""
+
+    def __init__(self, total: int, done: int, *, enabled: bool, console: Any, label: str) -> None:
+        self.enabled = enabled
+        self.total, self.done0 = total, done
+        self.label = label
+        self.console = console
+        self._p = None
+        self._em: list[float] = []
+
+    def start(self) -> None:
+        if not self.enabled:
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                           console=self.console or Console(stderr=True), transient=False)
+        self._p.start()
+        self._task = self._p.add_task(self.label, total=self.total, completed=self.done0, info="")
+
+    def advance(self, traj: Any) -> None:
+        if self._p is None:
+            return
+        f1 = (traj.reward_components or {}).get("f1")
+        if f1 is not None:
+            self._em.append(float(f1))
+        info = f"F1 {sum(self._em) / len(self._em):.3f}" if self._em else ""
+        self._p.update(self._task, advance=1, info=info)
+
+    def stop(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None

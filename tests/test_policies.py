@@ -1,0 +1,227 @@
+"""Policies: stop-string cut, answer clean-up, spec parsing, and the OpenAI-compatible
+policy against a real HTTP server on loopback speaking the chat-completions format."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from drgym.errors import ConfigError, DependencyNotInstalled
+from drgym.rollout.factory import make_policy, parse_options, split_spec
+from drgym.rollout.generation import close_open_tag, cut_at_stop
+from drgym.rollout.rag import RagPolicy, clean_answer
+
+
+# -- text helpers ------------------------------------------------------------------------
+def test_cut_at_stop_keeps_first_stop_and_drops_pad_eos():
+    # A batched row that stopped on </search> is padded with SmolLM2's pad == eos token.
+    raw = " <search> Lilu demon </search><|im_end|><|im_end|><|im_end|>"
+    assert cut_at_stop(raw, eos=("<|im_end|>",)) == (" <search> Lilu demon </search>", "stop")
+    # The earliest stop string wins, even when a later one is listed first.
+    assert cut_at_stop("<answer> 1889 </answer> <search> x </search>") == ("<answer> 1889 </answer>", "stop")
+    # A real eos before any stop string ends the turn there.
+    assert cut_at_stop("Paris is the capital.<|im_end|><|im_end|>", eos=("<|im_end|>",)) == ("Paris is the capital.", "eos")
+    assert cut_at_stop("no end in sight", eos=("<|im_end|>",)) == ("no end in sight", "length")
+
+
+def test_close_open_tag_restores_stripped_stop():
+    assert close_open_tag("<think>hm</think> <search> Ed Wood nationality ") == "<think>hm</think> <search> Ed Wood nationality </search>"
+    assert close_open_tag("<answer> yes") == "<answer> yes</answer>"
+    assert close_open_tag("<search> a </search> plain text") == "<search> a </search> plain text"
+    assert close_open_tag("plain") == "plain"
+
+
+def test_clean_answer_strips_rambling():
+    assert clean_answer("The answer to this question is: Montana Rifle Company.") == "Montana Rifle Company"
+    assert clean_answer("Answer: 1889\nBecause the tower...") == "1889"
+    assert clean_answer("<answer> Gustave Eiffel </answer>") == "Gustave Eiffel"
+    assert clean_answer("So the final answer is Paris!") == "Paris"
+    assert clean_answer("   \n\n") == ""
+
+
+def test_spec_parsing_and_errors():
+    assert split_spec("hf:smollm2") == ("hf", "smollm2")
+    assert split_spec("openai:gpt-4o-mini@http://127.0.0.1:8000/v1") == ("openai", "gpt-4o-mini@http://127.0.0.1:8000/v1")
+    assert split_spec("scripted") == ("scripted", "")
+    with pytest.raises(ConfigError, match="Did you mean 'rag'"):
+        split_spec("rags:smollm2")
+    with pytest.raises(ConfigError, match="needs an argument"):
+        split_spec("rag")
+    assert parse_options(["max_new_tokens=32", "dtype=float32", "tools=false"]) == {
+        "max_new_tokens": 32, "dtype": "float32", "tools": False}
+    with pytest.raises(ConfigError, match="KEY=VALUE"):
+        parse_options(["oops"])
+    with pytest.raises(ConfigError, match="no option 'bogus'"):
+        make_policy("scripted", bogus=1)
+    with pytest.raises(ConfigError, match="http"):
+        make_policy("openai:m@ftp://x")
+
+
+def test_vllm_policy_without_vllm_says_how_to_install():
+    pytest.importorskip("torch")
+    try:
+        import vllm  # noqa: F401
+        pytest.skip("vllm is installed here")
+    except ImportError:
+        pass
+    with pytest.raises(DependencyNotInstalled, match=r"drgym\[gpu\]"):
+        make_policy("vllm:smollm2")
+
+
+def test_rag_policy_searches_then_answers_from_passages():
+    class Reader:
+        name = "fake-reader"
+        last_usage = []
+
+        def __init__(self):
+            self.seen = []
+
+        def act(self, conversations, infos=None):
+            self.seen.extend(conversations)
+            return ["The answer is: Scott Derrickson.\nExtra line"] * len(conversations)
+
+        def close(self):
+            pass
+
+    reader = Reader()
+    rag = RagPolicy(reader, k=2, words=5)
+    conv = [{"role": "system", "content": "s"}, {"role": "user", "content": "Question: Who directed Sinister?"}]
+    assert rag.act([conv], [{"question": "Who directed Sinister?"}]) == ["<search> Who directed Sinister? </search>"]
+    conv2 = conv + [{"role": "assistant", "content": "<search> Who directed Sinister? </search>"},
+                    {"role": "user", "content": "<information>...</information>"}]
+    info = {"question": "Who directed Sinister?", "results": [
+        {"title": "Sinister (film)", "text": "Sinister is a 2012 horror film directed by Scott Derrickson and written by him"},
+        {"title": "Ethan Hawke", "text": "Ethan Hawke is an American actor"},
+        {"title": "Third", "text": "never shown"}]}
+    assert rag.act([conv2], [info]) == ["<answer> Scott Derrickson </answer>"]
+    prompt = reader.seen[0][1]["content"]
+    assert "Doc 1 (Title: Sinister (film)) Sinister is a 2012 horror ..." in prompt
+    assert "Doc 2 (Title: Ethan Hawke)" in prompt and "never shown" not in prompt
+    assert prompt.endswith("Question: Who directed Sinister?\nAnswer:")
+
+
+# -- the OpenAI-compatible policy against a loopback server ---------------------------------
+class _FakeOpenAI(BaseHTTPRequestHandler):
+    """Answers /v1/chat/completions like an OpenAI server; behaviour set per test on the server."""
+
+    def log_message(self, *a):  # keep pytest output clean
+        pass
+
+    def do_POST(self):
+        srv = self.server
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        srv.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
+        status, payload = srv.handler(body, len(srv.requests))
+        data = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def fake_openai():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
+    srv.requests = []
+    srv.handler = None
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    yield srv, f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+    srv.server_close()
+
+
+def _completion(message, finish="stop", usage=(50, 7)):
+    return {"id": "c1", "object": "chat.completion", "model": "fake",
+            "choices": [{"index": 0, "message": {"role": "assistant", **message}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": usage[0], "completion_tokens": usage[1], "total_tokens": sum(usage)}}
+
+
+def test_openai_policy_native_tool_calls_parse_as_env_actions(fake_openai, monkeypatch):
+    from drgym.envs.parsing import parse_action
+
+    srv, url = fake_openai
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+
+    def handler(body, n):
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            return 200, _completion({"content": "<answer> Scott Derrickson </answer>"})
+        q = last["content"].removeprefix("Question: ")
+        return 200, _completion({"content": None, "tool_calls": [
+            {"id": "call_7", "type": "function", "function": {"name": "search", "arguments": json.dumps({"query": q})}}]},
+            finish="tool_calls")
+
+    srv.handler = handler
+    pol = make_policy(f"openai:fake-model@{url}", concurrency=4)
+    convs = [[{"role": "system", "content": "s"}, {"role": "user", "content": f"Question: q{i}"}] for i in range(6)]
+    actions = pol.act(convs)
+    assert len(srv.requests) == 6
+    req = srv.requests[0]
+    assert req["path"] == "/v1/chat/completions" and req["auth"] == "Bearer sk-test"
+    assert req["body"]["model"] == "fake-model" and [t["function"]["name"] for t in req["body"]["tools"]] == ["search", "fetch", "answer"]
+    # order is preserved under concurrency; each action is a tool call the env parser reads
+    for i, a in enumerate(actions):
+        parsed = parse_action(a)
+        assert [(c.name, c.arguments, c.protocol, c.call_id) for c in parsed.calls] == [("search", {"query": f"q{i}"}, "openai", "call_7")]
+    assert [u.to_dict()["completion_tokens"] for u in pol.last_usage] == [7] * 6
+    assert pol.last_usage[0].finish == "tool_calls"
+
+    # the next turn sends the structured assistant message and the tool result with its id
+    conv = convs[0] + [{"role": "assistant", "content": actions[0]},
+                       {"role": "tool", "tool_call_id": "call_7", "name": "search", "content": "Doc 1 ..."}]
+    srv.requests.clear()
+    assert pol.act([conv]) == ["<answer> Scott Derrickson </answer>"]
+    sent = srv.requests[0]["body"]["messages"]
+    assert sent[2]["role"] == "assistant" and sent[2]["tool_calls"][0]["id"] == "call_7"
+    assert sent[2]["tool_calls"][0]["function"] == {"name": "search", "arguments": json.dumps({"query": "q0"})}
+    assert sent[3] == {"role": "tool", "tool_call_id": "call_7", "content": "Doc 1 ..."}
+    pol.close()
+
+
+def test_openai_policy_retries_5xx_and_falls_back_to_text_tags(fake_openai):
+    srv, url = fake_openai
+
+    def handler(body, n):
+        if n == 1:
+            return 503, {"error": {"message": "overloaded"}}
+        if "tools" in body:
+            return 400, {"error": {"message": "tools are not supported by this model"}}
+        assert body["stop"] == ["</search>", "</fetch>", "</answer>", "</tool_call>"]
+        # servers drop the matched stop string
+        return 200, _completion({"content": "<think>look it up</think> <search> Ed Wood nationality "})
+
+    srv.handler = handler
+    pol = make_policy(f"openai:fake@{url}", retries=3, concurrency=1)
+    out = pol.act([[{"role": "user", "content": "Question: Were Scott Derrickson and Ed Wood of the same nationality?"}]])
+    assert out == ["<think>look it up</think> <search> Ed Wood nationality </search>"]
+    assert [("tools" in r["body"]) for r in srv.requests] == [True, True, False]  # 503 retried, 400 -> text mode
+    assert pol.native_tools is False
+    pol.close()
+
+
+def test_openai_policy_failure_is_an_empty_action_not_a_crash(fake_openai):
+    srv, url = fake_openai
+    srv.handler = lambda body, n: (500, {"error": "boom"})
+    pol = make_policy(f"openai:fake@{url}", retries=2, tools=False)
+    assert pol.act([[{"role": "user", "content": "hi"}]]) == [""]
+    assert len(srv.requests) == 2 and pol.last_usage[0].finish == "error" and pol.n_errors == 1
+    pol.close()
+
+
+@pytest.mark.slow
+def test_hf_smollm2_batched_generation_cuts_after_stop_string():
+    """Real SmolLM2 generation in a left-padded batch of 2: the row that hits the stop
+    string early is padded with pad == eos tokens, which must not leak into its text."""
+    pol = make_policy("hf:smollm2", max_new_tokens=40, batch_size=2, dtype="float32")
+    convs = [[{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
+             [{"role": "system", "content": "You are a helpful assistant."},
+              {"role": "user", "content": "Write two sentences about the river Danube and the cities it flows through."}]]
+    out = pol.generate([pol.render(c) for c in convs], stops=("Paris",))
+    assert out[0].endswith("Paris") and "<|im_end|>" not in out[0]
+    assert pol.last_usage[0].finish == "stop" and pol.last_usage[0].completion_tokens <= 12
+    assert "<|im_end|>" not in out[1] and len(out[1]) > len(out[0])
