@@ -28,7 +28,6 @@ counts only calls that actually went to the provider (0 when replayed).
 from __future__ import annotations
 
 import html
-import json
 import logging
 import math
 import re
