@@ -124,6 +124,10 @@ def get_encoder(name: str = "all-MiniLM-L6-v2", device: str | None = None):
     """
     from drgym.embedding import Encoder
 
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     key = (name, device)
     with _ENCODERS_LOCK:
         enc = _ENCODERS.get(key)

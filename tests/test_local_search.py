@@ -1,0 +1,152 @@
+"""LocalSearchEngine over the real wiki-default index (built once per session by the
+``default_engine`` fixture in conftest.py): hand-checked hits, fetch, validation,
+threads, two processes, CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from drgym.errors import BadQueryError, DocumentNotFoundError
+from drgym.search.base import SearchBackend
+from drgym.types import Document, SearchResult
+
+# Questions with the titles of paragraphs that answer them, checked by hand.
+HOTPOT = [
+    ("If Gallu is a demon Lilu is what?", {"Alû", "Lilu (mythology)"}),
+    ("Who was the wife of Lothair II of Lotharingia?", {"Teutberga", "Waldrada of Lotharingia"}),
+]
+
+
+def titles(results):
+    return [r.title for r in results]
+
+
+def test_is_a_search_backend(default_engine):
+    assert isinstance(default_engine, SearchBackend)
+    assert default_engine.deterministic and default_engine.max_k == 100
+    m = default_engine.manifest
+    assert m.n_documents == 20_036 and m.corpus == "wiki-default" and m.factory == "Flat"
+    assert m.timings["passages_encoded_live"] == 0
+
+
+@pytest.mark.parametrize("method", ["dense", "bm25", "hybrid"])
+def test_supporting_paragraph_in_top5(default_engine, method):
+    res = default_engine.search_batch(["If Gallu is a demon Lilu is what?"], 5, method=method)[0]
+    assert len(res) == 5
+    assert "Lilu (mythology)" in titles(res)
+    assert [r.rank for r in res] == [1, 2, 3, 4, 5]
+    assert all(res[i].score >= res[i + 1].score for i in range(4))
+    assert all(isinstance(r, SearchResult) and r.url.startswith("https://en.wikipedia.org/wiki/") for r in res)
+    assert all(r.metadata["method"] == method for r in res)
+
+
+@pytest.mark.parametrize("method", ["dense", "bm25", "hybrid"])
+def test_known_item_queries(default_engine, method):
+    e = default_engine.with_method(method)
+    # 2Wiki paragraphs: both wives of Lothair II are in the top-5 of every method.
+    top = titles(e.search("Who was the wife of Lothair II of Lotharingia?", 5))
+    assert {"Teutberga", "Waldrada of Lotharingia"} <= set(top)
+    assert e.search("Teutberga queen Lotharingia", 3)[0].title == "Teutberga"
+    # ovos lead summaries
+    assert "Paris" in titles(e.search("capital of France", 5))
+
+
+def test_fetch_returns_whole_document(default_engine):
+    # A long document split into several passages: a hit is one passage, fetch gives all.
+    docs = default_engine.docstore
+    rows = docs._query("SELECT doc_id, count(*) c FROM passages GROUP BY doc_id HAVING c >= 2 ORDER BY doc_id LIMIT 1")
+    assert rows, "wiki-default should have at least one document longer than the encoder window"
+    doc_id = rows[0][0]
+    doc = default_engine.get(doc_id)
+    passages = docs._query("SELECT text FROM passages WHERE doc_id = ? ORDER BY row", (doc_id,))
+    assert len(passages) >= 2 and all(p[0] in doc.text for p in passages)
+    assert len(doc.text) > max(len(p[0]) for p in passages)
+    hit = default_engine.search(passages[1][0][:300], 10)
+    assert any(r.metadata["parent_doc_id"] == doc_id and r.doc_id == f"{doc_id}#p1" for r in hit)
+    fetched = default_engine.fetch(doc.url)
+    assert isinstance(fetched, Document) and fetched == doc
+    with pytest.raises(DocumentNotFoundError, match="URL not found"):
+        default_engine.fetch("https://en.wikipedia.org/wiki/Surely_not_a_page_in_wiki_default")
+
+
+def test_batch_equals_single(default_engine):
+    qs = [q for q, _ in HOTPOT] + ["Teutberga", "capital of France", "Évian-les-Bains 水"]
+    batch = default_engine.search_batch(qs, 7)
+    for q, b in zip(qs, batch):
+        single = default_engine.search(q, 7)
+        assert [(r.doc_id, r.score) for r in single] == [(r.doc_id, r.score) for r in b]
+
+
+def test_request_validation_and_odd_queries(default_engine):
+    for k in (0, -1, 10**6):
+        with pytest.raises(BadQueryError, match="k must be between 1 and 100"):
+            default_engine.search("demon", k)
+    for q in ("", "  ", "\n\t"):
+        with pytest.raises(BadQueryError, match="empty"):
+            default_engine.search(q, 3)
+    long_q = ("Lilu is a demon in Mesopotamian mythology. " * 300)[:10_000]
+    for method in ("dense", "bm25", "hybrid"):
+        res = default_engine.search_batch([long_q], 5, method=method)[0]
+        assert len(res) == 5 and "Lilu (mythology)" in titles(res)  # truncated, not rejected
+    assert len(default_engine.search("Ünïcödé 日本語 Москва ☃", 5)) == 5
+    assert len(default_engine.search(long_q * 10, 3)) == 3
+
+
+def test_concurrent_threads_match_sequential(default_engine):
+    qs = ["If Gallu is a demon Lilu is what?", "Teutberga", "Lothair II", "Riemann integral",
+          "Journal of Mathematical Physics", "Demon Dice", "Maha Sona", "Wangliang"]
+    expected = {q: [r.doc_id for r in default_engine.search(q, 10)] for q in qs}
+    got, errors = {}, []
+
+    def work(q):
+        try:
+            for _ in range(3):
+                got.setdefault(q, []).append([r.doc_id for r in default_engine.search(q, 10)])
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(q,)) for q in qs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert all(all(run == expected[q] for run in got[q]) for q in qs)
+
+
+def test_identical_rankings_in_another_process(default_engine):
+    """A second process (the ``drgym search`` CLI) loads the same index and ranks alike."""
+    q = "If Gallu is a demon Lilu is what?"
+    mine = [(r.doc_id, round(r.score, 6)) for r in default_engine.search(q, 10)]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "drgym", "search", q, "-k", "10", "--index", str(default_engine.folder), "--json",
+         "--method", "hybrid"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    theirs = [(r["doc_id"], round(r["score"], 6)) for r in json.loads(proc.stdout)]
+    assert theirs == mine
+
+
+def test_cli_fetch_and_table(default_engine):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "drgym", "fetch", "https://en.wikipedia.org/wiki/Lilu_(mythology)", "--index",
+         str(default_engine.folder), "--json"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["title"] == "Lilu (mythology)" and doc == default_engine.fetch(doc["url"]).to_dict()
+    proc = subprocess.run(
+        [sys.executable, "-m", "drgym", "fetch", "https://example.org/nothing", "--index", str(default_engine.folder)],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 1 and "URL not found" in proc.stderr
