@@ -1,0 +1,121 @@
+"""Trainer callbacks: JSONL metrics, degenerate-group records, held-out evaluation.
+
+TensorBoard logging is TRL/transformers' own (``report_to: [tensorboard]``); these
+callbacks add an append-only ``metrics.jsonl`` (atomic line writes, so a crash never
+leaves a torn record) that ``drgym plot`` reads, and an evaluation every N steps.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from drgym.atomic import append_jsonl
+
+log = logging.getLogger(__name__)
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and (math.isnan(v) or math.isinf(v)):
+        return None
+    return v
+
+
+class JsonlLoggerCallback(TrainerCallback):
+    """Append every ``on_log`` record to a JSONL file as ``{"step", "time", **logs}``.
+
+    Args:
+        path: the JSONL file (created with its folder). On ``--resume`` records continue
+            in the same file; readers keep the last record per step (:func:`read_metrics`).
+    """
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._t0 = time.time()
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        rec = {"step": state.global_step, "epoch": _clean(state.epoch), "time": round(time.time() - self._t0, 3)}
+        rec.update({k: _clean(v) for k, v in logs.items() if isinstance(v, (int, float, str, type(None)))})
+        append_jsonl(self.path, rec)
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Read ``metrics.jsonl``; when a step was logged twice (a resumed run) keep the last.
+
+    Returns:
+        Records sorted by step; training and evaluation records of the same step are
+        kept apart (an evaluation record has ``eval/*`` keys only).
+    """
+    from drgym.atomic import read_jsonl
+
+    rows = read_jsonl(path)
+    by_key: dict[tuple[int, bool], dict[str, Any]] = {}
+    for r in rows:
+        is_eval = any(k.startswith("eval") for k in r) and not any(k.startswith("reward") for k in r)
+        by_key[(int(r.get("step") or 0), is_eval)] = r
+    return [by_key[k] for k in sorted(by_key)]
+
+
+class EvalCallback(TrainerCallback):
+    """Evaluate the policy on held-out tasks every ``every_steps`` optimizer steps.
+
+    Runs greedy episodes of the training environment with the current weights (through
+    :class:`~drgym.training.rollout.SearchRolloutFunc`, so prompts, budgets and masking
+    match training) and scores them with the run's reward functions. Logs
+    ``eval/reward``, ``eval/<component>``, ``eval/answered_frac``, ``eval/searches_mean``
+    and ``eval/seconds`` into the trainer log (TensorBoard and ``metrics.jsonl``), and
+    writes the episodes to ``<output_dir>/eval/step_<N>.jsonl``.
+
+    Args:
+        evaluate: ``f(model, tokenizer) -> (metrics: dict[str, float], trajectories:
+            list[dict])``, built by :func:`drgym.training.grpo.make_evaluator`.
+        every_steps: evaluation period in optimizer steps (>= 1).
+        output_dir: run folder.
+        at_start: also evaluate before the first step (step 0).
+    """
+
+    def __init__(self, evaluate, every_steps: int, output_dir: str | Path, *, at_start: bool = True, tokenizer=None):
+        self.evaluate = evaluate
+        self.every_steps = max(1, int(every_steps))
+        self.output_dir = Path(output_dir)
+        self.at_start = at_start
+        self.tokenizer = tokenizer
+        self._trainer = None
+
+    def attach(self, trainer) -> "EvalCallback":
+        """Keep a handle on the trainer (for ``trainer.log``)."""
+        self._trainer = trainer
+        return self
+
+    def _run(self, state, model) -> None:
+        t0 = time.perf_counter()
+        metrics, trajs = self.evaluate(model, self.tokenizer)
+        metrics = {f"eval/{k}": v for k, v in metrics.items()}
+        metrics["eval/seconds"] = round(time.perf_counter() - t0, 2)
+        path = self.output_dir / "eval" / f"step_{state.global_step}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists():
+            path.unlink()
+        for t in trajs:
+            append_jsonl(path, t)
+        log.info("eval at step %d: %s", state.global_step, metrics)
+        if self._trainer is not None:
+            # through the trainer's reporters: TensorBoard and JsonlLoggerCallback
+            self._trainer.callback_handler.on_log(self._trainer.args, state, self._trainer.control, dict(metrics))
+        else:
+            append_jsonl(self.output_dir / "metrics.jsonl", {"step": state.global_step, **metrics})
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.at_start and state.global_step == 0 and state.is_world_process_zero:
+            self._run(state, model)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        if state.global_step % self.every_steps == 0 and state.is_world_process_zero:
+            self._run(state, model)

@@ -1,0 +1,337 @@
+"""Training run configs: one YAML file -> validated :class:`RunConfig` -> TRL configs.
+
+A config file has these top-level keys (all but ``name`` optional)::
+
+    name: searchqa_smollm2_cpu        # run name; outputs go to runs/<name> unless output_dir
+    output_dir: runs/searchqa_smollm2_cpu
+    model: smollm2                    # "smollm2", a hub name, or a local folder (e.g. an SFT output)
+    trainable_layers: 10              # train only the top N decoder layers (null: all)
+    env: {id: drgym/SearchQA-v0, kwargs: {...}}     # gymnasium.make arguments
+    search: {...}                     # arguments of the search backend builder
+    tasks: {train: {set: hotpotqa-train, start: 0, limit: 40}, eval: {...}}
+    rollout: {max_turns: 2, max_new_tokens: 64, max_completion_tokens: 768, temperature: 1.0}
+    rewards: [{name: f1, weight: 1.0}, {name: format, weight: 0.1}]
+    protocol: tags                    # "tags" (rollout_func) or "json" (environment_factory)
+    eval: {every_steps: 2, num_tasks: 8, max_turns: 2}
+    grpo: {...}                       # trl.GRPOConfig keyword arguments
+    sft: {...}                        # trl.SFTConfig keyword arguments
+    launch: {accelerate_config: training/configs/accelerate_zero2.yaml, num_processes: 8}
+
+Unknown keys raise :class:`~drgym.errors.ConfigError` with a "did you mean" hint, and
+so does any GRPOConfig/SFTConfig argument TRL rejects.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from drgym.errors import ConfigError, unknown_name
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+
+TOP_KEYS = {
+    "name", "output_dir", "model", "trainable_layers", "env", "search", "tasks", "rollout", "rewards",
+    "protocol", "eval", "grpo", "sft", "launch", "seed", "torch_threads",
+}
+
+
+@dataclass
+class TaskSlice:
+    """A slice of a task set: ``load_tasks(set)[start:start+limit]``."""
+
+    set: str
+    start: int = 0
+    limit: int | None = None
+
+
+@dataclass
+class EvalSettings:
+    """Held-out evaluation during training.
+
+    Attributes:
+        every_steps: run every N optimizer steps (0: never).
+        num_tasks: held-out tasks per evaluation.
+        max_turns: turn budget of eval episodes.
+        greedy: greedy decoding (otherwise sampling at the rollout temperature).
+    """
+
+    every_steps: int = 0
+    num_tasks: int = 8
+    max_turns: int = 2
+    greedy: bool = True
+
+
+@dataclass
+class RunConfig:
+    """A parsed training config (see the module docstring for the YAML layout)."""
+
+    name: str
+    output_dir: str
+    model: str = "smollm2"
+    trainable_layers: int | None = None
+    env: dict[str, Any] = field(default_factory=lambda: {"id": "drgym/SearchQA-v0", "kwargs": {}})
+    search: dict[str, Any] = field(default_factory=dict)
+    tasks: dict[str, TaskSlice] = field(default_factory=dict)
+    rollout: dict[str, Any] = field(default_factory=dict)
+    rewards: list[dict[str, Any]] = field(default_factory=lambda: [{"name": "f1", "weight": 1.0}])
+    protocol: str = "tags"
+    eval: EvalSettings = field(default_factory=EvalSettings)
+    grpo: dict[str, Any] = field(default_factory=dict)
+    sft: dict[str, Any] = field(default_factory=dict)
+    launch: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+    torch_threads: int | None = None
+    source: str = ""
+
+    def apply_threads(self) -> None:
+        """Set torch's intra-op threads to ``torch_threads`` (None: leave torch's default).
+
+        On a shared CPU, OpenMP threads that spin while other processes hold the cores
+        made a 24-token ``generate`` 16x slower with 2 threads than with 1 (82 s vs 5 s,
+        load average 9 on 2 cores), hence ``torch_threads: 1`` in the CPU config.
+        """
+        if self.torch_threads:
+            import torch
+
+            torch.set_num_threads(int(self.torch_threads))
+
+    def rollout_settings(self):
+        """The :class:`~drgym.training.rollout.RolloutSettings` of this run.
+
+        ``temperature`` defaults to ``grpo.temperature`` (TRL recomputes log-probs at
+        that temperature, so the two must agree).
+
+        Raises:
+            ConfigError: unknown key or bad value.
+        """
+        from drgym.training.rollout import RolloutSettings
+
+        known = {f.name for f in dataclasses.fields(RolloutSettings)}
+        for k in self.rollout:
+            if k not in known:
+                raise unknown_name("rollout setting", k, known)
+        kw = dict(self.rollout)
+        grpo_t = self.grpo.get("temperature", 1.0)
+        if "temperature" in kw and float(kw["temperature"]) != float(grpo_t):
+            raise ConfigError(
+                f"rollout.temperature ({kw['temperature']}) differs from grpo.temperature ({grpo_t}); TRL recomputes "
+                "log-probs at grpo.temperature, so sample at the same one (set only grpo.temperature).")
+        kw["temperature"] = float(grpo_t)
+        return RolloutSettings(**kw)
+
+
+def _check_keys(d: dict, known: set[str], kind: str) -> None:
+    for k in d:
+        if k not in known:
+            raise unknown_name(kind, k, known)
+
+
+def _task_slice(v: Any, where: str) -> TaskSlice:
+    if isinstance(v, str):
+        return TaskSlice(set=v)
+    if not isinstance(v, dict) or "set" not in v:
+        raise ConfigError(f"{where} must be a task-set name or {{set:, start:, limit:}}, got {v!r}.")
+    _check_keys(v, {"set", "start", "limit"}, f"key of {where}")
+    return TaskSlice(set=str(v["set"]), start=int(v.get("start") or 0),
+                     limit=None if v.get("limit") is None else int(v["limit"]))
+
+
+def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
+    """Validate a config mapping and return a :class:`RunConfig`.
+
+    Raises:
+        ConfigError: a key is unknown, a value has the wrong type, or ``name`` is missing.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a YAML mapping at the top level, got {type(data).__name__}.")
+    _check_keys(data, TOP_KEYS, "top-level config key")
+    name = data.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"{source}: 'name' must be a non-empty string (the run name), got {name!r}.")
+    env = dict(data.get("env") or {"id": "drgym/SearchQA-v0"})
+    _check_keys(env, {"id", "kwargs"}, "env key")
+    env.setdefault("id", "drgym/SearchQA-v0")
+    env.setdefault("kwargs", {})
+    tasks = {}
+    for split, v in (data.get("tasks") or {}).items():
+        if split not in ("train", "eval"):
+            raise unknown_name("task split", split, {"train", "eval"})
+        tasks[split] = _task_slice(v, f"tasks.{split}")
+    rewards = data.get("rewards") or [{"name": "f1", "weight": 1.0}]
+    if not isinstance(rewards, list) or not all(isinstance(r, dict) and "name" in r for r in rewards):
+        raise ConfigError(f"{source}: 'rewards' must be a list of {{name:, weight:}} mappings, got {rewards!r}.")
+    for r in rewards:
+        _check_keys(r, {"name", "weight", "kwargs"}, "reward key")
+    protocol = data.get("protocol", "tags")
+    if protocol not in ("tags", "json"):
+        raise unknown_name("protocol", str(protocol), {"tags", "json"})
+    ev = dict(data.get("eval") or {})
+    _check_keys(ev, {f.name for f in dataclasses.fields(EvalSettings)}, "eval key")
+    tl = data.get("trainable_layers")
+    if tl is not None and (not isinstance(tl, int) or tl < 0):
+        raise ConfigError(f"{source}: trainable_layers must be a non-negative integer or null, got {tl!r}.")
+    for sec in ("grpo", "sft", "search", "rollout", "launch"):
+        if data.get(sec) is not None and not isinstance(data[sec], dict):
+            raise ConfigError(f"{source}: '{sec}' must be a mapping, got {type(data[sec]).__name__}.")
+    cfg = RunConfig(
+        name=name.strip(),
+        output_dir=str(data.get("output_dir") or Path("runs") / name.strip()),
+        model=str(data.get("model") or "smollm2"),
+        trainable_layers=tl,
+        env=env,
+        search=dict(data.get("search") or {}),
+        tasks=tasks,
+        rollout=dict(data.get("rollout") or {}),
+        rewards=[dict(r) for r in rewards],
+        protocol=protocol,
+        eval=EvalSettings(**ev),
+        grpo=dict(data.get("grpo") or {}),
+        sft=dict(data.get("sft") or {}),
+        launch=dict(data.get("launch") or {}),
+        seed=int(data.get("seed") or 0),
+        torch_threads=None if data.get("torch_threads") is None else int(data["torch_threads"]),
+        source=source,
+    )
+    cfg.rollout_settings()  # validates the rollout section early
+    return cfg
+
+
+def resolve_config_path(path: str | os.PathLike) -> Path:
+    """A config path, or the bare name of a bundled config (``searchqa_smollm2_cpu``).
+
+    Raises:
+        ConfigError: neither a file nor a bundled config name.
+    """
+    p = Path(path)
+    if p.is_file():
+        return p
+    bundled = CONFIG_DIR / (p.name if p.suffix else p.name + ".yaml")
+    if bundled.is_file():
+        return bundled
+    raise unknown_name("config", str(path), bundled_configs())
+
+
+def bundled_configs() -> list[str]:
+    """Names of the bundled run configs (``training/configs/*.yaml`` but accelerate launch files)."""
+    return sorted(q.stem for q in CONFIG_DIR.glob("*.yaml") if not q.stem.startswith("accelerate_"))
+
+
+def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML config (path or bundled name) and validate it.
+
+    Args:
+        path: a YAML file, or a bundled config name from ``training/configs``.
+        overrides: top-level keys to replace (``{"output_dir": ...}``); nested sections
+            given as dicts are merged one level deep.
+
+    Raises:
+        ConfigError: missing file, bad YAML, or invalid content.
+    """
+    import yaml
+
+    p = resolve_config_path(path)
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML ({e}).") from e
+    data = dict(data or {})
+    for k, v in (overrides or {}).items():
+        if isinstance(v, dict) and isinstance(data.get(k), dict):
+            data[k] = {**data[k], **v}
+        else:
+            data[k] = v
+    return parse_config(data, source=str(p))
+
+
+# -- TRL argument objects -----------------------------------------------------------------
+_CPU_DEFAULTS = {"bf16": False, "fp16": False, "use_cpu": True, "gradient_checkpointing": False}
+
+
+def _trl_args(cls, kwargs: dict[str, Any], cfg: RunConfig, *, validate_only: bool, section: str):
+    import torch
+
+    kw = {"output_dir": cfg.output_dir, "seed": cfg.seed, "run_name": cfg.name, **kwargs}
+    cuda = torch.cuda.is_available()
+    adjusted = {}
+    if not cuda:
+        for k, v in _CPU_DEFAULTS.items():
+            if k != "gradient_checkpointing" or not validate_only:
+                kw.setdefault(k, v)
+        if validate_only:
+            # Building a GPU config on a CPU-only machine (CI): keep every other argument,
+            # but drop the precision/device flags TrainingArguments refuses without a GPU.
+            for k in ("bf16", "fp16"):
+                if kw.get(k):
+                    adjusted[k] = kw[k]
+                    kw[k] = False
+        else:
+            if kw.get("bf16") or kw.get("fp16"):
+                raise ConfigError(f"{cfg.source}: {section}.bf16/fp16 need a GPU and none is visible; "
+                                  "use a *_cpu config or set them to false.")
+            if kw.get("use_vllm"):
+                raise ConfigError(f"{cfg.source}: {section}.use_vllm needs a GPU and vllm (pip install 'drgym[gpu]').")
+    known = {f.name for f in dataclasses.fields(cls)}
+    for k in kw:
+        if k not in known:
+            import difflib
+
+            close = difflib.get_close_matches(k, sorted(known), n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(f"{cfg.source}: {section}.{k} is not a {cls.__name__} argument (TRL "
+                              f"{_trl_version()}).{hint}")
+    if kw.get("deepspeed") and validate_only:
+        adjusted["deepspeed"] = kw.pop("deepspeed")  # its __post_init__ imports deepspeed
+    try:
+        args = cls(**kw)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{cfg.source}: {cls.__name__} rejected the '{section}' section: {e}") from e
+    args._drgym_adjusted = adjusted  # what validate_only changed, for reports
+    return args
+
+
+def _trl_version() -> str:
+    import trl
+
+    return trl.__version__
+
+
+def build_grpo_args(cfg: RunConfig, *, validate_only: bool = False):
+    """``trl.GRPOConfig`` from the ``grpo`` section (CPU-safe defaults on CPU).
+
+    Args:
+        cfg: the run config.
+        validate_only: build the arguments without a GPU even when the config asks for
+            bf16 (used by ``drgym train check`` and the CI tests); vLLM is never imported.
+
+    Raises:
+        ConfigError: unknown argument, or a value TRL rejects.
+    """
+    from trl import GRPOConfig
+
+    kw = dict(cfg.grpo)
+    kw.setdefault("report_to", ["tensorboard"])
+    kw.setdefault("logging_steps", 1)
+    kw.setdefault("beta", 0.0)
+    if "max_completion_length" not in kw:
+        kw["max_completion_length"] = cfg.rollout_settings().max_completion_tokens
+    return _trl_args(GRPOConfig, kw, cfg, validate_only=validate_only, section="grpo")
+
+
+def build_sft_args(cfg: RunConfig, output_dir: str | None = None, *, validate_only: bool = False):
+    """``trl.SFTConfig`` from the ``sft`` section.
+
+    Raises:
+        ConfigError: unknown argument, or a value TRL rejects.
+    """
+    from trl import SFTConfig
+
+    kw = dict(cfg.sft)
+    kw.setdefault("report_to", ["tensorboard"])
+    kw.setdefault("logging_steps", 1)
+    out = output_dir or str(Path(cfg.output_dir) / "sft")
+    kw["output_dir"] = out
+    return _trl_args(SFTConfig, kw, cfg, validate_only=validate_only, section="sft")

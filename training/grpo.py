@@ -1,0 +1,471 @@
+"""GRPO on TRL with multi-turn drgym rollouts (``drgym train grpo``).
+
+Two paths, chosen by the config's ``protocol``:
+
+``tags`` (default)
+    ``GRPOTrainer(rollout_func=SearchRolloutFunc(...))`` drives ``drgym/SearchQA-v0``
+    with the Search-R1 tag protocol; observation tokens get ``env_mask`` 0 and are
+    excluded from the loss (TRL 1.16 ``loss_mask = completion_mask * tool_mask``).
+``json``
+    ``GRPOTrainer(environment_factory=...)``: TRL's own tool loop with JSON tool calls
+    rendered by the chat template (:mod:`drgym.training.toolenv`). SmolLM2's template
+    cannot render tool calls, so TRL's ``qwen2_5.jinja`` (same ChatML tokens) is swapped
+    in (``shared/notes/stack_check.md`` §5).
+
+Rewards are drgym reward modules (``drgym.rewards``) adapted to TRL's
+``f(prompts, completions, **kwargs) -> list[float | None]``; each is one TRL reward
+function, so TRL logs ``rewards/<name>/mean`` and ``/std`` per component. GRPO itself is
+Shao et al. 2024 (DeepSeekMath, §4.1); TRL's default loss here is DAPO's token-level
+normalisation (Yu et al. 2025).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from drgym.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+# -- tasks, env, dataset ----------------------------------------------------------------------
+def load_task_slice(ts, *, whole: bool = False) -> list:
+    """``load_tasks(ts.set)[ts.start : ts.start + ts.limit]`` (or the whole set).
+
+    Raises:
+        ConfigError: unknown task set, or an empty slice.
+    """
+    from drgym.envs.task_loaders import load_tasks
+
+    tasks = list(load_tasks(ts.set))
+    if whole:
+        return tasks
+    end = None if ts.limit is None else ts.start + ts.limit
+    out = tasks[ts.start:end]
+    if not out:
+        raise ConfigError(f"task slice {ts.set}[{ts.start}:{end}] is empty ({len(tasks)} tasks in the set).")
+    return out
+
+
+_BACKENDS: dict[str, Any] = {}
+
+
+def build_backend(search_cfg: dict[str, Any]):
+    """The search backend of a run, built once per process per config.
+
+    ``{corpus: NAME}`` alone gives the env's process-wide default engine
+    (:func:`drgym.envs.core.default_backend`); other keys (``method: bm25``,
+    ``encoder``...) go to :meth:`drgym.search.local.LocalSearchEngine.from_corpus`.
+
+    Raises:
+        ConfigError: unknown corpus or argument (from the search layer).
+    """
+    import json
+
+    kw = dict(search_cfg)
+    corpus = kw.pop("corpus", "wiki-default")
+    key = json.dumps([corpus, kw], sort_keys=True)
+    if key not in _BACKENDS:
+        if not kw:
+            from drgym.envs.core import default_backend
+
+            _BACKENDS[key] = default_backend(corpus)
+        else:
+            from drgym.search.local import LocalSearchEngine
+
+            try:
+                _BACKENDS[key] = LocalSearchEngine.from_corpus(corpus, **kw)
+            except TypeError as e:
+                raise ConfigError(f"bad search settings {search_cfg!r}: {e}") from e
+    return _BACKENDS[key]
+
+
+def make_env_factory(cfg, tasks: list, *, backend=None, max_turns: int | None = None):
+    """A zero-argument factory of configured envs (``gymnasium.make(cfg.env.id, ...)``).
+
+    The env's ``max_turns`` follows ``rollout.max_turns`` unless ``env.kwargs`` sets it.
+    The search backend is built once and shared.
+    """
+    import gymnasium as gym
+
+    import drgym.envs  # noqa: F401  (registers the env ids)
+
+    kwargs = dict(cfg.env.get("kwargs") or {})
+    kwargs.setdefault("max_turns", max_turns or cfg.rollout_settings().max_turns)
+    kwargs.setdefault("protocol", cfg.protocol)
+    state: dict[str, Any] = {"backend": backend}
+
+    def factory():
+        if state["backend"] is None:
+            state["backend"] = build_backend(cfg.search)
+        return gym.make(cfg.env["id"], backend=state["backend"], tasks=list(tasks), **kwargs).unwrapped
+
+    return factory
+
+
+def build_dataset(tasks: list, env_factory, tokenizer):
+    """The GRPO ``train_dataset`` and the prompt -> task table of the rollout function.
+
+    Each row's ``prompt`` is the rendered chat prompt the env poses for the task (system
+    + user, with the assistant header), so the rollout can map it back; the other
+    columns (``task_id``, ``question``, ``answers``) reach the reward functions.
+
+    Returns:
+        ``(datasets.Dataset, dict[str, Task])``.
+    """
+    from datasets import Dataset
+
+    env = env_factory()
+    rows, table = [], {}
+    for t in tasks:
+        _obs, info = env.reset(options={"task": t})
+        text = tokenizer.apply_chat_template(info["messages"], tokenize=False, add_generation_prompt=True)
+        table[text] = t
+        rows.append({"prompt": text, "task_id": t.task_id, "question": t.question, "answers": list(t.answers)})
+    return Dataset.from_list(rows), table
+
+
+# -- rewards ----------------------------------------------------------------------------------
+class DrgymRewardFunc:
+    """A drgym reward (through :class:`drgym.rewards.trl_adapter.TRLReward`) fed with rollout fields.
+
+    TRL calls ``f(prompts=, completions=, completion_ids=, **columns, **rollout_fields)``.
+    The adapter builds each :class:`~drgym.rewards.base.Episode` from the dataset
+    columns (``task_id``, ``question``, ``answers``); this wrapper then sets the answer
+    to the rollout's ``final_answer`` (the env's parsed ``<answer>``, '' when none) and
+    attaches the episode's ``trajectory``, so rewards that count invalid actions or
+    check termination (``format``) see the whole episode and nothing re-parses the
+    decoded completion (which includes the ``<information>`` text).
+
+    Returns ``list[float | None]``, one per completion. ``__name__`` is the reward
+    name TRL logs under (``rewards/<name>/mean`` and ``/std``).
+    """
+
+    def __init__(self, trl_reward, tasks_by_id: dict[str, Any], monitor: "GroupMonitor | None" = None):
+        self.inner = trl_reward
+        self.reward = trl_reward.reward
+        self.__name__ = trl_reward.__name__
+        self.tasks_by_id = tasks_by_id
+        self.monitor = monitor
+
+    def __call__(self, prompts, completions, final_answer=None, trajectory=None, environments=None, **kw):
+        from drgym.envs.trajectory import Trajectory
+
+        n = len(completions)
+        if environments is not None and final_answer is None:
+            # environment_factory path: the answer is the last assistant message's text
+            final_answer, trajectory = [], []
+            for env, comp in zip(environments, completions):
+                tr = env._finish(_strip_answer_tags(_last_assistant_text(comp)))
+                final_answer.append((tr.final_answer if tr is not None else None) or "")
+                trajectory.append(tr.to_dict() if tr is not None else None)
+        episodes = self.inner.episodes(list(prompts or []), list(completions), **kw)
+        for i, ep in enumerate(episodes):
+            tid = kw.get("task_id")[i] if kw.get("task_id") is not None else None
+            if tid in self.tasks_by_id:
+                ep.task = self.tasks_by_id[tid]
+            if final_answer is not None:
+                ep.answer = final_answer[i] or ""
+            d = trajectory[i] if trajectory is not None else None
+            if isinstance(d, dict) and d.get("episode_id"):
+                ep.trajectory = Trajectory.from_dict(d)
+        out = self.reward.score(episodes)
+        scores = [None if s is None or (isinstance(s, float) and math.isnan(s)) else float(s) for s in out.scores]
+        if self.monitor is not None:
+            self.monitor.record(self.__name__, scores, kw.get("task_id") or [""] * n,
+                                [e.answer for e in episodes])
+        return scores
+
+
+def _last_assistant_text(completion) -> str:
+    if isinstance(completion, str):
+        return completion
+    for m in reversed(completion or []):
+        if m.get("role") == "assistant" and not m.get("tool_calls"):
+            return str(m.get("content") or "")
+    return ""
+
+
+def _strip_answer_tags(text: str) -> str:
+    import re
+
+    m = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    return (m.group(1) if m else text).strip()
+
+
+class GroupMonitor:
+    """Collapse guard: detects degenerate GRPO groups and logs them.
+
+    After the last reward function of a batch has run, the weighted total reward is
+    rebuilt per completion and split into groups of ``num_generations``. A group is
+    *degenerate* when all its rewards are equal (zero advantage, no gradient; DAPO,
+    Yu et al. 2025, §3.2 "dynamic sampling"), and an answer is *empty* when the episode
+    ended with no ``<answer>`` text. Logged per batch (trainer metrics, so TensorBoard
+    and ``metrics.jsonl``): ``guard/degenerate_group_frac``,
+    ``guard/empty_answer_frac``, ``guard/all_empty_group_frac``; each degenerate group
+    is also appended to ``<output_dir>/degenerate_groups.jsonl``.
+    """
+
+    def __init__(self, names: list[str], weights: list[float], num_generations: int, out_path: str | Path):
+        self.names = names
+        self.weights = dict(zip(names, weights))
+        self.G = num_generations
+        self.out_path = Path(out_path)
+        self._batch: dict[str, list] = {}
+        self.trainer = None
+        self.history: list[dict[str, float]] = []
+
+    def record(self, name: str, scores: list, task_ids: list[str], answers: list[str]) -> None:
+        from drgym.atomic import append_jsonl
+
+        self._batch[name] = scores
+        if len(self._batch) < len(self.names):
+            return
+        n = len(scores)
+        totals = []
+        for i in range(n):
+            vals = [(self._batch[k][i], self.weights[k]) for k in self.names if self._batch[k][i] is not None]
+            totals.append(sum(v * w for v, w in vals) if vals else float("nan"))
+        self._batch = {}
+        G = self.G if self.G and n % self.G == 0 else n
+        groups = [list(range(g, g + G)) for g in range(0, n, G)]
+        degenerate = 0
+        all_empty = 0
+        step = getattr(getattr(self.trainer, "state", None), "global_step", None)
+        for idx in groups:
+            r = [totals[i] for i in idx]
+            empty = [not (answers[i] or "").strip() for i in idx]
+            if all(empty):
+                all_empty += 1
+            finite = [x for x in r if not math.isnan(x)]
+            if len(finite) <= 1 or max(finite) - min(finite) < 1e-9:
+                degenerate += 1
+                append_jsonl(self.out_path, {"step": step, "task_id": task_ids[idx[0]], "rewards": r,
+                                             "empty_answers": sum(empty), "answers": [answers[i] for i in idx]})
+        stats = {
+            "guard/degenerate_group_frac": degenerate / len(groups),
+            "guard/all_empty_group_frac": all_empty / len(groups),
+            "guard/empty_answer_frac": sum(1 for a in answers if not (a or "").strip()) / n,
+        }
+        self.history.append(stats)
+        metrics = getattr(self.trainer, "_metrics", None)
+        if metrics is not None:
+            mode = "train" if self.trainer.model.training else "eval"
+            for k, v in stats.items():
+                metrics[mode][k].append(v)
+
+
+def build_reward_funcs(cfg, tasks_by_id: dict[str, Any], *, num_generations: int, output_dir: str | Path):
+    """TRL reward functions, their weights and the :class:`GroupMonitor` of a run.
+
+    The ``rewards:`` list becomes the weighted spec of
+    :func:`drgym.rewards.trl_adapter.trl_reward_funcs` (one TRL function per part, so
+    TRL logs each component), each wrapped in :class:`DrgymRewardFunc`.
+
+    Raises:
+        ConfigError: unknown reward name or bad kwargs (from the reward registry).
+    """
+    from drgym.rewards.trl_adapter import trl_reward_funcs, trl_reward_weights
+
+    spec = {"weighted": [{"name": str(r["name"]), "weight": float(r.get("weight", 1.0)),
+                          "kwargs": dict(r.get("kwargs") or {})} for r in cfg.rewards]}
+    inner = trl_reward_funcs(spec)
+    weights = trl_reward_weights(spec)
+    names = [f.__name__ for f in inner]
+    monitor = GroupMonitor(names, weights, num_generations, Path(output_dir) / "degenerate_groups.jsonl")
+    funcs = [DrgymRewardFunc(f, tasks_by_id, monitor) for f in inner]
+    return funcs, weights, monitor
+
+
+# -- evaluation -------------------------------------------------------------------------------
+def make_evaluator(cfg, tasks: list, env_factory, reward_funcs: list, weights: list[float]):
+    """``evaluate(model, tokenizer) -> (metrics, trajectories)`` over held-out tasks.
+
+    Greedy episodes with the training env and budgets (``eval.max_turns``), scored by
+    the run's reward functions. Metrics: ``reward`` (weighted total), one entry per
+    reward name, ``answered_frac``, ``searches_mean``, ``turns_mean``.
+    """
+    from drgym.training.rollout import RolloutSettings, SearchRolloutFunc
+
+    base = cfg.rollout_settings()
+    settings = RolloutSettings(max_turns=cfg.eval.max_turns, max_new_tokens=base.max_new_tokens,
+                               max_completion_tokens=base.max_completion_tokens, temperature=base.temperature,
+                               gen_batch_size=base.gen_batch_size, greedy=cfg.eval.greedy)
+
+    def evaluate(model, tokenizer):
+        table = {}
+        prompts = []
+        env = env_factory()
+        for t in tasks:
+            _o, info = env.reset(options={"task": t})
+            text = tokenizer.apply_chat_template(info["messages"], tokenize=False, add_generation_prompt=True)
+            table[text] = t
+            prompts.append(text)
+        rf = SearchRolloutFunc(env_factory, table, settings, tokenizer=tokenizer)
+        out = rf.run(prompts, model=model, tokenizer=tokenizer)
+        n = len(prompts)
+        metrics: dict[str, float] = {}
+        total = [0.0] * n
+        task_ids = [table[p].task_id for p in prompts]
+        for f, w in zip(reward_funcs, weights):
+            scores = f.reward.score(_episodes(f, out, task_ids))
+            vals = [0.0 if s is None else float(s) for s in scores.scores]
+            metrics[f.__name__] = sum(vals) / n
+            total = [a + w * b for a, b in zip(total, vals)]
+        metrics["reward"] = sum(total) / n
+        metrics["answered_frac"] = sum(1 for t in out["truncated"] if not t) / n
+        metrics["searches_mean"] = sum(out["num_searches"]) / n
+        metrics["turns_mean"] = sum(out["num_turns"]) / n
+        return metrics, out["trajectory"]
+
+    return evaluate
+
+
+def _episodes(f: DrgymRewardFunc, out: dict[str, Any], task_ids: list[str]):
+    from drgym.envs.trajectory import Trajectory
+    from drgym.rewards.base import Episode
+
+    eps = []
+    for i, tid in enumerate(task_ids):
+        d = out["trajectory"][i]
+        tr = Trajectory.from_dict(d) if d.get("episode_id") else None
+        eps.append(Episode(task=f.tasks_by_id[tid], answer=out["final_answer"][i] or "", trajectory=tr))
+    return eps
+
+
+# -- trainer ----------------------------------------------------------------------------------
+def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callbacks=None):
+    """Build the ``GRPOTrainer`` of a run (no training yet).
+
+    Args:
+        cfg: the run config.
+        max_steps: overrides ``grpo.max_steps``.
+        model: an already loaded model (tests); default loads ``cfg.model`` in fp32.
+
+    Returns:
+        ``(trainer, parts)`` where ``parts`` holds ``rollout``, ``monitor``,
+        ``reward_funcs``, ``dataset`` and ``tokenizer``.
+
+    Raises:
+        ConfigError: bad config (see :mod:`drgym.training.config`).
+    """
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import GRPOTrainer
+
+    from drgym.models import resolve_lm
+    from drgym.training.callbacks import EvalCallback, JsonlLoggerCallback
+    from drgym.training.config import build_grpo_args
+    from drgym.training.rollout import SearchRolloutFunc
+    from drgym.training.sft import freeze_bottom
+
+    if max_steps is not None:
+        cfg.grpo["max_steps"] = int(max_steps)
+    cfg.apply_threads()
+    args = build_grpo_args(cfg)
+    path = resolve_lm(cfg.model)
+    tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if model is None:
+        torch.manual_seed(cfg.seed)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    trainable, total = freeze_bottom(model, cfg.trainable_layers)
+    log.info("GRPO: %d / %d parameters trainable", trainable, total)
+
+    if "train" not in cfg.tasks:
+        raise ConfigError(f"{cfg.source}: tasks.train is required for GRPO.")
+    train_tasks = load_task_slice(cfg.tasks["train"])
+    eval_tasks = load_task_slice(cfg.tasks["eval"]) if "eval" in cfg.tasks else []
+    _check_disjoint(train_tasks, eval_tasks)
+    tasks_by_id = {t.task_id: t for t in train_tasks + eval_tasks}
+    env_factory = make_env_factory(cfg, train_tasks + eval_tasks)
+    funcs, weights, monitor = build_reward_funcs(cfg, tasks_by_id, num_generations=args.num_generations,
+                                                 output_dir=args.output_dir)
+    args.reward_weights = weights
+    callbacks = [JsonlLoggerCallback(Path(args.output_dir) / "metrics.jsonl")]
+    eval_cb = None
+    if cfg.eval.every_steps and eval_tasks:
+        evaluator = make_evaluator(cfg, eval_tasks[: cfg.eval.num_tasks], env_factory, funcs, weights)
+        eval_cb = EvalCallback(evaluator, cfg.eval.every_steps, args.output_dir, tokenizer=tok)
+        callbacks.append(eval_cb)
+    callbacks += list(extra_callbacks or [])
+
+    if cfg.protocol == "json":
+        from drgym.training.toolenv import make_tool_env_class, use_tool_template
+
+        use_tool_template(tok)
+        dataset = _json_dataset(train_tasks)
+        trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, processing_class=tok,
+                              callbacks=callbacks, environment_factory=make_tool_env_class(env_factory))
+        rollout = None
+    else:
+        dataset, table = build_dataset(train_tasks, env_factory, tok)
+        rollout = SearchRolloutFunc(env_factory, table, cfg.rollout_settings())
+        trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, processing_class=tok,
+                              callbacks=callbacks, rollout_func=rollout)
+    monitor.trainer = trainer
+    if eval_cb is not None:
+        eval_cb.attach(trainer)
+    return trainer, {"rollout": rollout, "monitor": monitor, "reward_funcs": funcs, "dataset": dataset,
+                     "tokenizer": tok, "trainable_params": trainable, "total_params": total}
+
+
+def _check_disjoint(train: list, held_out: list) -> None:
+    overlap = {t.task_id for t in train} & {t.task_id for t in held_out}
+    if overlap:
+        raise ConfigError(f"tasks.train and tasks.eval share {len(overlap)} tasks (e.g. {sorted(overlap)[0]!r}); "
+                          "held-out evaluation needs disjoint slices.")
+
+
+def _json_dataset(tasks: list):
+    from datasets import Dataset
+
+    return Dataset.from_list([{"prompt": [{"role": "user", "content": t.question}], "task_id": t.task_id,
+                               "question": t.question, "answers": list(t.answers)} for t in tasks])
+
+
+def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict[str, Any]:
+    """Train with GRPO and save the final model to ``<output_dir>/final``.
+
+    Args:
+        cfg: the run config.
+        resume: continue from the last ``checkpoint-N`` in ``output_dir`` (optimizer,
+            scheduler, RNG states and data order restored by the HF Trainer).
+        max_steps: overrides ``grpo.max_steps``.
+
+    Returns:
+        A summary dict (also written to ``<output_dir>/summary.json``).
+
+    Raises:
+        ConfigError: bad config, or ``resume`` without a checkpoint.
+    """
+    import time
+
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from drgym.atomic import atomic_write_json
+
+    trainer, parts = build_trainer(cfg, max_steps=max_steps)
+    out = Path(trainer.args.output_dir)
+    ckpt = None
+    if resume:
+        ckpt = get_last_checkpoint(str(out)) if out.is_dir() else None
+        if ckpt is None:
+            raise ConfigError(f"--resume: no checkpoint-N folder in {out}.")
+    t0 = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=ckpt)
+    wall = time.perf_counter() - t0
+    trainer.save_model(str(out / "final"))
+    parts["tokenizer"].save_pretrained(str(out / "final"))
+    summary = {"run": cfg.name, "config": cfg.source, "global_step": trainer.state.global_step,
+               "train_seconds": round(wall, 1), "resumed_from": ckpt, "train_loss": result.training_loss,
+               "trainable_params": parts["trainable_params"], "total_params": parts["total_params"],
+               "guard_history": parts["monitor"].history}
+    atomic_write_json(out / "summary.json", summary)
+    return summary

@@ -1,0 +1,86 @@
+"""TRL ``environment_factory`` path: JSON tool calling through the chat template.
+
+TRL 1.16 turns every public method of the environment class into a tool, renders the
+tool schemas with the tokenizer's chat template, parses ``<tool_call>{json}</tool_call>``
+replies with ``tokenizer.parse_response`` and masks tool-result tokens from the loss.
+It only does so for chat templates it recognises byte for byte; SmolLM2's is not one,
+so :func:`use_tool_template` installs TRL's ``qwen2_5.jinja``, which uses the same
+ChatML tokens (``<|im_start|>``/``<|im_end|>``); see ``shared/notes/stack_check.md`` §5.
+
+The class built by :func:`make_tool_env_class` wraps one ``drgym/SearchQA-v0`` env, so
+budgets, observation formatting, trajectories and rewards are the env's own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def use_tool_template(tokenizer) -> None:
+    """Install TRL's Qwen2.5 tool-calling chat template on ``tokenizer`` (in place).
+
+    Raises:
+        ConfigError: the template file is missing from the installed TRL.
+    """
+    import trl
+
+    from drgym.errors import ConfigError
+
+    p = Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja"
+    if not p.is_file():
+        raise ConfigError(f"TRL's qwen2_5.jinja is missing at {p}; the JSON tool path needs TRL >= 1.16.")
+    tokenizer.chat_template = p.read_text(encoding="utf-8")
+
+
+def make_tool_env_class(env_factory):
+    """A zero-argument environment class for ``GRPOTrainer(environment_factory=...)``.
+
+    Tools exposed to the model: ``search(query)``. The final answer is the assistant's
+    last message without a tool call; reward functions receive the instances as
+    ``environments`` and call ``_finish(answer)`` with that text (see
+    :class:`drgym.training.grpo.DrgymRewardFunc`).
+    """
+
+    class SearchTools:
+        """One drgym SearchQA episode behind TRL's tool loop."""
+
+        def __init__(self) -> None:
+            self._env = env_factory()
+            self._calls = 0
+            self.finished = False
+
+        def reset(self, **row: Any) -> str | None:
+            """Start the episode of the dataset row (``task_id`` column)."""
+            task = next((t for t in self._env.tasks if t.task_id == row.get("task_id")), None)
+            self._env.reset(options={"task": task} if task is not None else {"task_id": row.get("task_id")})
+            self._calls = 0
+            self.finished = False
+            return None
+
+        def search(self, query: str) -> str:
+            """Search the corpus and return the top passages.
+
+            Args:
+                query: what to search for, in a few words.
+
+            Returns:
+                The passages, one per line, with their titles and URLs.
+            """
+            self._calls += 1
+            msg = {"content": "", "tool_calls": [{"id": f"call_{self._calls}", "type": "function",
+                                                  "function": {"name": "search", "arguments": json.dumps({"query": query})}}]}
+            obs, _r, term, trunc, _info = self._env.step(msg)
+            if term or trunc:
+                self.finished = True
+            return obs
+
+        def _finish(self, answer: str):
+            # private (leading underscore) so TRL does not expose it as a tool
+            if not self.finished and not self._env.done:
+                self._env.step({"content": f"<answer>{answer}</answer>"})
+            self.finished = True
+            return self._env.trajectory
+
+    return SearchTools
