@@ -70,6 +70,10 @@ class PromptTemplate:
         system: system message (``str.format`` fields allowed).
         user: user message with ``{field}`` placeholders filled from the inputs.
         verdict: pydantic model the JSON answer must validate against.
+        prefill: start of the assistant's answer for backends that can pre-fill it
+            (the local judge), e.g. ``'{"label": "'`` for a flat one-field verdict; ""
+            for none. A non-empty prefill also means the verdict is a flat object that
+            ends at the first ``}``. Not part of the cache key of API judges.
     """
 
     name: str
@@ -77,6 +81,7 @@ class PromptTemplate:
     system: str
     user: str
     verdict: type[BaseModel]
+    prefill: str = ""
 
     @property
     def fields(self) -> set[str]:
@@ -276,7 +281,9 @@ class Judge(abc.ABC):
 
     # -- backend ------------------------------------------------------------------------
     @abc.abstractmethod
-    def complete(self, messages: Messages, *, temperature: float, seed: int, attempt: int) -> str:
+    def complete(
+        self, messages: Messages, *, temperature: float, seed: int, attempt: int, template: PromptTemplate | None = None
+    ) -> str:
         """Return the assistant text for ``messages``.
 
         Args:
@@ -284,6 +291,7 @@ class Judge(abc.ABC):
             temperature: sampling temperature.
             seed: sample index (0..n_samples-1), used as the sampling seed where possible.
             attempt: 1-based attempt number (backends may vary sampling on retries).
+            template: the template rendered into ``messages`` (for its ``prefill``).
 
         Raises:
             JudgeTransportError: timeout, connection failure, HTTP 429/5xx.
@@ -401,7 +409,7 @@ class Judge(abc.ABC):
                 if n > 1:
                     self._bump("retries")
                 self._bump("calls")
-                raw = self.complete(messages, temperature=self.temperature, seed=sample, attempt=n)
+                raw = self.complete(messages, temperature=self.temperature, seed=sample, attempt=n, template=template)
                 return parse_verdict(raw, template.verdict), raw, n
         raise AssertionError("unreachable")  # pragma: no cover
 

