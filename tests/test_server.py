@@ -195,12 +195,13 @@ class Recording(SearchBackend):
     ``FAIL`` makes the backend raise (a backend bug, not a bad request)."""
 
     def __init__(self, inner):
-        self.inner, self.calls, self.lock = inner, [], threading.Lock()
+        self.inner, self.calls, self.ks, self.lock = inner, [], [], threading.Lock()
         self.max_k, self.name = inner.max_k, "recording"
 
     def search_batch(self, queries, k=10):
         with self.lock:
             self.calls.append(list(queries))
+            self.ks.append(k)
         if any("FAIL" in q for q in queries):
             raise RuntimeError("simulated backend failure")
         return self.inner.search_batch(queries, k)
@@ -234,6 +235,41 @@ def test_concurrent_queries_are_micro_batched_and_cached(hotpotqa_engine):
         assert len(rec.calls) == n_calls
         stats = httpx.get(f"{srv.url}/health").json()["stats"]
         assert stats["cache_hits"] >= 4 and stats["batches"] == n_calls
+
+
+def test_mixed_k_and_duplicate_queries_in_one_window(hotpotqa_engine):
+    rec = Recording(hotpotqa_engine)
+    jobs = [("capital of Norway", 3), ("capital of Norway", 5), ("Demon Dice", 3), ("capital of Norway", 3)]
+    with running_server(rec, settings=ServerSettings(batch_window_ms=200, cache_size=0)) as srv:
+        barrier = threading.Barrier(len(jobs))
+
+        def one(job):
+            with httpx.Client(timeout=60) as c:
+                barrier.wait()
+                r = c.get(f"{srv.url}/search", params={"query": job[0], "k": job[1]})
+                return [decode(s)["id"] for s in r.json()["results"]]
+
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            got = list(pool.map(one, jobs))
+    assert got == [[h.doc_id for h in hotpotqa_engine.search(q, k)] for q, k in jobs]
+    # all four arrive within one window: one call per k, a repeated (query, k) searched once
+    assert sorted(zip(rec.ks, map(sorted, rec.calls))) == [
+        (3, ["Demon Dice", "capital of Norway"]), (5, ["capital of Norway"])], (rec.calls, rec.ks)
+
+
+def test_lru_cache_evicts_least_recently_used():
+    from drgym.server.batching import LRUCache
+
+    c = LRUCache(2)
+    c.put("a", 1)
+    c.put("b", 2)
+    assert c.get("a") == 1  # a is now the most recent
+    c.put("c", 3)
+    assert c.get("b") is None and c.get("a") == 1 and c.get("c") == 3 and len(c) == 2
+    assert (c.hits, c.misses) == (3, 1)
+    off = LRUCache(0)
+    off.put("a", 1)
+    assert off.get("a") is None and len(off) == 0
 
 
 def test_backend_failure_is_500_isolated_and_server_survives(hotpotqa_engine):
@@ -271,10 +307,11 @@ def test_api_keys_are_enforced_when_configured(hotpotqa_engine):
 def test_cli_serve_subprocess_gives_same_rankings(hotpotqa_engine):
     """``python -m drgym serve`` in its own process: identical rankings to in-process."""
     qs = [GOOD_QUERY, "Who wrote the novel Dracula?", "Ångström"]
-    with running_server(cli_args=["--index-dir", str(hotpotqa_engine.folder), "--method", "hybrid",
-                                  "--max-k", "50"]) as srv:
+    with running_server(cli_args=["--index-dir", str(hotpotqa_engine.folder), "--method", "hybrid"],
+                        env={"DRGYM_MAX_K": "50"}) as srv:  # settings also come from DRGYM_* env vars
         with HTTPSearchClient(srv.url) as c:
-            assert c.max_k == 100 and c.is_drgym() and c.max_k == 50
+            assert c.max_k == 100  # the client's default until it has seen the server
+            assert c.is_drgym() and c.max_k == 50  # adopted from /health
             assert c.search_batch(qs, 10) == hotpotqa_engine.search_batch(qs, 10)
             assert [c.search(q, 4) for q in qs] == [hotpotqa_engine.search(q, 4) for q in qs]
         assert httpx.get(f"{srv.url}/search", params={"query": "x", "k": 51}).status_code == 400

@@ -42,25 +42,22 @@ def load_backend(settings) -> "object":
 
 
 def serve(
-    corpus: Optional[str] = typer.Option(None, help="Named corpus or corpus path to serve [env DRGYM_CORPUS; default wiki-default]."),
-    method: Optional[str] = typer.Option(None, help="dense, bm25 or hybrid [env DRGYM_METHOD; default: the engine's]."),
+    corpus: Optional[str] = typer.Option(None, help="Named corpus or corpus path to serve (env DRGYM_CORPUS; default wiki-default)."),
+    method: Optional[str] = typer.Option(None, help="dense, bm25 or hybrid (env DRGYM_METHOD; default: the engine's)."),
     index_dir: Optional[str] = typer.Option(None, "--index-dir", help="Serve this built index folder (or index name) instead of --corpus."),
-    encoder: Optional[str] = typer.Option(None, help="Encoder name or path; must match the index [default: the index's]."),
-    host: Optional[str] = typer.Option(None, help="Address to bind [env DRGYM_HOST; default 127.0.0.1]."),
-    port: Optional[int] = typer.Option(None, help="TCP port [env DRGYM_PORT; default 8000]."),
-    max_k: Optional[int] = typer.Option(None, "--max-k", help="Largest k accepted [default 100]."),
-    batch_window_ms: Optional[float] = typer.Option(None, "--batch-window-ms", help="Micro-batch wait after the first query, ms [default 1]."),
-    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Most queries per search_batch call [default 64]."),
-    cache_size: Optional[int] = typer.Option(None, "--cache-size", help="LRU result cache entries, 0 = off [default 4096]."),
-    api_keys: Optional[str] = typer.Option(None, "--api-keys", help="Comma-separated keys required in x-api-key [env DRGYM_API_KEYS; default: no auth]."),
-    log_level: Optional[str] = typer.Option(None, "--log-level", help="uvicorn log level [default warning]."),
+    encoder: Optional[str] = typer.Option(None, help="Encoder name or path; must match the index (default: the index's)."),
+    host: Optional[str] = typer.Option(None, help="Address to bind (env DRGYM_HOST; default 127.0.0.1)."),
+    port: Optional[int] = typer.Option(None, help="TCP port (env DRGYM_PORT; default 8000)."),
+    max_k: Optional[int] = typer.Option(None, "--max-k", help="Largest k accepted (default 100)."),
+    batch_window_ms: Optional[float] = typer.Option(None, "--batch-window-ms", help="Micro-batch wait after the first query, ms (default 1)."),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Most queries per search_batch call (default 64)."),
+    cache_size: Optional[int] = typer.Option(None, "--cache-size", help="LRU result cache entries, 0 = off (default 4096)."),
+    api_keys: Optional[str] = typer.Option(None, "--api-keys", help="Comma-separated keys required in x-api-key (env DRGYM_API_KEYS; default: no auth)."),
+    log_level: Optional[str] = typer.Option(None, "--log-level", help="uvicorn log level (default warning)."),
 ) -> None:
-    """Serve a local index over HTTP: DeepResearchGym /search, /fineweb/search and /fetch,
-    Search-R1 POST /retrieve, /health and /docs.
+    """Serve a local index over HTTP: DeepResearchGym /search, /fineweb/search and /fetch, Search-R1 POST /retrieve, /health and /docs.
 
-    Every option can also come from a DRGYM_<OPTION> environment variable. Exits with
-    status 2 and a one-line message when the index is missing, corrupt or was built with
-    another encoder.
+    Every option can also come from a DRGYM_<OPTION> environment variable (e.g. DRGYM_PORT=9000). Exits with status 2 and a one-line message when the index is missing, corrupt or was built with another encoder.
     """
     from pydantic import ValidationError
 
@@ -94,7 +91,7 @@ def serve(
     typer.echo(f"drgym serve: {backend!r} on http://{settings.host}:{settings.port} "
                f"(max_k={settings.max_k}, auth={'on' if settings.key_set() else 'off'})", err=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                h11_max_incomplete_event_size=UVICORN_H11_MAX_EVENT)
+                h11_max_incomplete_event_size=UVICORN_H11_MAX_EVENT, access_log=False)
 
 
 def register(app: typer.Typer) -> None:

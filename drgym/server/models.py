@@ -39,8 +39,10 @@ class ServerSettings(BaseSettings):
         index_dir: explicit index folder; None uses the cache under ``DRGYM_HOME``.
         host, port: where uvicorn listens.
         max_k: largest ``k`` accepted (400 beyond it).
-        default_k: ``k`` of ``/search`` when the request gives none (DeepResearchGym: 10).
-        retrieve_topk: ``topk`` of ``/retrieve`` when the request gives none (Search-R1: 3).
+        default_k: ``k`` of ``/search`` when the request gives none (DeepResearchGym: 10;
+            lowered to ``max_k`` when larger).
+        retrieve_topk: ``topk`` of ``/retrieve`` when the request gives none (Search-R1: 3;
+            lowered to ``max_k`` when larger).
         max_batch_queries: most queries in one ``/retrieve`` request (400 beyond it).
         max_query_chars: longer queries are cut to this many characters before search
             (the encoder truncates to its token window anyway; this bounds BM25 work and
@@ -75,9 +77,9 @@ class ServerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _defaults_within_max_k(self) -> "ServerSettings":
-        for name in ("default_k", "retrieve_topk"):
-            if getattr(self, name) > self.max_k:
-                raise ValueError(f"{name} must be <= max_k ({self.max_k}), got {getattr(self, name)}.")
+        # a small --max-k lowers the default k instead of refusing to start
+        self.default_k = min(self.default_k, self.max_k)
+        self.retrieve_topk = min(self.retrieve_topk, self.max_k)
         return self
 
     def key_set(self) -> frozenset[str]:

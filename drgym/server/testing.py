@@ -126,7 +126,7 @@ def _thread_server(backend, settings, host, startup_timeout) -> Iterator[Running
     port = sock.getsockname()[1]
     app = create_app(backend, settings or ServerSettings())
     config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                            h11_max_incomplete_event_size=UVICORN_H11_MAX_EVENT)
+                            h11_max_incomplete_event_size=UVICORN_H11_MAX_EVENT, access_log=False)
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
                               name=f"drgym-server-{port}")
