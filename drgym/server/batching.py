@@ -146,7 +146,12 @@ class MicroBatcher:
                 self._queue.put_nowait(_Item(q, k, fut))
                 pending.append((i, fut))
         if pending:
-            results = await asyncio.gather(*(f for _, f in pending))
+            # return_exceptions: every future's outcome is retrieved (no "never retrieved"
+            # warnings when several queries of one request fail); the first error is raised.
+            results = await asyncio.gather(*(f for _, f in pending), return_exceptions=True)
+            for res in results:
+                if isinstance(res, BaseException):
+                    raise res
             for (i, _), res in zip(pending, results):
                 out[i] = list(res)
         return out  # type: ignore[return-value]
