@@ -15,7 +15,6 @@ import pytest
 
 from drgym.errors import AuthError, BackendUnavailableError, BadQueryError, ConfigError, DocumentNotFoundError
 from drgym.search.client import HTTPSearchClient, record_fields
-from drgym.types import Document
 
 
 def b64(obj) -> str:
