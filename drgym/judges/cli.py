@@ -231,15 +231,14 @@ def register(app: typer.Typer) -> None:
             atomic_write_text(out, "".join(json.dumps({**r, "judge": j.model_id}, ensure_ascii=False) + "\n" for r in rows))
         if summary_out:
             atomic_write_json(summary_out, {"summary": summ, **meta})
-        cols = sorted({k for s in summ.values() for k in s if "/" not in k and k != "n_reports"})
+        systems = list(summ)
+        keys = [k for k in next(iter(summ.values())) if k != "n_reports"]
         table = Table(title=f"drgym evaluate ({j.model_id})")
-        table.add_column("system")
-        table.add_column("n")
-        for c in cols:
-            table.add_column(c)
-        table.add_column("failures")
-        for system, s in summ.items():
-            fails = ", ".join(f"{m}:{s[f'{m}/failures']}" for m in ms if s.get(f"{m}/failures"))
-            table.add_row(system, str(s["n_reports"]), *[("-" if s.get(c) is None else f"{s[c]:.4g}") for c in cols], fails or "0")
+        table.add_column("metric")
+        for system in systems:
+            table.add_column(system, justify="right")
+        table.add_row("reports", *[str(summ[x]["n_reports"]) for x in systems])
+        for k in keys:
+            table.add_row(k, *[("-" if summ[x].get(k) is None else f"{summ[x][k]:.4g}") for x in systems])
         Console().print(table)
         console.print(f"judge calls {j.stats['calls']}, cache hits {j.stats['cache_hits']}, retries {j.stats['retries']}, failures {j.stats['failures']}")
