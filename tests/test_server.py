@@ -80,7 +80,7 @@ def test_fineweb_alias_and_openapi(served, http):
     assert {"/search", "/fineweb/search", "/fetch", "/retrieve", "/health"} <= set(paths)
     h = http.get("/health").json()
     assert h["status"] == "healthy" and h["service"] == "drgym" and h["max_k"] == 100
-    assert h["backend"] == "local" and h["deterministic"] is True
+    assert h["backend"] == "local" and h["deterministic"] is True and "hotpotqa" in h["index"]
 
 
 def test_fetch_returns_whole_document_or_404(served, http):
@@ -307,8 +307,12 @@ def test_api_keys_are_enforced_when_configured(hotpotqa_engine):
 def test_cli_serve_subprocess_gives_same_rankings(hotpotqa_engine):
     """``python -m drgym serve`` in its own process: identical rankings to in-process."""
     qs = [GOOD_QUERY, "Who wrote the novel Dracula?", "Ångström"]
-    with running_server(cli_args=["--index-dir", str(hotpotqa_engine.folder), "--method", "hybrid"],
+    # --corpus finds the index the fixture built (same DRGYM_HOME) and does not rebuild it
+    built = (hotpotqa_engine.folder / "manifest.json").stat().st_mtime_ns
+    with running_server(cli_args=["--corpus", "hotpotqa", "--method", "hybrid"],
                         env={"DRGYM_MAX_K": "50"}) as srv:  # settings also come from DRGYM_* env vars
+        health = httpx.get(f"{srv.url}/health").json()
+        assert hotpotqa_engine.folder.name in health["index"] and "hybrid" in health["index"]
         with HTTPSearchClient(srv.url) as c:
             assert c.max_k == 100  # the client's default until it has seen the server
             assert c.is_drgym() and c.max_k == 50  # adopted from /health
@@ -318,6 +322,7 @@ def test_cli_serve_subprocess_gives_same_rankings(hotpotqa_engine):
         assert httpx.get(f"{srv.url}/search", params={"query": " "}).status_code == 400
         assert httpx.get(f"{srv.url}/search", params={"query": GOOD_QUERY, "k": 50}).status_code == 200
         assert "drgym serve:" in srv.log_text() and "Traceback" not in srv.log_text()
+    assert (hotpotqa_engine.folder / "manifest.json").stat().st_mtime_ns == built
 
 
 def _serve_and_fail(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -212,6 +212,7 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
     async def health() -> HealthResponse:
         """Liveness plus what clients need: ``service == "drgym"``, ``max_k``, counters."""
         return HealthResponse(version=__version__, backend=getattr(backend, "name", type(backend).__name__),
+                              index=repr(backend),
                               deterministic=bool(getattr(backend, "deterministic", True)), max_k=max_k,
                               stats=batcher.stats())
 

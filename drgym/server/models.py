@@ -211,6 +211,7 @@ class HealthResponse(BaseModel):
     service: str = "drgym"
     version: str
     backend: str
+    index: str = Field("", description="what is served, e.g. LocalSearchEngine('wiki-default--...', method='hybrid', ...)")
     deterministic: bool
     max_k: int
     stats: dict[str, int | float] = Field(default_factory=dict)
