@@ -338,13 +338,17 @@ def _episodes(f: DrgymRewardFunc, out: dict[str, Any], task_ids: list[str]):
 
 
 # -- trainer ----------------------------------------------------------------------------------
-def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callbacks=None):
+def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callbacks=None, backend=None,
+                  extra_reward_funcs=None):
     """Build the ``GRPOTrainer`` of a run (no training yet).
 
     Args:
         cfg: the run config.
         max_steps: overrides ``grpo.max_steps``.
         model: an already loaded model (tests); default loads ``cfg.model`` in fp32.
+        backend: a search backend to use instead of building ``cfg.search``.
+        extra_reward_funcs: more TRL reward functions (weight 1 each), after the
+            config's; not seen by the degenerate-group monitor.
 
     Returns:
         ``(trainer, parts)`` where ``parts`` holds ``rollout``, ``monitor``,
@@ -384,10 +388,11 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     eval_tasks = load_task_slice(cfg.tasks["eval"]) if "eval" in cfg.tasks else []
     _check_disjoint(train_tasks, eval_tasks)
     tasks_by_id = {t.task_id: t for t in train_tasks + eval_tasks}
-    env_factory = make_env_factory(cfg, train_tasks + eval_tasks)
+    env_factory = make_env_factory(cfg, train_tasks + eval_tasks, backend=backend)
     funcs, weights, monitor = build_reward_funcs(cfg, tasks_by_id, num_generations=args.num_generations,
                                                  output_dir=args.output_dir)
-    args.reward_weights = weights
+    extra = list(extra_reward_funcs or [])
+    args.reward_weights = weights + [1.0] * len(extra)
     callbacks = [JsonlLoggerCallback(Path(args.output_dir) / "metrics.jsonl")]
     eval_cb = None
     if cfg.eval.every_steps and eval_tasks:
@@ -401,14 +406,15 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
 
         use_tool_template(tok)
         dataset = _json_dataset(train_tasks)
-        trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, processing_class=tok,
-                              callbacks=callbacks, environment_factory=make_tool_env_class(env_factory))
+        trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
+                              processing_class=tok, callbacks=callbacks,
+                              environment_factory=make_tool_env_class(env_factory))
         rollout = None
     else:
         dataset, table = build_dataset(train_tasks, env_factory, tok)
         rollout = SearchRolloutFunc(env_factory, table, cfg.rollout_settings())
-        trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, processing_class=tok,
-                              callbacks=callbacks, rollout_func=rollout)
+        trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
+                              processing_class=tok, callbacks=callbacks, rollout_func=rollout)
     monitor.trainer = trainer
     if eval_cb is not None:
         eval_cb.attach(trainer)

@@ -259,6 +259,8 @@ class SearchRolloutFunc:
         self.tokenizer = tokenizer
         self._pool: list[Any] = []
         self.last_timings: dict[str, float] = {}
+        self.history: list[list[str]] = []  # task ids of each call, in order (resume checks)
+        self.model_tokens: list[list[int]] = []  # env_mask sums of each call (masking checks)
 
     # TRL passes ``trainer``; tests and the benchmark may call with a model/tokenizer pair.
     def __call__(self, prompts: list[Any], trainer) -> dict[str, Any]:
@@ -288,6 +290,9 @@ class SearchRolloutFunc:
                 raise ConfigError("rollout_func got a prompt that is not in its task table; build the dataset with "
                                   "drgym.training.grpo.build_dataset so prompts map to tasks.")
             env = self._env(i)
+            if i == 0:
+                self.history.append([])
+            self.history[-1].append(self.prompt_to_task[key].task_id)
             obs, info = _reset_env(env, self.prompt_to_task[key])
             pids = prompt_token_ids(tokenizer, _initial_messages(obs, info))
             states.append(EpisodeState(env=env, prompt_ids=pids, info=info))
@@ -368,6 +373,7 @@ class SearchRolloutFunc:
         if trainer is None:
             result["logprobs"] = None  # HF backend: TRL recomputes log-probs itself
         self.last_timings = {"generation_s": t_gen, "env_s": t_env}
+        self.model_tokens.append([sum(m) for m in result["env_mask"]])
         return result
 
     def _log_metrics(self, trainer, out: dict[str, Any]) -> None:
