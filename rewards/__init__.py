@@ -7,6 +7,6 @@ Heavy modules (judges, models) load lazily.
 """
 
 from drgym.rewards.base import Episode, Reward, RewardOutput
-from drgym.rewards.registry import WeightedReward, build_reward, get_reward, reward_names
+from drgym.rewards.registry import WeightedReward, ascore, build_reward, get_reward, reward_names
 
-__all__ = ["Episode", "Reward", "RewardOutput", "WeightedReward", "build_reward", "get_reward", "reward_names"]
+__all__ = ["Episode", "Reward", "RewardOutput", "WeightedReward", "ascore", "build_reward", "get_reward", "reward_names"]

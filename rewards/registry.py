@@ -88,6 +88,17 @@ class WeightedReward(Reward):
         return RewardOutput(scores=total, components=comps, failures=sum(failed))
 
 
+async def ascore(reward: Reward, episodes: list[Episode]) -> RewardOutput:
+    """Score a batch from asyncio code without blocking the event loop.
+
+    The reward runs in a worker thread; its judge calls run concurrently inside
+    (``Judge.judge_many``, at most ``max_concurrency`` at a time).
+    """
+    import asyncio
+
+    return await asyncio.to_thread(reward.score, episodes)
+
+
 def get_reward(name: str, **kwargs: Any) -> Reward:
     """Build the reward called ``name`` with constructor ``kwargs``.
 

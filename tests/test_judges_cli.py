@@ -51,7 +51,7 @@ def test_evaluate_drb_reports_race_and_quality(chat_server, tmp_path):
     out, summ = tmp_path / "items.jsonl", tmp_path / "summary.json"
     res = CliRunner().invoke(app, [
         "evaluate", "--reports", str(SAMPLE), "--metrics", "race,quality", "--judge", f"openai:j@{chat_server.url}",
-        "--cache", str(tmp_path / "c.sqlite"), "--out", str(out), "--summary", str(summ), "--batch-size", "2",
+        "--cache", str(tmp_path / "c.sqlite"), "--out", str(out), "--summary", str(summ), "--batch-size", "2", "--max-attempts", "2",
     ])
     assert res.exit_code == 0, res.output
     rows = [json.loads(line) for line in out.read_text().splitlines()]

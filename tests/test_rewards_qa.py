@@ -135,3 +135,12 @@ def test_soft_match_via_loopback_judge(chat_server, tmp_path):
     graded = SoftMatch(judge, graded=True)
     chat_server.responder = lambda body: '{"score": 0.5}'
     assert graded.score([ep("Eiffel", ["Gustave Eiffel"])]).scores == [0.5]
+
+
+def test_ascore_runs_reward_off_the_event_loop():
+    import asyncio
+
+    from drgym.rewards import ascore
+
+    out = asyncio.run(ascore(F1(), [ep("Gustave Eiffel", ["Gustave Eiffel"])]))
+    assert out.scores == [1.0]

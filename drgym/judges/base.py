@@ -244,6 +244,8 @@ class Judge(abc.ABC):
     """
 
     model_id: str = "judge"
+    cache_salt: str = ""
+    """Backend settings that change verdicts beyond model and template (part of the cache key)."""
 
     def __init__(
         self,
@@ -359,6 +361,7 @@ class Judge(abc.ABC):
             "sample": sample,
             "temperature": self.temperature,
             "max_tokens": self.max_tokens,
+            "salt": self.cache_salt,
         }
         return hashlib.sha256(json.dumps(payload, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
 

@@ -151,6 +151,7 @@ def register(app: typer.Typer) -> None:
         concurrency: int = typer.Option(8, "--concurrency", help="Concurrent judge calls."),
         n_samples: int = typer.Option(1, "--n-samples", help="Judge samples per request, averaged."),
         timeout_s: float = typer.Option(120.0, "--timeout", help="Per-call timeout of an OpenAI-compatible judge, seconds."),
+        max_attempts: int = typer.Option(3, "--max-attempts", help="Attempts per judge call before it is recorded as a failure."),
         batch_size: int = typer.Option(4, "--batch-size", help="Reports scored per batch (progress granularity)."),
         limit: Optional[int] = typer.Option(None, "--limit", help="Score only the first N reports."),
     ) -> None:
@@ -176,7 +177,7 @@ def register(app: typer.Typer) -> None:
             items = items[:limit]
         if not items:
             raise typer.BadParameter(f"{reports} holds no reports", param_hint="--reports")
-        jkw: dict[str, Any] = {"n_samples": n_samples, "max_concurrency": concurrency}
+        jkw: dict[str, Any] = {"n_samples": n_samples, "max_concurrency": concurrency, "max_attempts": max_attempts}
         if cache is not None:
             jkw["cache"] = cache
         if judge.startswith("openai"):

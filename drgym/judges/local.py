@@ -63,6 +63,8 @@ class HFJudge(Judge):
         self.max_input_tokens = int(max_input_tokens)
         self.prefill = prefill
         self.retry_temperature = float(retry_temperature)
+        # prefill/stop behaviour and precision change the verdicts: keep them in the cache key
+        self.cache_salt = f"prefill={prefill};stop=first-field;dtype={dtype};max_input={self.max_input_tokens}"
         self._model = None
         self._tok = None
         self._lock = threading.Lock()
