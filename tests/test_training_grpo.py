@@ -166,3 +166,40 @@ def test_resume_continues_at_the_right_step_with_the_same_data(tmp_path, bm25):
     assert len(set(sum(fparts["rollout"].history, []))) >= 2  # data order is not trivially constant
     # final weights: same step count, so same parameter shapes and finite values
     assert all(torch.isfinite(p).all() for p in res.model.parameters())
+
+
+def _json_config(tmp_path):
+    cfg = tiny_config(tmp_path, max_completion_length=128, max_tool_calling_iterations=1)
+    cfg.protocol = "json"
+    return cfg
+
+
+def test_json_tool_path_builds_with_trl_tool_template(tmp_path, bm25):
+    """environment_factory path: SmolLM2 gets TRL's qwen2_5 template, the env's search becomes a tool."""
+    from drgym.training.grpo import build_trainer
+
+    trainer, parts = build_trainer(_json_config(tmp_path), backend=bm25)
+    tok = parts["tokenizer"]
+    assert getattr(tok, "response_template", None) or getattr(tok, "response_schema", None)
+    tools = trainer._env_tools[None]
+    assert [getattr(t, "__name__", "") for t in tools] == ["search"]  # _finish stays private
+    env = trainer.environment_factories[None]()
+    task = parts["dataset"][0]
+    env.reset(**task)
+    obs = env.search(task["question"])
+    assert "Doc 1" in obs or "Title" in obs  # real passages from the BM25 backend
+    tr = env._finish("some answer")
+    assert tr.final_answer == "some answer" and tr.count("search") == 1
+
+
+@pytest.mark.slow
+def test_json_tool_path_trains_one_step(tmp_path, bm25):
+    from drgym.training.grpo import build_trainer
+
+    cfg = _json_config(tmp_path)
+    cfg.grpo["max_steps"] = 1
+    trainer, _ = build_trainer(cfg, backend=bm25, extra_reward_funcs=[brevity])
+    trainer.train()
+    assert trainer.state.global_step == 1
+    h = [x for x in trainer.state.log_history if "tools/call_frequency" in x]
+    assert h and "rewards/f1/mean" in h[0]

@@ -1,0 +1,162 @@
+"""Seconds per GRPO step on CPU, split by phase, vs a plain single-turn GRPO step.
+
+Multi-turn: ``drgym train grpo``'s trainer (rollout_func over drgym/SearchQA-v0, tag
+protocol) for ``--steps`` optimizer steps. Each step's wall time is split into
+``generation`` (model.generate calls inside the rollout), ``env`` (env reset/step incl.
+search), ``reward`` (the reward functions) and ``optimisation`` (the rest: TRL's
+log-prob forward, loss, backward, optimizer step, bookkeeping).
+
+Single-turn baseline: TRL's own generation path (no rollout_func, no env) on the same
+prompts and model, forced to write the same number of completion tokens per rollout as
+the multi-turn run produced on average (model + observation tokens), via
+``min_new_tokens = max_new_tokens``. Target: multi-turn / single-turn <= 1.2.
+
+    python scripts/bench_train.py --out bench_train.json [--model PATH] [--steps 2]
+
+Writes JSON with per-step records, medians and the ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+class _Timed:
+    """Wrap a TRL reward function and add its wall time to a shared counter."""
+
+    def __init__(self, f, acc):
+        self.f, self.acc = f, acc
+        self.__name__ = f.__name__
+
+    def __call__(self, *a, **k):
+        t = time.perf_counter()
+        try:
+            return self.f(*a, **k)
+        finally:
+            self.acc[0] += time.perf_counter() - t
+
+
+def _step_timer():
+    from transformers import TrainerCallback
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.times = []
+            self._t = None
+
+        def on_step_begin(self, args, state, control, **kw):
+            self._t = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self._t)
+
+    return StepTimer()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="searchqa_smollm2_cpu")
+    ap.add_argument("--model", default=None, help="model folder (e.g. an SFT output); default the config's")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--out", default="bench_train.json")
+    a = ap.parse_args(argv)
+
+    import tempfile
+
+    from drgym.training.config import load_config
+    from drgym.training.grpo import build_trainer
+
+    tmp = Path(tempfile.mkdtemp(prefix="bench_train_"))
+    over = {"output_dir": str(tmp / "multi"), "eval": {"every_steps": 0},
+            "grpo": {"max_steps": a.steps, "save_strategy": "no", "report_to": "none"}}
+    if a.model:
+        over["model"] = a.model
+    cfg = load_config(a.config, over)
+    timer = _step_timer()
+    trainer, parts = build_trainer(cfg, extra_callbacks=[timer])
+    acc = [0.0]
+    rew: list[float] = []  # reward seconds per step (between one rollout and the next)
+    trainer.reward_funcs = [_Timed(f, acc) for f in trainer.reward_funcs]
+    rollout = parts["rollout"]
+    gen, env = [], []
+    orig_run = rollout.run
+
+    def run(*args, **kw):
+        if gen:
+            rew.append(acc[0])
+        acc[0] = 0.0
+        out = orig_run(*args, **kw)
+        gen.append(rollout.last_timings["generation_s"])
+        env.append(rollout.last_timings["env_s"])
+        return out
+
+    rollout.run = run
+    trainer.train()
+    rew.append(acc[0])
+    tok_counts = rollout.model_tokens
+    multi_steps = []
+    for i, total in enumerate(timer.times):
+        multi_steps.append({"step_s": total, "generation_s": gen[i], "env_s": env[i], "reward_s": rew[i],
+                            "model_tokens_mean": statistics.mean(tok_counts[i])})
+    comp_len = [h.get("completions/mean_length") for h in trainer.state.log_history if "completions/mean_length" in h]
+    obs_len = [h.get("env/obs_tokens_mean") for h in trainer.state.log_history if "env/obs_tokens_mean" in h]
+    total_tokens = round(statistics.mean(c + o for c, o in zip(comp_len, obs_len)))
+
+    # -- single-turn baseline: same model/prompts, TRL's own generate, same completion tokens
+    from trl import GRPOTrainer
+
+    from drgym.training.config import build_grpo_args
+
+    base_cfg = load_config(a.config, {**over, "output_dir": str(tmp / "single")})
+    base_cfg.grpo.update({"max_completion_length": total_tokens,
+                          "generation_kwargs": {"min_new_tokens": total_tokens}})
+    bargs = build_grpo_args(base_cfg)
+    timer2 = _step_timer()
+    model = trainer.model
+    acc2 = [0.0]
+    base = GRPOTrainer(model=model, reward_funcs=[_Timed(lambda prompts, completions, **k: [float(len(c)) for c in completions], acc2)],
+                       args=bargs, train_dataset=parts["dataset"], processing_class=parts["tokenizer"], callbacks=[timer2])
+    base.reward_funcs[0].__name__ = "length"
+    base.train()
+    single = [{"step_s": t} for t in timer2.times]
+    base_len = [h.get("completions/mean_length") for h in base.state.log_history if "completions/mean_length" in h]
+
+    med = lambda xs: statistics.median([x for x in xs if x is not None]) if any(x is not None for x in xs) else None  # noqa: E731
+    m_step = med([s["step_s"] for s in multi_steps])
+    s_step = med([s["step_s"] for s in single])
+    result = {
+        "config": cfg.source, "model": cfg.model, "steps": a.steps,
+        "rollouts_per_step": trainer.args.generation_batch_size,
+        "torch_threads": cfg.torch_threads, "load_avg_1m_at_end": os.getloadavg()[0],
+        "multi_turn": {
+            "per_step": multi_steps,
+            "median_step_s": m_step,
+            "median_generation_s": med([s["generation_s"] for s in multi_steps]),
+            "median_env_s": med([s["env_s"] for s in multi_steps]),
+            "median_reward_s": med([s["reward_s"] for s in multi_steps]),
+            "median_optimisation_s": med([s["step_s"] - s["generation_s"] - s["env_s"] - s["reward_s"]
+                                          for s in multi_steps]),
+            "completion_tokens_mean (model, env_mask=1)": statistics.mean(comp_len),
+            "observation_tokens_mean (env_mask=0)": statistics.mean(obs_len),
+        },
+        "single_turn": {"per_step": single, "median_step_s": s_step, "completion_tokens": total_tokens,
+                        "completion_tokens_logged": base_len},
+        "ratio_multi_over_single": (m_step / s_step) if s_step else None,
+        "target_ratio": 1.2,
+    }
+    Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
