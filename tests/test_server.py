@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -194,8 +195,8 @@ class Recording(SearchBackend):
     """Wraps a real engine, recording each search_batch call; a query containing
     ``FAIL`` makes the backend raise (a backend bug, not a bad request)."""
 
-    def __init__(self, inner):
-        self.inner, self.calls, self.ks, self.lock = inner, [], [], threading.Lock()
+    def __init__(self, inner, delay_s=0.0):
+        self.inner, self.calls, self.ks, self.lock, self.delay_s = inner, [], [], threading.Lock(), delay_s
         self.max_k, self.name = inner.max_k, "recording"
 
     def search_batch(self, queries, k=10):
@@ -204,6 +205,7 @@ class Recording(SearchBackend):
             self.ks.append(k)
         if any("FAIL" in q for q in queries):
             raise RuntimeError("simulated backend failure")
+        time.sleep(self.delay_s)
         return self.inner.search_batch(queries, k)
 
     def fetch(self, url):
@@ -284,6 +286,25 @@ def test_backend_failure_is_500_isolated_and_server_survives(hotpotqa_engine):
         assert r.status_code == 500 and r.json() == {"detail": "RuntimeError: simulated backend failure"}
         r = httpx.get(f"{srv.url}/search", params={"query": GOOD_QUERY, "k": 1}, timeout=60)
         assert r.status_code == 200 and decode(r.json()["results"][0])["title"] == GOOD_TITLE
+
+
+def test_overload_answers_429_and_the_client_retries(hotpotqa_engine):
+    slow = Recording(hotpotqa_engine, delay_s=1.5)
+    settings = ServerSettings(max_pending=2, batch_window_ms=0, cache_size=0)
+    with running_server(slow, settings=settings) as srv, ThreadPoolExecutor(2) as pool:
+        first = pool.submit(httpx.get, f"{srv.url}/search", params={"query": "Demon Dice", "k": 1}, timeout=60)
+        time.sleep(0.3)  # the worker is busy with the first query, the queue is empty
+        many = pool.submit(httpx.post, f"{srv.url}/retrieve", timeout=60,
+                           json={"queries": ["capital of Norway", "Lester Smith", "dice game"], "topk": 1})
+        time.sleep(0.3)  # three queries wait now
+        r = httpx.get(f"{srv.url}/search", params={"query": "one more", "k": 1}, timeout=60)
+        assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert "3 queries are waiting" in r.json()["detail"]
+        t = time.monotonic()
+        hits = HTTPSearchClient(srv.url, attempts=6).search("one more", 1)  # retried until served
+        assert len(hits) == 1 and time.monotonic() - t >= 0.9
+        assert first.result().status_code == 200 and many.result().status_code == 200
+        assert httpx.get(f"{srv.url}/health").json()["stats"]["rejected_overloaded"] >= 2
 
 
 def test_api_keys_are_enforced_when_configured(hotpotqa_engine):

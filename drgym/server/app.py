@@ -16,7 +16,8 @@ Endpoints (shapes in :mod:`drgym.server.models`):
 
 Errors are ``{"detail": ...}``: 400 empty or whitespace query, ``k``/``topk`` outside
 1..max_k, too many queries; 401 bad API key (only when keys are configured); 404 unknown
-URL; 422 missing or mistyped parameter; 500 backend failure. A failed request never
+URL; 422 missing or mistyped parameter; 429 (``Retry-After: 1``) more than
+``max_pending`` queries waiting; 500 backend failure. A failed request never
 stops the server.
 """
 
@@ -32,7 +33,7 @@ from fastapi.responses import JSONResponse
 
 from drgym.errors import BadQueryError, DocumentNotFoundError, DrgymError, SearchError
 from drgym.search.base import SearchBackend
-from drgym.server.batching import MicroBatcher
+from drgym.server.batching import MicroBatcher, OverloadedError
 from drgym.server.models import (
     ErrorResponse,
     FetchResponse,
@@ -61,6 +62,7 @@ more than its 16 KiB default once percent-encoded (httptools has no such limit).
 _ERRORS = {
     400: {"model": ErrorResponse, "description": "empty query or k outside 1..max_k"},
     401: {"model": ErrorResponse, "description": "invalid or missing API key (when keys are configured)"},
+    429: {"model": ErrorResponse, "description": "too many queries waiting (Retry-After: 1)"},
     500: {"model": ErrorResponse, "description": "backend failure"},
 }
 
@@ -90,7 +92,8 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
     max_k = min(settings.max_k, getattr(backend, "max_k", settings.max_k))
     keys = settings.key_set()
     batcher = MicroBatcher(backend.search_batch, window_ms=settings.batch_window_ms,
-                           max_batch_size=settings.max_batch_size, cache_size=settings.cache_size)
+                           max_batch_size=settings.max_batch_size, cache_size=settings.cache_size,
+                           max_pending=settings.max_pending)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -121,6 +124,10 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
     @app.exception_handler(DocumentNotFoundError)
     async def _not_found(request: Request, exc: DocumentNotFoundError) -> JSONResponse:
         return JSONResponse(status_code=404, content={"detail": URL_NOT_FOUND_DETAIL})
+
+    @app.exception_handler(OverloadedError)
+    async def _overloaded(request: Request, exc: OverloadedError) -> JSONResponse:
+        return JSONResponse(status_code=429, content={"detail": str(exc)}, headers={"Retry-After": "1"})
 
     @app.exception_handler(DrgymError)
     async def _drgym_error(request: Request, exc: DrgymError) -> JSONResponse:

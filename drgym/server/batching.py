@@ -18,11 +18,16 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any
 
+from drgym.errors import BackendUnavailableError
 from drgym.types import SearchResult
 
 log = logging.getLogger(__name__)
 
 SearchBatchFn = Callable[[list[str], int], list[list[SearchResult]]]
+
+
+class OverloadedError(BackendUnavailableError):
+    """Too many queries are waiting; the server answers 429 with ``Retry-After``."""
 
 
 class LRUCache:
@@ -82,17 +87,22 @@ class MicroBatcher:
         window_ms: wait after the first query of a batch, in milliseconds.
         max_batch_size: most queries in one call.
         cache_size: LRU entries (0 disables the cache).
+        max_pending: most queries waiting for a batch; a request that would exceed it
+            raises :class:`OverloadedError` (429) instead of queueing without bound (a
+            request finding the queue empty is always taken).
 
     Use ``await start()`` inside the running loop (the server's lifespan) and
     ``await stop()`` on shutdown.
     """
 
     def __init__(self, search_fn: SearchBatchFn, *, window_ms: float = 1.0, max_batch_size: int = 64,
-                 cache_size: int = 4096) -> None:
+                 cache_size: int = 4096, max_pending: int = 16384) -> None:
         self.search_fn = search_fn
         self.window_s = max(0.0, window_ms) / 1000.0
         self.max_batch_size = max(1, max_batch_size)
         self.cache = LRUCache(cache_size)
+        self.max_pending = max(1, max_pending)
+        self.rejected = 0
         self._queue: asyncio.Queue[_Item] | None = None
         self._task: asyncio.Task | None = None
         self.requests = 0
@@ -136,15 +146,25 @@ class MicroBatcher:
         self.requests += len(queries)
         loop = asyncio.get_running_loop()
         out: list[list[SearchResult] | None] = [None] * len(queries)
-        pending: list[tuple[int, asyncio.Future]] = []
+        misses: list[int] = []
         for i, q in enumerate(queries):
             hit = self.cache.get((q, k))
             if hit is not None:
                 out[i] = list(hit)
             else:
-                fut = loop.create_future()
-                self._queue.put_nowait(_Item(q, k, fut))
-                pending.append((i, fut))
+                misses.append(i)
+        waiting = self._queue.qsize()
+        if misses and waiting and waiting + len(misses) > self.max_pending:  # an idle server takes any request
+            self.rejected += len(misses)
+            raise OverloadedError(
+                f"server overloaded: {waiting} queries are waiting and this request adds "
+                f"{len(misses)} (max_pending={self.max_pending}); retry later."
+            )
+        pending: list[tuple[int, asyncio.Future]] = []
+        for i in misses:
+            fut = loop.create_future()
+            self._queue.put_nowait(_Item(queries[i], k, fut))
+            pending.append((i, fut))
         if pending:
             # return_exceptions: every future's outcome is retrieved (no "never retrieved"
             # warnings when several queries of one request fail); the first error is raised.
@@ -167,6 +187,7 @@ class MicroBatcher:
             "cache_hits": self.cache.hits,
             "cache_entries": len(self.cache),
             "errors": self.errors,
+            "rejected_overloaded": self.rejected,
         }
 
     # -- worker ------------------------------------------------------------------------

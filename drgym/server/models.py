@@ -51,6 +51,8 @@ class ServerSettings(BaseSettings):
             first one arrives, in milliseconds (0 = take whatever is queued).
         max_batch_size: most queries in one ``search_batch`` call.
         cache_size: entries of the LRU result cache (0 disables it).
+        max_pending: most queries waiting for the batcher; beyond it requests get 429
+            with ``Retry-After: 1`` (the drgym client retries them).
         api_keys: comma-separated keys accepted in the ``x-api-key`` header; empty means
             no authentication (the default, for loopback use).
         log_level: uvicorn log level.
@@ -72,6 +74,7 @@ class ServerSettings(BaseSettings):
     batch_window_ms: float = Field(1.0, ge=0.0, le=1000.0)
     max_batch_size: int = Field(64, ge=1)
     cache_size: int = Field(4096, ge=0)
+    max_pending: int = Field(16384, ge=1)
     api_keys: str = ""
     log_level: str = "warning"
 
