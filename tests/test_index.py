@@ -287,3 +287,32 @@ def test_bad_requests(flat, encoder):
             e.search(bad_q, 3)
     with pytest.raises(ConfigError, match="Unknown search method"):
         LocalSearchEngine(flat.folder, method="semantic")
+
+
+def test_cli_index_build_on_a_corpus_file(tmp_path, encoder):
+    """``drgym index build`` on a FineWeb-style file (format sniffed; the 4 untitled rows are
+    not in the shipped cache, so they are encoded live; one is split in two)."""
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    from conftest import DATA
+
+    args = ["index", "build", "--corpus", str(DATA / "corpus" / "web_rows.jsonl"), "--root", str(tmp_path),
+            "--factory", "HNSW32", "--shard-size", "3"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    folder = tmp_path / "web_rows--all-MiniLM-L6-v2--HNSW32--s3"
+    assert f"index: {folder}" in res.output and "built: 4 documents, 5 passages, 2 shard(s)" in res.output
+    m = IndexManifest.read(folder)
+    # Etan Boritzer's 339-token paragraph is split into windows of 224 tokens (overlap 32).
+    assert m.timings["passages_encoded_live"] == 5 and m.corpus.endswith("web_rows.jsonl")
+    ds = DocStore(folder / "docs.sqlite")
+    assert [ds.passages([3, 4])[r].passage_id for r in (3, 4)] == ["web-<urn:uuid:fw-0003>#p0", "web-<urn:uuid:fw-0003>#p1"]
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 0 and "up to date (not rebuilt)" in again.output
+    e = LocalSearchEngine(folder)
+    assert e.search("queen of Lotharingia", 1)[0].url == "https://en.wikipedia.org/wiki/Teutberga"
+    assert e.with_method("dense").search("Who was the bishop of Elmham?", 1)[0].doc_id == "web-<urn:uuid:fw-0001>"
+    bad = CliRunner().invoke(app, ["index", "build", "--corpus", "no-such-corpus", "--root", str(tmp_path)])
+    assert bad.exit_code == 2 and "Unknown corpus" in bad.output

@@ -150,3 +150,17 @@ def test_cli_fetch_and_table(default_engine):
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert proc.returncode == 1 and "URL not found" in proc.stderr
+
+
+def test_cli_search_table(default_engine):
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    res = CliRunner(env={"COLUMNS": "250"}).invoke(app, ["search", "Teutberga queen Lotharingia", "-k", "3", "--index",
+                                   str(default_engine.folder), "--method", "bm25", "--width", "60"])
+    assert res.exit_code == 0, res.output
+    assert "Teutberga" in res.output and "https://en.wikipedia.org/wiki/Teutberga" in res.output
+    assert "(bm25)" in res.output
+    bad = CliRunner().invoke(app, ["search", "   ", "--index", str(default_engine.folder)])
+    assert bad.exit_code == 2 and "empty" in bad.output

@@ -14,7 +14,8 @@ same way (25M documents a shard); the default here keeps wiki-default in one sha
 
 FAISS indexes come from ``faiss.index_factory(dim, factory, METRIC_INNER_PRODUCT)``.
 Indexes that need training (``IVF...``, ``PQ...``) are trained on their shard's own
-vectors. HNSW graphs are built single-threaded so that a rebuild gives the same graph.
+vectors. HNSW graphs of up to 200k vectors are built single-threaded so that a rebuild
+gives the same graph.
 On a machine where faiss sees GPUs, shards are moved to the GPU (HNSW stays on CPU:
 faiss has no GPU HNSW).
 """
@@ -44,6 +45,11 @@ ANN recall@10 of 0.997 against exact search on wiki-default (scripts/bench_searc
 IVF ``nprobe=16``."""
 
 HNSW_EF_CONSTRUCTION = 200
+
+HNSW_SINGLE_THREAD_MAX = 200_000
+"""HNSW shards up to this size are built with one thread, so a rebuild gives the same
+graph (and the same rankings); larger shards use all OpenMP threads (faster, but the
+graph then depends on thread timing)."""
 
 
 def _faiss():
@@ -96,7 +102,7 @@ def build_faiss(vectors: np.ndarray, factory: str) -> "object":
         except RuntimeError as e:
             raise ConfigError(f"Training FAISS index {factory!r} on {n} vectors failed: {str(e).splitlines()[-1]}") from e
     if n:
-        if hnsw is not None:
+        if hnsw is not None and n <= HNSW_SINGLE_THREAD_MAX:
             # One thread: HNSW insertion order (hence the graph) is then reproducible.
             threads = faiss.omp_get_max_threads()
             faiss.omp_set_num_threads(1)
