@@ -8,8 +8,10 @@ Greedy decoding at temperature 0. To help small models emit JSON, the assistant 
 is pre-filled with the template's ``prefill`` (e.g. ``{"label": "`` for KPR verdicts;
 ``{`` for templates without one) and the prefill is put back in front of the
 completion before parsing. For flat verdicts (templates with a prefill) generation
-stops after the first field (at ``,`` or ``}``) and the object is closed there, so the
-local judge returns the verdict field without a justification (a few tokens per call). A retry after a malformed answer samples at
+stops after the first field (a string at its closing quote, a number at ``,``/``}``/newline)
+and the object is closed there, so the local judge returns the verdict field without a
+justification (a few tokens per call). Whatever the model writes is still parsed and
+validated: a wrong label is retried, then recorded as a failure. A retry after a malformed answer samples at
 ``retry_temperature`` with a seed fixed by sample and attempt, so reruns stay identical.
 
 A 135M model is a poor judge of long reports: use it to exercise the plumbing (real
@@ -21,7 +23,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from drgym.judges.base import Judge, Messages
+from drgym.judges.base import Judge, JudgeTransportError, Messages
 
 
 class HFJudge(Judge):
@@ -64,7 +66,7 @@ class HFJudge(Judge):
         self.prefill = prefill
         self.retry_temperature = float(retry_temperature)
         # prefill/stop behaviour and precision change the verdicts: keep them in the cache key
-        self.cache_salt = f"prefill={prefill};stop=first-field;dtype={dtype};max_input={self.max_input_tokens}"
+        self.cache_salt = f"prefill={prefill};stop=first-field-v2;dtype={dtype};max_input={self.max_input_tokens}"
         self._model = None
         self._tok = None
         self._lock = threading.Lock()
@@ -110,14 +112,25 @@ class HFJudge(Judge):
             else:
                 gen.update(do_sample=False)
             flat = template is not None and bool(template.prefill) and prefill == template.prefill
+            quoted = flat and prefill.endswith('"')
             if flat:
-                gen.update(stop_strings=[",", "}"], tokenizer=self._tok)
-            with torch.no_grad():
-                out = self._model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
+                # a string verdict ends at its closing quote; a number at , } or a newline
+                gen.update(stop_strings=['"'] if quoted else [",", "}", "\n"], tokenizer=self._tok)
+            try:
+                with torch.no_grad():
+                    out = self._model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **gen)
+            except (RuntimeError, ValueError) as e:  # e.g. out of memory: retried, then recorded
+                raise JudgeTransportError(f"local generation failed: {type(e).__name__}: {e}") from e
             text = self._tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-        if flat and text.rstrip().endswith(","):
+        if flat:
             # stopped after the first field: close the object (the verdict field comes first)
-            text = text.rstrip()[:-1] + "}"
+            t = text.rstrip()
+            if quoted and t.endswith('"'):
+                text = t + "}"
+            elif not quoted and t and t[-1] in ",\n":
+                text = t[:-1].rstrip() + "}"
+            elif not quoted and t and t[-1] != "}":
+                text = t + "}"
         return prefill + text
 
     def close(self) -> None:
