@@ -23,7 +23,7 @@ def brevity(prompts, completions, completion_ids=None, **kw):
     return [-len(c) / 100 for c in completion_ids]
 
 
-def tiny_config(tmp_path, **grpo):
+def tiny_config(tmp_path, eval_every: int = 0, **grpo):
     from drgym.training.config import load_config
 
     g = {"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 2, "save_strategy": "no",
@@ -31,10 +31,11 @@ def tiny_config(tmp_path, **grpo):
     g.update(grpo)
     return load_config("searchqa_smollm2_cpu", {
         "output_dir": str(tmp_path / "run"), "trainable_layers": 1, "torch_threads": 1,
-        "tasks": {"train": {"set": "hotpotqa-dev", "start": 0, "limit": 4}},
+        "tasks": {"train": {"set": "hotpotqa-dev", "start": 0, "limit": 4},
+                  "eval": {"set": "hotpotqa-dev", "start": 60, "limit": 2}},
         "rollout": {"max_turns": 2, "max_new_tokens": 8, "max_completion_tokens": 256, "gen_batch_size": 4},
         "env": {"id": "drgym/SearchQA-v0", "kwargs": {"top_k": 1, "max_obs_tokens": 40, "max_fetches": 0}},
-        "eval": {"every_steps": 0}, "grpo": g,
+        "eval": {"every_steps": eval_every, "num_tasks": 2, "max_turns": 2}, "grpo": g,
     })
 
 
@@ -53,7 +54,7 @@ def test_grpo_two_steps_change_weights_and_mask_observations(tmp_path, bm25):
 
     from drgym.training.grpo import build_trainer
 
-    cfg = tiny_config(tmp_path)
+    cfg = tiny_config(tmp_path, eval_every=2)
     trainer, parts = build_trainer(cfg, backend=bm25, extra_reward_funcs=[brevity])
     before = _snapshot(trainer.model)
     trainer.train()
@@ -76,8 +77,15 @@ def test_grpo_two_steps_change_weights_and_mask_observations(tmp_path, bm25):
         assert "env/turns_mean" in h and "guard/degenerate_group_frac" in h
     # the rollouts really contained observation tokens (masked), not only model tokens
     assert any(h["env/obs_tokens_mean"] > 0 for h in logs)
-    metrics = (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()
-    assert len(metrics) >= 2
+    # metrics.jsonl: a training record per step, held-out evaluations at steps 0 and 2
+    from drgym.training.callbacks import read_metrics
+
+    rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    train_steps = [r["step"] for r in rows if "reward" in r]
+    eval_steps = [r["step"] for r in rows if "eval/reward" in r]
+    assert train_steps == [1, 2] and eval_steps == [0, 2]
+    assert all("rewards/f1/std" in r and "entropy" in r for r in rows if "reward" in r)
+    assert (tmp_path / "run" / "eval" / "step_2.jsonl").read_text().count("\n") == 2  # 2 held-out episodes
 
 
 def test_observation_tokens_get_no_gradient(tmp_path, bm25):

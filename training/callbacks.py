@@ -47,7 +47,10 @@ class JsonlLoggerCallback(TrainerCallback):
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Read ``metrics.jsonl``; when a step was logged twice (a resumed run) keep the last.
+    """Read ``metrics.jsonl``, merging the records of one step (later values win).
+
+    A resumed run logs some steps again, and the end-of-training summary shares the
+    last step's number; merging keeps one record per step.
 
     Returns:
         Records sorted by step; training and evaluation records of the same step are
@@ -59,7 +62,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     by_key: dict[tuple[int, bool], dict[str, Any]] = {}
     for r in rows:
         is_eval = any(k.startswith("eval") for k in r) and not any(k.startswith("reward") for k in r)
-        by_key[(int(r.get("step") or 0), is_eval)] = r
+        by_key.setdefault((int(r.get("step") or 0), is_eval), {}).update(r)
     return [by_key[k] for k in sorted(by_key)]
 
 
@@ -108,7 +111,12 @@ class EvalCallback(TrainerCallback):
         log.info("eval at step %d: %s", state.global_step, metrics)
         if self._trainer is not None:
             # through the trainer's reporters: TensorBoard and JsonlLoggerCallback
-            self._trainer.callback_handler.on_log(self._trainer.args, state, self._trainer.control, dict(metrics))
+            # on a copy of the control: the handler clears should_log, which would drop this
+            # step's training log
+            import copy
+
+            self._trainer.callback_handler.on_log(self._trainer.args, state, copy.copy(self._trainer.control),
+                                                  dict(metrics))
         else:
             append_jsonl(self.output_dir / "metrics.jsonl", {"step": state.global_step, **metrics})
 
