@@ -111,6 +111,24 @@ def check_cmd(
         raise typer.Exit(2)
 
 
+@train_app.command("eval")
+def eval_cmd(
+    config: str = typer.Option(..., "--config", "-c", help="YAML file or bundled config name (tasks.eval is used)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model folder (default the config's model)."),
+    num_tasks: Optional[int] = typer.Option(None, "--num-tasks", "-n", help="First N held-out tasks (default eval.num_tasks)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Write the metrics JSON here (episodes beside it)."),
+) -> None:
+    """Greedy held-out evaluation of a model, exactly as the training-time eval callback."""
+    try:
+        from drgym.training.config import load_config
+        from drgym.training.grpo import evaluate_model
+
+        res = evaluate_model(load_config(config), model_path=model, num_tasks=num_tasks, out_path=out)
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+    typer.echo(json.dumps(res, indent=2))
+
+
 def plot_cmd(
     run_dir: Path = typer.Argument(..., help="A run folder holding metrics.jsonl (runs/NAME)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Default <run_dir>/plots."),

@@ -475,3 +475,51 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
                "guard_history": parts["monitor"].history}
     atomic_write_json(out / "summary.json", summary)
     return summary
+
+
+def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None = None, backend=None,
+                   out_path: str | Path | None = None) -> dict[str, Any]:
+    """Greedy held-out evaluation of a model folder, exactly as the training eval callback.
+
+    Args:
+        cfg: run config (its ``tasks.eval``, env, rollout budgets and rewards are used).
+        model_path: model to evaluate (default ``cfg.model``).
+        num_tasks: first N held-out tasks (default ``eval.num_tasks``).
+        out_path: optional JSON file for the metrics (episodes go next to it as JSONL).
+
+    Returns:
+        ``{"model", "tasks", "seconds", **metrics}``.
+
+    Raises:
+        ConfigError: the config has no ``tasks.eval``.
+    """
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from drgym.atomic import append_jsonl, atomic_write_json
+    from drgym.models import resolve_lm
+
+    cfg.apply_threads()
+    if "eval" not in cfg.tasks:
+        raise ConfigError(f"{cfg.source}: tasks.eval is required for evaluation.")
+    tasks = load_task_slice(cfg.tasks["eval"])[: num_tasks or cfg.eval.num_tasks]
+    path = resolve_lm(model_path or cfg.model)
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    factory = make_env_factory(cfg, tasks, backend=backend, max_turns=cfg.eval.max_turns)
+    tasks_by_id = {t.task_id: t for t in tasks}
+    funcs, weights, _ = build_reward_funcs(cfg, tasks_by_id, num_generations=1, output_dir=cfg.output_dir)
+    t0 = time.perf_counter()
+    metrics, trajs = make_evaluator(cfg, tasks, factory, funcs, weights)(model, tok)
+    res = {"model": str(model_path or cfg.model), "tasks": len(tasks), "seconds": round(time.perf_counter() - t0, 1),
+           **metrics}
+    if out_path:
+        atomic_write_json(out_path, res)
+        ep = Path(out_path).with_suffix(".episodes.jsonl")
+        if ep.exists():
+            ep.unlink()
+        for t in trajs:
+            append_jsonl(ep, t)
+    return res
