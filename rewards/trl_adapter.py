@@ -64,7 +64,7 @@ def _question(prompt: Any) -> str:
 
 
 class TRLReward:
-    """A drgym reward as a TRL reward function (picklable, named for TRL's logs).
+    """A drgym reward as a TRL reward function, named for TRL's logs.
 
     Args:
         reward: the drgym reward.
