@@ -160,10 +160,18 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="Fewer queries and shorter HTTP runs.")
     ap.add_argument("--no-http", action="store_true", help="Skip the HTTP concurrency part.")
     ap.add_argument("--http-seconds", type=float, default=10.0, help="Seconds per concurrency level.")
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch and FAISS threads in this process and the server (default: their defaults).")
     args = ap.parse_args()
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the server subprocess
 
     import faiss
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        faiss.omp_set_num_threads(args.threads)
 
     from drgym.atomic import atomic_write_json
     from drgym.corpus import load_named_corpus, split_documents
@@ -176,6 +184,7 @@ def main() -> None:
         "machine": {"cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(), "faiss_omp_threads": faiss.omp_get_max_threads(),
                     "platform": platform.platform(), "python": sys.version.split()[0], "gpu": torch.cuda.is_available()},
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_avg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()],
     }
     n_lat = 100 if args.quick else 300
     log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
@@ -317,6 +326,7 @@ def main() -> None:
         tg["64_clients>=4x_single"] = lv64["speedup_vs_1_client"] >= 4
     out["targets_met"] = tg
     out["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out["load_avg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
     atomic_write_json(args.out, out)
     log(json.dumps(out["targets_met"]))
     print(args.out)
