@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 from drgym.errors import ConfigError
 from drgym.judges.base import Judge, JudgeRequest, make_judge
-from drgym.judges.prompts import KEYPOINT_EXTRACT, KEYPOINT_MERGE, KPR, KPR_LABELS
+from drgym.judges.prompts import KEYPOINT_EXTRACT, KEYPOINT_MERGE, KPR, KPR_BATCH, KPR_LABELS
 from drgym.rewards.base import Episode, Reward, RewardOutput
 
 
@@ -202,14 +202,25 @@ class KeyPointRecall(Reward):
         judge: judge or spec.
         contradiction_weight: penalty weight of KPC in the score (0 = pure KPR).
         max_report_chars: the report is cut to this many characters for the judge.
+        batched: judge all key points of a report in one call (``kpr_batch`` template;
+            drgym's cheaper mode for RL, not the upstream protocol). A batched answer
+            that misses a key point is a failure of that key point.
     """
 
     name = "kpr"
 
-    def __init__(self, judge: Judge | str = "hf:smollm2", *, contradiction_weight: float = 0.0, max_report_chars: int = 30000) -> None:
+    def __init__(
+        self,
+        judge: Judge | str = "hf:smollm2",
+        *,
+        contradiction_weight: float = 0.0,
+        max_report_chars: int = 30000,
+        batched: bool = False,
+    ) -> None:
         self.judge = make_judge(judge)
         self.contradiction_weight = float(contradiction_weight)
         self.max_report_chars = int(max_report_chars)
+        self.batched = bool(batched)
 
     def judge_labels(self, episodes: list[Episode]) -> list[list[str | None]]:
         """Per episode, one label per key point (None where the judge failed)."""
@@ -222,11 +233,21 @@ class KeyPointRecall(Reward):
                 out.append(["Omitted"] * len(kps))
                 continue
             out.append([None] * len(kps))
+            if self.batched:
+                if kps:
+                    listing = "\n".join(f"{j}. {key_point_text(kp)}" for j, kp in enumerate(kps, 1))
+                    reqs.append(JudgeRequest(KPR_BATCH, {"key_points": listing, "report": report}))
+                    where.append((i, -1))
+                continue
             for j, kp in enumerate(kps):
                 reqs.append(JudgeRequest(KPR, {"key_point": key_point_text(kp), "report": report}))
                 where.append((i, j))
         for (i, j), res in zip(where, self.judge.judge_many(reqs)):
-            out[i][j] = res.verdict.label if res.ok else None
+            if j >= 0:
+                out[i][j] = res.verdict.label if res.ok else None
+            elif res.ok:
+                by_num = {lab.point_number: lab.label for lab in res.verdict.labels}
+                out[i] = [by_num.get(k) for k in range(1, len(out[i]) + 1)]
         return out
 
     def score(self, episodes: list[Episode]) -> RewardOutput:

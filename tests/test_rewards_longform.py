@@ -270,3 +270,22 @@ def test_quality_hand_checked(chat_server):
     assert len(chat_server.requests) == 6
     with pytest.raises(ConfigError, match="Unknown quality"):
         ReportQuality(judge_for(chat_server), criteria=["Beauty"])
+
+
+def test_kpr_batched_mode(chat_server):
+    def responder(body):
+        u = user_text(body)
+        assert "1. A\n2. B\n3. C" in u
+        if "short" in u:  # misses key point 3 -> that key point failed, episode excluded
+            return json.dumps({"labels": [{"point_number": 1, "label": "Supported"}, {"point_number": 2, "label": "Omitted"}]})
+        return json.dumps({"labels": [{"point_number": 1, "label": "Supported"}, {"point_number": 2, "label": "omitted"},
+                                      {"point_number": 3, "label": "Contradicted"}]})
+
+    chat_server.responder = responder
+    kp = [{"point": "A"}, {"point": "B"}, {"point": "C"}]
+    eps = [Episode(Task("t1", "q", kind="research", key_points=kp), "full report"),
+           Episode(Task("t2", "q", kind="research", key_points=kp), "short report")]
+    out = KeyPointRecall(judge_for(chat_server), batched=True).score(eps)
+    assert out.scores[0] == pytest.approx(1 / 3) and out.components["kpc"][0] == pytest.approx(1 / 3)
+    assert out.scores[1] is None and out.components["kp_failed"][1] == 1.0 and out.failures == 1
+    assert len(chat_server.requests) == 2  # one call per report

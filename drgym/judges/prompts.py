@@ -151,6 +151,40 @@ KPR = PromptTemplate(
 )
 
 
+class KeyPointLabel(BaseModel):
+    point_number: int
+    label: Literal["Supported", "Omitted", "Contradicted"]
+
+    @field_validator("label", mode="before")
+    @classmethod
+    def _label(cls, v):
+        return _norm_label(v, KPR_LABELS)
+
+
+class KeyPointBatchVerdict(BaseModel):
+    """KPR verdicts for all key points of a report in one call (drgym's cheap RL mode)."""
+
+    labels: list[KeyPointLabel]
+
+
+KPR_BATCH = PromptTemplate(
+    name="kpr_batch",
+    version="1",
+    system="You check whether a research report covers each of several key points. " + _JSON_ONLY,
+    user=(
+        "Labels:\n"
+        "- Supported: the report states, affirms or explains the key point.\n"
+        "- Omitted: the report does not mention the key point.\n"
+        "- Contradicted: the report says something that disagrees with or negates the key point.\n\n"
+        "Key points:\n{key_points}\n\n"
+        "Report:\n{report}\n\n"
+        "Give one label per key point, by its number.\n"
+        'Output: {{"labels": [{{"point_number": 1, "label": "Supported"}}]}}'
+    ),
+    verdict=KeyPointBatchVerdict,
+)
+
+
 # ---------------------------------------------------------------------------------------
 # Citations (DeepResearchGym citation precision / recall)
 # ---------------------------------------------------------------------------------------
