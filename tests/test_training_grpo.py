@@ -2,8 +2,8 @@
 
 Tiny settings (one trainable decoder layer, 2 questions x 2 rollouts, 8-token turns) so
 one step takes seconds. The base model rarely answers, so the task rewards are mostly
-equal; a brevity reward (minus model tokens / 100) gives every group a reward spread,
-which the weight-change and resume checks need.
+equal; a reward on the characters the model wrote gives every group a reward spread,
+which the weight-change check needs.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import pytest
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
-def brevity(prompts, completions, completion_ids=None, **kw):
-    """Minus the model-written tokens / 100 (rollout field ``env_mask``, 1 = model token)."""
-    masks = kw.get("env_mask")
-    if masks is not None:
-        return [-sum(m) / 100 for m in masks]
-    return [-len(c) / 100 for c in completion_ids]
+def action_chars(prompts, completions, trajectory=None, **kw):
+    """Characters the model wrote (all its actions, from the rollout's trajectory) / 100.
+
+    Sampled 8-token turns differ in character count almost surely, so every group gets a
+    reward spread (unlike a token count, which is 16 whenever both turns hit the cap)."""
+    return [sum(len(s["action"]) for s in t["steps"]) / 100 for t in trajectory]
 
 
 def tiny_config(tmp_path, eval_every: int = 0, **grpo):
@@ -55,7 +55,7 @@ def test_grpo_two_steps_change_weights_and_mask_observations(tmp_path, bm25):
     from drgym.training.grpo import build_trainer
 
     cfg = tiny_config(tmp_path, eval_every=2)
-    trainer, parts = build_trainer(cfg, backend=bm25, extra_reward_funcs=[brevity])
+    trainer, parts = build_trainer(cfg, backend=bm25, extra_reward_funcs=[action_chars])
     before = _snapshot(trainer.model)
     trainer.train()
     assert trainer.state.global_step == 2
@@ -73,7 +73,7 @@ def test_grpo_two_steps_change_weights_and_mask_observations(tmp_path, bm25):
     for h, counts in zip(logs, rollout.model_tokens):
         # TRL's completion length counts only env_mask=1 tokens: observations are excluded
         assert h["completions/mean_length"] == pytest.approx(sum(counts) / len(counts))
-        assert "rewards/f1/mean" in h and "rewards/format/mean" in h and "rewards/brevity/mean" in h
+        assert "rewards/f1/mean" in h and "rewards/format/mean" in h and "rewards/action_chars/mean" in h
         assert "env/turns_mean" in h and "guard/degenerate_group_frac" in h
     # the rollouts really contained observation tokens (masked), not only model tokens
     assert any(h["env/obs_tokens_mean"] > 0 for h in logs)
@@ -98,7 +98,7 @@ def test_observation_tokens_get_no_gradient(tmp_path, bm25):
     from drgym.training.grpo import build_trainer
 
     cfg = tiny_config(tmp_path)
-    trainer, parts = build_trainer(cfg, backend=bm25, extra_reward_funcs=[brevity])
+    trainer, parts = build_trainer(cfg, backend=bm25, extra_reward_funcs=[action_chars])
     tok = parts["tokenizer"]
     model = trainer.model
     prompt = tok("<|im_start|>user\nQuestion: Who wrote Hamlet?<|im_end|>\n<|im_start|>assistant\n",
@@ -151,29 +151,26 @@ def test_observation_tokens_get_no_gradient(tmp_path, bm25):
 
 
 @pytest.mark.slow
-def test_resume_continues_at_the_right_step_with_the_same_data(tmp_path, bm25):
-    import torch
-
+@pytest.mark.parametrize("ckpt_step", [1, 2])  # mid-epoch and at an epoch boundary (2 steps per epoch)
+def test_resume_continues_at_the_right_step_with_the_same_data(tmp_path, bm25, ckpt_step):
     from drgym.training.grpo import build_trainer
 
     g = {"max_steps": 3, "save_strategy": "steps", "save_steps": 1, "seed": 7}
-    full, fparts = build_trainer(tiny_config(tmp_path / "a", **g), backend=bm25, extra_reward_funcs=[brevity])
+    full, fparts = build_trainer(tiny_config(tmp_path, **g), backend=bm25, extra_reward_funcs=[action_chars])
     full.train()
     assert full.state.global_step == 3
-    ckpt2 = tmp_path / "a" / "run" / "checkpoint-2"
-    assert ckpt2.is_dir()
+    ckpt = tmp_path / "run" / f"checkpoint-{ckpt_step}"
+    assert ckpt.is_dir()
 
-    res, rparts = build_trainer(tiny_config(tmp_path / "a", **g), backend=bm25, extra_reward_funcs=[brevity])
-    res.train(resume_from_checkpoint=str(ckpt2))
+    res, rparts = build_trainer(tiny_config(tmp_path, **g), backend=bm25, extra_reward_funcs=[action_chars])
+    res.train(resume_from_checkpoint=str(ckpt))
     assert res.state.global_step == 3
-    # the resumed run generated exactly once (step 3) with the same questions, in the same order
-    assert rparts["rollout"].history == [fparts["rollout"].history[2]]
-    # and its logged step numbers continue after the checkpoint
-    steps = [h["step"] for h in res.state.log_history if "loss" in h]
-    assert steps == [3]
-    assert len(set(sum(fparts["rollout"].history, []))) >= 2  # data order is not trivially constant
-    # final weights: same step count, so same parameter shapes and finite values
-    assert all(torch.isfinite(p).all() for p in res.model.parameters())
+    # the resumed run generated for the remaining steps only, with the same questions in the same order
+    assert rparts["rollout"].history == fparts["rollout"].history[ckpt_step:]
+    # its log continues the checkpoint's (restored) log: each step once, none skipped
+    assert [h["step"] for h in res.state.log_history if "loss" in h] == [1, 2, 3]
+    # epochs differ in order (so the check above is not trivially true)
+    assert fparts["rollout"].history[0] != fparts["rollout"].history[2]
 
 
 def _json_config(tmp_path):
@@ -206,7 +203,7 @@ def test_json_tool_path_trains_one_step(tmp_path, bm25):
 
     cfg = _json_config(tmp_path)
     cfg.grpo["max_steps"] = 1
-    trainer, _ = build_trainer(cfg, backend=bm25, extra_reward_funcs=[brevity])
+    trainer, _ = build_trainer(cfg, backend=bm25, extra_reward_funcs=[action_chars])
     trainer.train()
     assert trainer.state.global_step == 1
     h = [x for x in trainer.state.log_history if "tools/call_frequency" in x]

@@ -338,6 +338,34 @@ def _episodes(f: DrgymRewardFunc, out: dict[str, Any], task_ids: list[str]):
 
 
 # -- trainer ----------------------------------------------------------------------------------
+def _trainer_class():
+    """``GRPOTrainer`` whose train sampler reseeds per epoch (resume keeps the data order).
+
+    TRL's ``RepeatSampler`` seeds its generator once, so epoch ``e`` of a run sees the
+    ``e``-th permutation of one random stream, while a run resumed in epoch ``e`` starts the
+    stream again and would replay epoch 0's order. Reseeding with ``seed + epoch`` in
+    ``set_epoch`` (which the HF Trainer calls at the start of every epoch, resumed or not)
+    makes each epoch's order a function of the epoch alone.
+    """
+    from trl import GRPOTrainer
+    from trl.trainer.utils import RepeatSampler
+
+    class EpochSeededRepeatSampler(RepeatSampler):
+        def set_epoch(self, epoch: int) -> None:
+            self.epoch = int(epoch)
+            if self.shuffle and self.seed is not None:
+                self.generator.manual_seed(int(self.seed) + self.epoch)
+
+    class DrgymGRPOTrainer(GRPOTrainer):
+        def _get_train_sampler(self, dataset=None):
+            base = super()._get_train_sampler(dataset)
+            return EpochSeededRepeatSampler(
+                data_source=base.data_source, mini_repeat_count=base.mini_repeat_count, batch_size=base.batch_size,
+                repeat_count=base.repeat_count, shuffle=base.shuffle, seed=base.seed)
+
+    return DrgymGRPOTrainer
+
+
 def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callbacks=None, backend=None,
                   extra_reward_funcs=None):
     """Build the ``GRPOTrainer`` of a run (no training yet).
@@ -360,7 +388,6 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    from trl import GRPOTrainer
 
     from drgym.models import resolve_lm
     from drgym.training.callbacks import EvalCallback, JsonlLoggerCallback
@@ -400,6 +427,7 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
         eval_cb = EvalCallback(evaluator, cfg.eval.every_steps, args.output_dir, tokenizer=tok)
         callbacks.append(eval_cb)
     callbacks += list(extra_callbacks or [])
+    GRPOTrainer = _trainer_class()
 
     if cfg.protocol == "json":
         from drgym.training.toolenv import make_tool_env_class, use_tool_template

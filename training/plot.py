@@ -89,6 +89,7 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
     fig.suptitle(run_dir.name)
+    fig.tight_layout(rect=(0, 0, 1, 0.97))
     save(fig, out / "curves.png")
     for title, keys in panels:
         fig, ax = plt.subplots(figsize=(5.5, 3.4))
