@@ -7,8 +7,9 @@ writes JSON with:
 
 - ``episodes_per_min``: episodes / wall seconds of the episode loop (setup excluded;
   ``setup_s`` is the policy load);
-- ``time_share``: share of the summed per-episode time in ``generation`` (policy
-  ``act``), ``search`` (backend calls), ``env`` (parsing, formatting) and ``reward``;
+- ``time_share``: share of the episode loop's wall time in ``generation`` (policy
+  ``act`` calls), ``search`` (the driver's batched search and fetch calls), ``reward``
+  (env and runner reward calls) and ``env`` (the rest: parsing, formatting, records);
 - ``cpu_s_per_episode``: process CPU seconds (user+sys) per episode, a figure that
   depends less than wall time on other load on a shared machine;
 - the run's EM/F1, turns, tokens.
@@ -76,12 +77,12 @@ def main(argv: list[str] | None = None) -> dict:
                 "episodes_per_min": round(60 * m["episodes"] / wall, 2),
                 "s_per_episode": round(wall / m["episodes"], 3),
                 "cpu_s_per_episode": round(cpu / m["episodes"], 3),
-                "time_share": {k2: round(v, 4) for k2, v in m["time_share"].items()},
-                "timings_s": m["timings_s"],
+                "time_share": {k2: round(v, 4) for k2, v in m["last_session"]["share"].items()},
+                "phase_wall_s": {k2: m["last_session"][k2] for k2 in ("generation", "search", "env", "reward")},
                 "em": m["em"], "f1": m["f1"], "answer_rate": m["answer_rate"], "turns": m["turns"],
                 "completion_tokens_per_episode": m["completion_tokens"], "prompt_tokens_per_episode": m["prompt_tokens"],
             }
-            gen = m["timings_s"].get("generation") or 0.0
+            gen = m["last_session"]["generation"] or 0.0
             toks = m["completion_tokens"] * m["episodes"]
             row["generated_tokens_per_s"] = round(toks / gen, 2) if gen and toks else None
             results.append(row)

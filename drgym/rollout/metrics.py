@@ -19,8 +19,10 @@ Definitions (every mean is over the episodes of the run, each episode weighted 1
 - ``wall_s_per_episode``: run wall time / episodes (episodes run in parallel batches,
   so this is the throughput figure, not one episode's latency); ``episode_latency_s``:
   mean time from an episode's reset to its end.
-- ``time_share``: share of summed per-episode time spent in generation, search, env
-  logic and reward.
+- ``time_share``: shares of the summed per-episode timings (generation is split evenly
+  over a batch's rows, but each env records the whole latency of its batched search, so
+  search is over-weighted by the batch size); the runner's ``last_session`` entry holds
+  the exact shares of the episode loop's wall time.
 """
 
 from __future__ import annotations
@@ -157,7 +159,7 @@ def rich_table(metrics: dict[str, Any], title: str = "rollout"):
         if k in ("em", "f1", "judge", "llm_match"):
             continue
         table.add_row(k, format_value(k, v))
-    share = metrics.get("time_share") or {}
+    share = (metrics.get("last_session") or {}).get("share") or metrics.get("time_share") or {}
     if share:
-        table.add_row("time share", " ".join(f"{k} {100 * v:.0f}%" for k, v in share.items()))
+        table.add_row("wall time share", " ".join(f"{k} {100 * v:.0f}%" for k, v in share.items()))
     return table

@@ -218,6 +218,7 @@ class _RecordingPolicy(Policy):
         self.usage: dict[str, list[dict[str, Any]]] = {}
         self.gen_s: dict[str, float] = {}
         self.first_seen: dict[str, float] = {}
+        self.total_act_s = 0.0
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
         if self.before_act is not None:
@@ -229,6 +230,7 @@ class _RecordingPolicy(Policy):
         t0 = time.perf_counter()
         actions = self.inner.act(conversations, infos)
         dt = time.perf_counter() - t0
+        self.total_act_s += dt
         usage = getattr(self.inner, "last_usage", None) or []
         for k, e in enumerate(ids):
             u = usage[k] if k < len(usage) else None
@@ -341,6 +343,7 @@ def run_rollout(
     skipped = len(tasks) - len(todo)
 
     interrupted = False
+    session_phases: dict[str, Any] = {}
     new = 0
     setup_s = 0.0
     own_policy = policy is None
@@ -410,6 +413,7 @@ def run_rollout(
             share = (now - last_flush[0]) / len(trajs)
             last_flush[0] = now
             for t in trajs:
+                new_rewards_s[0] += float(t.timings.get("reward") or 0.0)
                 t.metadata["wall_share_s"] = share
                 t.metadata["task_index"] = index_of.get(t.task_id)
                 append_jsonl(traj_path, t.to_dict())
@@ -423,6 +427,8 @@ def run_rollout(
         import inspect
 
         streaming = "on_episode" in inspect.signature(driver.run).parameters
+        new_rewards_s = [0.0]
+        t_loop = time.perf_counter()
         try:
             bar.start()
             if streaming:
@@ -443,6 +449,13 @@ def run_rollout(
                 log.exception("could not save finished episodes after the interrupt")
         finally:
             bar.stop()
+            loop_s = time.perf_counter() - t_loop
+            backend_s = float(driver.stats.get("search_s", 0.0)) + float(driver.stats.get("fetch_s", 0.0))
+            phases = {"generation": rec.total_act_s, "search": backend_s, "reward": new_rewards_s[0]}
+            phases["env"] = max(0.0, loop_s - sum(phases.values()))
+            session_phases = {"loop_s": round(loop_s, 4), **{k: round(v, 4) for k, v in phases.items()},
+                              "share": {k: (v / loop_s if loop_s else 0.0) for k, v in phases.items()},
+                              "episodes": len(written)}
             driver.close()
             new = len(written)
             if own_policy and pol is not None:
@@ -455,6 +468,7 @@ def run_rollout(
     metrics["wall_s_last_session"] = round(wall, 3)
     metrics["interrupted"] = interrupted
     metrics["tasks_total"] = len(tasks)
+    metrics["last_session"] = session_phases
     atomic_write_json(out / "metrics.json", metrics)
     if config.plots and trajectories:
         try:
