@@ -77,13 +77,17 @@ class _Shared:
         self.device = device
         self.search_params = search_params
         self.docstore = DocStore(folder / "docs.sqlite")
-        if self.docstore.n_passages != self.manifest.n_passages:
-            from drgym.errors import CorruptIndexError
+        try:
+            if self.docstore.n_passages != self.manifest.n_passages:
+                from drgym.errors import CorruptIndexError
 
-            raise CorruptIndexError(
-                f"{folder}/docs.sqlite holds {self.docstore.n_passages} passages, the manifest says {self.manifest.n_passages}."
-            )
-        self.tie_rank = load_tie_rank(folder, self.manifest.n_passages)
+                raise CorruptIndexError(
+                    f"{folder}/docs.sqlite holds {self.docstore.n_passages} passages, the manifest says {self.manifest.n_passages}."
+                )
+            self.tie_rank = load_tie_rank(folder, self.manifest.n_passages)
+        except BaseException:
+            self.docstore.close()
+            raise
         self._encoder = encoder  # an Encoder, or None to load the manifest's on first use
         self._dense = None
         self._bm25 = None
@@ -182,7 +186,11 @@ class LocalSearchEngine(SearchBackend):
                 enc = get_encoder(encoder, device)
             _shared = _Shared(folder, enc, device, search_params)
             if enc is not None:
-                _shared.manifest.check_encoder(enc.name, enc.revision, enc.dim)
+                try:
+                    _shared.manifest.check_encoder(enc.name, enc.revision, enc.dim)
+                except BaseException:
+                    _shared.close()
+                    raise
         self._shared = _shared
         self.folder = _shared.folder
         self.manifest = _shared.manifest
