@@ -167,3 +167,21 @@ def test_openai_policy_rollout_through_the_env(default_engine, chat_server, tmp_
     for d in res.trajectories:
         assert d["steps"][0]["action"].endswith("</search>")
         assert d["final_answer"] == d["steps"][0]["results"][0]["title"]
+
+
+def test_deepresearch_rollout_on_drb_tasks(default_engine, tmp_path):
+    """DeepResearch Bench English tasks through drgym/DeepResearch-v0 (scripted policy,
+    no judge-based reward so no model is needed): the runner records reports and counts."""
+    from drgym.envs.task_loaders import load_tasks
+
+    cfg = RolloutConfig(env="drgym/DeepResearch-v0", tasks="drb-en", policy="scripted", n=2, rewards=[],
+                        out=str(tmp_path / "drb"))
+    res = run_rollout(cfg, backend=default_engine, progress=False)
+    tasks = load_tasks("drb-en")[:2]
+    assert [d["task_id"] for d in res.trajectories] == [t.task_id for t in tasks]
+    m = res.metrics
+    assert m["episodes"] == 2 and m["answer_rate"] == 1.0 and m["em"] is None and m["f1"] is None
+    assert m["searches"] == 1.0 and m["fetches"] == 1.0
+    cfg_json = json.loads((tmp_path / "drb" / "config.json").read_text())
+    assert cfg_json["env"]["kind"] == "research" and cfg_json["extra_rewards"] == []
+    assert all(d["final_answer"] for d in res.trajectories)

@@ -243,38 +243,25 @@ class _RecordingPolicy(Policy):
         self.inner.close()
 
 
-def _reward_objects(cfg: RolloutConfig, kind: str) -> list[Any]:
-    """Extra rewards scored by the runner (judge soft match; research rewards)."""
+def _reward_objects(cfg: RolloutConfig, kind: str, backend: Any = None) -> list[Any]:
+    """Extra rewards scored by the runner after each episode.
+
+    QA: the LLM-judge soft match (``llm_match``, reported as ``judge``) when ``--judge``
+    is set. Research: ``race`` and ``citation`` (DeepResearch Bench RACE, arXiv
+    2506.11763 section 3.1; DeepResearchGym citation precision/recall, arXiv 2505.19253
+    section 3.2), judged by ``cfg.judge`` or the local ``hf:smollm2`` judge. Built with
+    :func:`drgym.rewards.build_reward` (citation pages are fetched from ``backend``).
+    """
+    from drgym.rewards import build_reward
+
     names = list(cfg.rewards) if cfg.rewards is not None else None
     if kind == "qa":
         names = names if names is not None else (["llm_match"] if cfg.judge else [])
+        judge = cfg.judge
     else:
-        names = names if names is not None else (["race", "citation", "quality"] if cfg.judge else ["citation"])
-    out = []
-    for name in names:
-        out.append(_make_reward(name, cfg.judge))
-    return out
-
-
-def _make_reward(name: str, judge: str | None):
-    import inspect
-
-    from drgym import rewards as R
-
-    get = getattr(R, "get_reward", None)
-    if get is not None:
-        try:
-            params = inspect.signature(get).parameters
-            if judge and ("judge" in params or any(p.kind == p.VAR_KEYWORD for p in params.values())):
-                return get(name, judge=judge)
-            return get(name)
-        except TypeError:
-            return get(name)
-    if name in ("llm_match", "judge"):
-        from drgym.rewards.qa import SoftMatch
-
-        return SoftMatch(judge or "hf:smollm2")
-    raise ConfigError(f"reward {name!r} needs drgym.rewards.get_reward, which this install lacks.")
+        names = names if names is not None else ["race", "citation"]
+        judge = cfg.judge or "hf:smollm2"
+    return [build_reward(name, judge=judge, backend=backend) for name in names]
 
 
 # -- the run -----------------------------------------------------------------------------
@@ -366,7 +353,7 @@ def run_rollout(
         envs = [gym.make(config.env, backend=be, tasks=tasks, **env_kw) for _ in range(n_envs)]
         raw0 = envs[0].unwrapped
         kind = getattr(raw0, "kind", "qa")
-        extra_rewards = _reward_objects(config, kind)
+        extra_rewards = _reward_objects(config, kind, be)
         setup_s = time.perf_counter() - t_start
         cfg_record = {
             "identity": config.identity(),
