@@ -5,13 +5,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from drgym.corpus.urls import URL_RE
 from drgym.envs.core import SearchAgentEnv
 from drgym.envs.prompts import format_docs
 from drgym.envs.tasks import Task
 from drgym.envs.trajectory import ToolCall, Trajectory
 
 _MARKER_RE = re.compile(r"\[(\d+(?:\s*[,;–-]\s*\d+)*)\]")
-_URL_RE = re.compile(r"https?://(?:[^\s<>\"'\[\]{}()]|\([^\s()]*\))*(?:[^\s<>\"'\[\]{}().,;:!?]|\([^\s()]*\))")
 _SPACE_PUNCT_RE = re.compile(r"\s+([.,;:!?。，！？])")
 _BIB_LINE_RE = re.compile(r"^\s*(?:\[(\d+)\]|(\d+)\.)\s*(.*)$")
 _SENT_RE = re.compile(r"(?<=[.!?。！？])\s+|\n+")
@@ -53,7 +53,7 @@ def extract_citations(report: str, sources: dict[int, str]) -> list[dict[str, An
     body_lines = []
     for line in report.splitlines():
         m = _BIB_LINE_RE.match(line)
-        urls = _URL_RE.findall(line)
+        urls = URL_RE.findall(line)
         if m and urls and len(line.strip()) - len(urls[0]) < 200 and line.strip().startswith(("[", m.group(2) or "\0")):
             n = int(m.group(1) or m.group(2))
             mapping[n] = urls[0]
@@ -69,10 +69,10 @@ def extract_citations(report: str, sources: dict[int, str]) -> list[dict[str, An
             u = mapping.get(n)
             if u and u not in urls:
                 urls.append(u)
-        for u in _URL_RE.findall(sent):
+        for u in URL_RE.findall(sent):
             if u not in urls:
                 urls.append(u)
-        text = _SPACE_PUNCT_RE.sub(r"\1", _URL_RE.sub("", _MARKER_RE.sub("", sent))).strip()
+        text = _SPACE_PUNCT_RE.sub(r"\1", URL_RE.sub("", _MARKER_RE.sub("", sent))).strip()
         if text:
             claims.append({"claim": text, "urls": urls, "markers": markers})
     return claims

@@ -27,31 +27,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from drgym.corpus.urls import find_urls, strip_urls
 from drgym.errors import ConfigError, DrgymError
 from drgym.judges.base import Judge, JudgeRequest, make_judge
 from drgym.judges.prompts import CITATION_SUPPORT, CLAIM_EXTRACT, SUPPORT_VALUE
 from drgym.rewards.base import Episode, Reward, RewardOutput
 from drgym.search.base import SearchBackend
-
-URL_RE = re.compile(r"https?://\S+|www\.\S+")
-_TRAIL = ").,;:]>'\"*_"
-
-
-def find_urls(text: str) -> list[str]:
-    """URLs in ``text`` (upstream regex), trailing markdown/punctuation stripped, in order, unique."""
-    out, seen = [], set()
-    for m in URL_RE.findall(text or ""):
-        u = m.rstrip(_TRAIL)
-        if u and u not in seen:
-            seen.add(u)
-            out.append(u)
-    return out
-
-
-def strip_urls(text: str) -> str:
-    """Remove URLs from page text before judging (as upstream)."""
-    return URL_RE.sub("", text or "")
-
 
 MODES = ("precision", "recall", "f1", "mean")
 
@@ -138,7 +119,7 @@ class CitationReward(Reward):
             for c in cited[: self.max_claims]:
                 texts = []
                 for u in c.sources:
-                    page = self._fetch(u.strip().rstrip(_TRAIL), pages)
+                    page = self._fetch(next(iter(find_urls(u)), u.strip()), pages)
                     if page is not None:
                         texts.append(page)
                 if not texts:

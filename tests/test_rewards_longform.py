@@ -289,3 +289,9 @@ def test_kpr_batched_mode(chat_server):
     assert out.scores[0] == pytest.approx(1 / 3) and out.components["kpc"][0] == pytest.approx(1 / 3)
     assert out.scores[1] is None and out.components["kp_failed"][1] == 1.0 and out.failures == 1
     assert len(chat_server.requests) == 2  # one call per report
+
+
+def test_find_urls_keeps_balanced_parentheses():
+    # Wikipedia titles often end in a parenthesised qualifier; a markdown link closes after it.
+    text = "Lilu is a spirit [1](https://en.wikipedia.org/wiki/Lilu_(mythology)). See (https://x.org/a)."
+    assert find_urls(text) == ["https://en.wikipedia.org/wiki/Lilu_(mythology)", "https://x.org/a"]

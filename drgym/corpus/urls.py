@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 
@@ -42,3 +43,28 @@ def normalize_url(url: str) -> str:
     if len(path) > 1 and path.endswith("/"):
         path = path[:-1]
     return urlunsplit((scheme, host, path, parts.query, unquote(parts.fragment)))
+
+
+# http(s) and bare www. URLs in free text (as DeepResearchGym's citation regex). Parentheses are kept when balanced (one level), so
+# ``https://en.wikipedia.org/wiki/Lilu_(mythology)`` survives while a URL written as
+# ``(see https://x.org/a).`` loses the closing ``)`` and the full stop.
+URL_RE = re.compile(
+    r"(?:https?://|www\.)(?:[^\s<>\"'\[\]{}()]|\([^\s()]*\))*(?:[^\s<>\"'\[\]{}().,;:!?*_]|\([^\s()]*\))"
+)
+
+
+def find_urls(text: str) -> list[str]:
+    """URLs in ``text``, in order of first appearance, without duplicates.
+
+    Trailing punctuation and markdown (``.,;:!?*_`` and an unbalanced ``)``) are not part
+    of a URL; balanced parentheses are.
+
+    >>> find_urls("Lilu [1](https://en.wikipedia.org/wiki/Lilu_(mythology)). See https://x.org/a.")
+    ['https://en.wikipedia.org/wiki/Lilu_(mythology)', 'https://x.org/a']
+    """
+    return list(dict.fromkeys(URL_RE.findall(text or "")))
+
+
+def strip_urls(text: str) -> str:
+    """``text`` with every URL (as found by :func:`find_urls`) removed."""
+    return URL_RE.sub("", text or "")
