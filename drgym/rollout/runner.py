@@ -345,7 +345,10 @@ def run_rollout(
 
         be = backend if backend is not None else make_backend_from_spec(config.backend)
         if pol is None:
-            pol = make_policy(config.policy, **dict(config.policy_options))
+            opts = dict(config.policy_options)
+            if config.policy.split(":", 1)[0].lower() in ("hf", "vllm"):
+                opts.setdefault("seed", config.seed)  # sampling seed (greedy decoding ignores it)
+            pol = make_policy(config.policy, **opts)
         env_kw = dict(config.env_options)
         if config.max_turns is not None:
             env_kw["max_turns"] = config.max_turns
