@@ -59,6 +59,7 @@ def sft_cmd(
     config: str = typer.Option(..., "--config", "-c", help="YAML file or bundled config name (its sft: section is used)."),
     trajectories: list[str] = typer.Option([], "--trajectories", "-t", help="Trajectory JSONL (from `drgym rollout`); repeatable."),
     scripted: Optional[str] = typer.Option(None, "--scripted", help="First write scripted-policy trajectories of tasks.train to this JSONL and train on them."),
+    scripted_limit: Optional[int] = typer.Option(None, "--scripted-limit", help="Tasks for --scripted (default the tasks.train limit)."),
     output_dir: Optional[str] = typer.Option(None, "--output-dir", "-o", help="Default <output_dir>/sft."),
     gold_answers: bool = typer.Option(False, "--gold-answers", help="Replace each final answer by the task's gold answer."),
     min_reward: Optional[float] = typer.Option(None, "--min-reward", help="Keep trajectories with reward >= this."),
@@ -74,7 +75,7 @@ def sft_cmd(
         if scripted:
             from drgym.training.sft import make_scripted_trajectories
 
-            trajs = make_scripted_trajectories(cfg, scripted)
+            trajs = make_scripted_trajectories(cfg, scripted, limit=scripted_limit)
             typer.echo(f"wrote {len(trajs)} scripted trajectories to {scripted}", err=True)
             trajectories = [*trajectories, scripted]
         if not trajectories:
