@@ -88,3 +88,27 @@ def read_jsonl(path: str | os.PathLike, *, skip_bad: bool = True) -> list[Any]:
                 if not skip_bad:
                     raise
     return out
+
+
+def load_jsonl_strict(path: str | os.PathLike, *, error: type[Exception] = ValueError) -> list[Any]:
+    """Read a JSONL file whole, refusing bad lines (for inputs a user hands in).
+
+    Args:
+        path: the file; blank lines are skipped.
+        error: the exception class raised (e.g. ``ConfigError`` or ``CorpusError``).
+
+    Raises:
+        error: the file is missing, or a line is not JSON (the message names file and line).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise error(f"No file at {path}.")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise error(f"{path}:{n} is not valid JSON ({e.msg}).") from None
+    return rows

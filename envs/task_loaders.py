@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from drgym.envs.tasks import Task
+from drgym.atomic import load_jsonl_strict
 from drgym.errors import ConfigError, CorpusError, unknown_name
 from drgym.paths import DATA_DIR
 
@@ -81,15 +82,7 @@ def _literal(v: Any) -> Any:
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for i, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise CorpusError(f"{path}:{i} is not valid JSON ({e.msg}).") from e
-    return rows
+    return load_jsonl_strict(path, error=CorpusError)
 
 
 def _dedupe(answers: list[str]) -> list[str]:

@@ -31,6 +31,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from drgym.atomic import load_jsonl_strict
 from drgym.errors import ConfigError
 from drgym.judges.base import Judge, JudgeRequest, make_judge
 from drgym.judges.prompts import (
@@ -54,18 +55,7 @@ def load_jsonl(path: str | Path) -> list[dict[str, Any]]:
     Raises:
         ConfigError: the file is missing or a line is not JSON.
     """
-    path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"No file at {path}.")
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ConfigError(f"{path}:{n} is not JSON: {e}") from None
-    return rows
+    return load_jsonl_strict(path, error=ConfigError)
 
 
 def load_criteria(path: str | Path | None = None) -> dict[str, dict[str, Any]]:

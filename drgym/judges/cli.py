@@ -31,47 +31,42 @@ def read_reports(path: str | Path, key_points: dict[str, list] | None = None) ->
     """Read a reports file into ``{"task": Task, "answer": str, "system": str, "id": str}`` items.
 
     Raises:
-        ConfigError: missing file, a line that is not JSON, or an unknown line format.
+        ConfigError: missing file, a line that is not a JSON object, or an unknown
+            line format (``n`` in messages counts non-blank lines).
     """
     from drgym.envs.tasks import Task
+    from drgym.atomic import load_jsonl_strict
     from drgym.errors import ConfigError
 
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"No reports file at {path}.")
     items = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                r = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{n} is not JSON: {e}") from None
-            system = str(r.get("system") or path.stem)
-            if "article" in r and "prompt" in r:
-                rid = str(r.get("id", n))
-                task = Task(task_id=f"drb-{rid}", question=str(r["prompt"]), kind="research", source="drb", metadata={"drb_id": rid})
-                answer = str(r["article"] or "")
-            elif "report" in r and ("query" in r or "question" in r):
-                rid = str(r.get("id", n))
-                kps = r.get("key_points")
-                if kps is None and key_points is not None:
-                    kps = key_points.get(rid, [])
-                task = Task(task_id=f"drgym-{rid}", question=str(r.get("query") or r.get("question")), kind="research", source="deepresearchgym", key_points=list(kps or []))
-                answer = str(r["report"] or "")
-            else:
-                qk = [k for k in r if k.endswith(".q")]
-                if len(qk) != 1 or qk[0][:-2] + ".a" not in r:
-                    raise ConfigError(
-                        f"{path}:{n}: expected {{'id','prompt','article'}} (DeepResearch Bench) or "
-                        f"{{'id','query','report'}} / {{'<id>.q','<id>.a'}} (DeepResearchGym), got keys {sorted(r)[:6]}."
-                    )
-                rid = qk[0][:-2]
-                kps = (key_points or {}).get(rid, [])
-                task = Task(task_id=f"drgym-{rid}", question=str(r[qk[0]]), kind="research", source="deepresearchgym", key_points=list(kps))
-                answer = str(r[rid + ".a"] or "")
-            items.append({"id": rid, "system": system, "task": task, "answer": answer})
+    for n, r in enumerate(load_jsonl_strict(path, error=ConfigError), 1):
+        if not isinstance(r, dict):
+            raise ConfigError(f"{path}: report {n} is not a JSON object.")
+        system = str(r.get("system") or path.stem)
+        if "article" in r and "prompt" in r:
+            rid = str(r.get("id", n))
+            task = Task(task_id=f"drb-{rid}", question=str(r["prompt"]), kind="research", source="drb", metadata={"drb_id": rid})
+            answer = str(r["article"] or "")
+        elif "report" in r and ("query" in r or "question" in r):
+            rid = str(r.get("id", n))
+            kps = r.get("key_points")
+            if kps is None and key_points is not None:
+                kps = key_points.get(rid, [])
+            task = Task(task_id=f"drgym-{rid}", question=str(r.get("query") or r.get("question")), kind="research", source="deepresearchgym", key_points=list(kps or []))
+            answer = str(r["report"] or "")
+        else:
+            qk = [k for k in r if k.endswith(".q")]
+            if len(qk) != 1 or qk[0][:-2] + ".a" not in r:
+                raise ConfigError(
+                    f"{path}:{n}: expected {{'id','prompt','article'}} (DeepResearch Bench) or "
+                    f"{{'id','query','report'}} / {{'<id>.q','<id>.a'}} (DeepResearchGym), got keys {sorted(r)[:6]}."
+                )
+            rid = qk[0][:-2]
+            kps = (key_points or {}).get(rid, [])
+            task = Task(task_id=f"drgym-{rid}", question=str(r[qk[0]]), kind="research", source="deepresearchgym", key_points=list(kps))
+            answer = str(r[rid + ".a"] or "")
+        items.append({"id": rid, "system": system, "task": task, "answer": answer})
     return items
 
 
