@@ -24,7 +24,6 @@ Always read the two together: recall alone rewards URL spamming.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from drgym.corpus.urls import find_urls, strip_urls

@@ -27,7 +27,6 @@ case-insensitive, then substring either way, then the mean weight of the dimensi
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 

@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import re
-import statistics
 import sys
 import tempfile
 import threading

@@ -199,7 +199,6 @@ def test_sync_vector_env(bm25_backend):
 def _make_subprocess_env():
     import gymnasium as gym
 
-    import drgym.envs  # noqa: F401
     from envs_helpers import BM25Backend
 
     return gym.make("drgym/SearchQA-v0", backend=BM25Backend("hotpotqa"), max_turns=3)

@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from drgym.atomic import append_jsonl, atomic_write_json, read_jsonl
 from drgym.errors import ConfigError
@@ -209,20 +209,17 @@ def backend_fingerprint(backend: Any) -> dict[str, Any]:
 
 
 class _RecordingPolicy(Policy):
-    """Wraps a policy: records per-episode usage and generation time, runs a hook first."""
+    """Wraps a policy: records per-episode token usage and generation time."""
 
-    def __init__(self, inner: Policy, before_act: Callable[[], None] | None = None) -> None:
+    def __init__(self, inner: Policy) -> None:
         self.inner = inner
         self.name = inner.name
-        self.before_act = before_act
         self.usage: dict[str, list[dict[str, Any]]] = {}
         self.gen_s: dict[str, float] = {}
         self.first_seen: dict[str, float] = {}
         self.total_act_s = 0.0
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
-        if self.before_act is not None:
-            self.before_act()
         now = time.perf_counter()
         ids = [str((i or {}).get("episode_id", f"?{k}")) for k, i in enumerate(infos or [{}] * len(conversations))]
         for e in ids:
@@ -413,24 +410,14 @@ def run_rollout(
         def flush_done_envs() -> None:
             flush([e.trajectory for e in driver.raw if e.done and e.trajectory is not None and e.trajectory.steps])
 
-        rec.before_act = flush_done_envs
-        import inspect
-
-        streaming = "on_episode" in inspect.signature(driver.run).parameters
         new_rewards_s = [0.0]
         t_loop = time.perf_counter()
         try:
             bar.start()
-            if streaming:
-                jobs = [{"task_id": t.task_id} for t in todo]
-                driver.run(rec, jobs, seed=config.seed, on_episode=lambda t: flush([t]))
-            else:
-                # Without a per-episode callback, run one batch of envs at a time (as many jobs
-                # as envs, so no env is reset for a new job mid-run): a finished episode stays in
-                # its env until the next policy call flushes it, or the batch returns.
-                for b in range(0, len(todo), n_envs):
-                    chunk = todo[b : b + n_envs]
-                    flush(driver.run(rec, [{"task_id": t.task_id} for t in chunk], seed=config.seed + b))
+            # Each episode is appended to trajectories.jsonl the moment it ends (on_episode),
+            # so an interrupt loses no finished episode.
+            jobs = [{"task_id": t.task_id} for t in todo]
+            driver.run(rec, jobs, seed=config.seed, on_episode=lambda t: flush([t]))
         except KeyboardInterrupt:
             interrupted = True
             try:
