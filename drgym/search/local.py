@@ -44,9 +44,6 @@ MAX_QUERY_CHARS = 16_384
 """Queries are cut to this many characters before tokenisation (the encoder then keeps
 its own window, 256 tokens for MiniLM): long queries are truncated, never rejected."""
 
-QUERY_BATCH = 16
-"""Queries per encoder forward pass in a batch (sorted by length to limit padding; on
-64 mixed HotpotQA/"Tell me about X" queries this halves the encoding time on 1 thread)."""
 
 RRF_DEPTH = 100
 """Candidates taken from each of dense and BM25 before reciprocal rank fusion."""
@@ -277,24 +274,15 @@ class LocalSearchEngine(SearchBackend):
     def encode_queries(self, queries: list[str]) -> np.ndarray:
         """Embed queries (serialised across threads).
 
-        Queries are sorted by length and encoded in forward passes of at most
-        :data:`QUERY_BATCH` (what sentence-transformers' own ``encode`` does with a batch
-        size), so a long query does not pad a whole batch of short ones.
+        Queries longer than :data:`MAX_QUERY_CHARS` characters are cut first; the
+        encoder then truncates to its window.
 
         Returns:
             float32 ``(len(queries), dim)`` unit vectors.
         """
         enc = self.encoder
-        cut = [q[:MAX_QUERY_CHARS] for q in queries]
         with _encode_lock(enc):
-            if len(cut) <= QUERY_BATCH:
-                return enc.encode_queries(cut)
-            order = np.argsort([len(q) for q in cut], kind="stable")
-            out = np.empty((len(cut), enc.dim), dtype=np.float32)
-            for i in range(0, len(cut), QUERY_BATCH):
-                idx = order[i : i + QUERY_BATCH]
-                out[idx] = enc.encode_queries([cut[j] for j in idx])
-            return out
+            return enc.encode_queries([q[:MAX_QUERY_CHARS] for q in queries])
 
     def search_rows(self, queries: list[str], k: int, method: str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """Rankings as index rows (no docstore lookup).
