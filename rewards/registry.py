@@ -108,6 +108,11 @@ def get_reward(name: str, **kwargs: Any) -> Reward:
     Raises:
         ConfigError: unknown name (with a "did you mean"), or bad kwargs.
     """
+    if not isinstance(name, str):
+        raise ConfigError(
+            f"get_reward takes a reward name, got {type(name).__name__}; "
+            "use build_reward for configs such as {'weighted': {...}}."
+        )
     facs = _factories()
     if name not in facs:
         raise unknown_name("reward", name, facs)

@@ -98,5 +98,5 @@ def _token_spans(text: str, tokenizer) -> list[tuple[int, int]]:
         import re
 
         return [m.span() for m in re.finditer(r"\S+", text)]
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False)
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False, verbose=False)
     return [tuple(o) for o in enc["offset_mapping"]]
