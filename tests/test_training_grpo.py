@@ -20,6 +20,10 @@ def action_chars(prompts, completions, trajectory=None, **kw):
 
     Sampled 8-token turns differ in character count almost surely, so every group gets a
     reward spread (unlike a token count, which is 16 whenever both turns hit the cap)."""
+    if trajectory is None:  # environment_factory path: no rollout fields, use the assistant texts
+        from drgym.rewards.trl_adapter import completion_text
+
+        return [len(completion_text(c)) / 100 for c in completions]
     return [sum(len(s["action"]) for s in t["steps"]) / 100 for t in trajectory]
 
 
@@ -37,6 +41,16 @@ def tiny_config(tmp_path, eval_every: int = 0, **grpo):
         "env": {"id": "drgym/SearchQA-v0", "kwargs": {"top_k": 1, "max_obs_tokens": 40, "max_fetches": 0}},
         "eval": {"every_steps": eval_every, "num_tasks": 2, "max_turns": 2}, "grpo": g,
     })
+
+
+@pytest.fixture(autouse=True)
+def _restore_torch_threads():
+    """build_trainer applies the config's torch_threads (1) process-wide; restore it after."""
+    import torch
+
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
