@@ -59,10 +59,21 @@ _register_all()
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point.
+
+    A :class:`~drgym.errors.DrgymError` that a command does not handle itself (a bad
+    file, name or option) ends the command with a one-line ``error:`` and exit status 2,
+    not a traceback; anything else is a bug and keeps its traceback.
+    """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    app()
+    from drgym.errors import DrgymError
+
+    try:
+        app()
+    except DrgymError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

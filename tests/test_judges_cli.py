@@ -107,3 +107,15 @@ def test_evaluate_deepresearchgym_reports_kpr(chat_server, tmp_path):
     assert s["B"]["KPR"] == pytest.approx(100.0) and s["B"]["KPC"] == 0.0
     bad = CliRunner().invoke(app, ["evaluate", "--reports", str(reports), "--metrics", "kpr,bleu"])
     assert bad.exit_code != 0 and "bleu" in bad.output
+
+
+def test_evaluate_fails_when_nothing_is_scored(chat_server, tmp_path):
+    chat_server.responder = lambda body: "I cannot help with that."  # never JSON
+    res = CliRunner().invoke(app, [
+        "evaluate", "--reports", str(SAMPLE), "--metrics", "quality", "--judge", f"openai:j@{chat_server.url}",
+        "--cache", str(tmp_path / "c.sqlite"), "--out", str(tmp_path / "items.jsonl"), "--max-attempts", "1", "--limit", "1",
+    ])
+    assert res.exit_code == 1, res.output
+    assert "every judge call failed" in res.output
+    row = json.loads((tmp_path / "items.jsonl").read_text())
+    assert row["failed"] == {"quality": True} and row["scores"] == {"quality": None}

@@ -45,6 +45,16 @@ def test_compute_metrics_by_hand():
     assert m["wall_s_per_episode"] == pytest.approx(2.0) and m["episodes_per_min"] == pytest.approx(30.0)
     assert m["time_share"] == pytest.approx({"generation": 0.5, "search": 0.25, "env": 0.125, "reward": 0.125})
     assert compute_metrics([]) == {"episodes": 0}
+    assert m["judge_failures"] == 0
+
+
+def test_judge_failures_count_every_judged_reward():
+    base = {"final_answer": "r", "terminated": True, "steps": [], "metadata": {}}
+    ts = [{**base, "task_id": "a", "reward_components": {"race": 0.4, "citation": None}},
+          {**base, "task_id": "b", "reward_components": {"race": None, "citation": None, "judge": 1.0}}]
+    m = compute_metrics(ts)
+    assert m["judge_failures"] == 3  # race once, citation twice; judged scores only
+    assert m["scores"]["race"] == pytest.approx(0.4) and m["scores"]["citation"] is None
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +183,8 @@ def test_deepresearch_rollout_on_drb_tasks(default_engine, tmp_path):
     no judge-based reward so no model is needed): the runner records reports and counts."""
     from drgym.envs.task_loaders import load_tasks
 
-    cfg = RolloutConfig(env="drgym/DeepResearch-v0", tasks="drb-en", policy="scripted", n=2, rewards=[],
+    # No --judge and no --reward: reports are recorded but no judged reward runs.
+    cfg = RolloutConfig(env="drgym/DeepResearch-v0", tasks="drb-en", policy="scripted", n=2,
                         out=str(tmp_path / "drb"))
     res = run_rollout(cfg, backend=default_engine, progress=False)
     tasks = load_tasks("drb-en")[:2]

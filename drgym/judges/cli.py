@@ -238,3 +238,8 @@ def register(app: typer.Typer) -> None:
             table.add_row(k, *[("-" if summ[x].get(k) is None else f"{summ[x][k]:.4g}") for x in systems])
         Console().print(table)
         console.print(f"judge calls {j.stats['calls']}, cache hits {j.stats['cache_hits']}, retries {j.stats['retries']}, failures {j.stats['failures']}")
+        if rows and all(r["failed"].get(m) for r in rows for m in ms):
+            # Nothing was scored: say so with a failing exit status (the per-item file
+            # above still records every failure).
+            console.print("[red]error:[/red] every judge call failed; no report was scored (see the warnings above).")
+            raise typer.Exit(1)

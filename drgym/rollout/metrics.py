@@ -7,8 +7,10 @@ Definitions (every mean is over the episodes of the run, each episode weighted 1
   as used by Search-R1, arXiv 2503.09516 section 4.1). A truncated episode (no answer)
   scores 0.
 - ``judge``: the LLM-judge soft match (DeepResearchGym arXiv 2505.19253 section 3.2,
-  "LLM-as-a-judge" for short answers), mean over episodes the judge scored; judge
-  failures are excluded and counted in ``judge_failures``.
+  "LLM-as-a-judge" for short answers), mean over episodes the judge scored.
+- ``judge_failures``: episode scores of judged rewards (``judge``, ``race``,
+  ``citation``, ``kpr``, ``quality``, ``fact``) that are None because the judge failed
+  after its retries; they are excluded from the means.
 - other reward components (``kpr``, ``kpc``, ``citation_precision``, ``quality``,
   ``race``...): mean over episodes where they are not None.
 - ``answer_rate``: share of episodes that ended with an answer (``terminated``).
@@ -60,6 +62,10 @@ def episode_tokens(t: dict[str, Any]) -> tuple[int, int]:
     return (sum(int(u.get("prompt_tokens") or 0) for u in usage), sum(int(u.get("completion_tokens") or 0) for u in usage))
 
 
+JUDGED = ("judge", "llm_match", "race", "citation", "kpr", "quality", "fact")
+"""Reward names scored by an LLM judge (a None score is a judge failure)."""
+
+
 def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None = None) -> dict[str, Any]:
     """Run metrics from trajectory dicts (see the module docstring for definitions).
 
@@ -96,7 +102,7 @@ def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None 
         "f1": scores.get("f1"),
         "cover_em": scores.get("cover_em"),
         "judge": _mean(judge_vals) if judge_vals else None,
-        "judge_failures": sum(1 for v in (judge_vals or []) if v is None),
+        "judge_failures": sum(1 for k in JUDGED for v in comps.get(k, []) if v is None),
         "answer_rate": sum(1 for t in trajectories if t.get("terminated") and t.get("final_answer") is not None) / n,
         "invalid_action_rate": (sum(c["invalid"] for c in counts) / turns) if turns else 0.0,
         "turns": turns / n,

@@ -246,8 +246,11 @@ def _reward_objects(cfg: RolloutConfig, kind: str, backend: Any = None) -> list[
     QA: the LLM-judge soft match (``llm_match``, reported as ``judge``) when ``--judge``
     is set. Research: ``race`` and ``citation`` (DeepResearch Bench RACE, arXiv
     2506.11763 section 3.1; DeepResearchGym citation precision/recall, arXiv 2505.19253
-    section 3.2), judged by ``cfg.judge`` or the local ``hf:smollm2`` judge. Built with
-    :func:`drgym.rewards.build_reward` (citation pages are fetched from ``backend``).
+    section 3.2) when ``--judge`` is set, judged by it; without a judge no judged reward
+    runs (the bundled 135M model cannot judge reports: it takes minutes per report and
+    rarely returns valid verdicts), and ``--reward`` with ``--judge hf:smollm2`` asks for it
+    explicitly. Built with :func:`drgym.rewards.build_reward` (citation pages are fetched
+    from ``backend``).
     """
     from drgym.rewards import build_reward
 
@@ -256,8 +259,11 @@ def _reward_objects(cfg: RolloutConfig, kind: str, backend: Any = None) -> list[
         names = names if names is not None else (["llm_match"] if cfg.judge else [])
         judge = cfg.judge
     else:
-        names = names if names is not None else ["race", "citation"]
-        judge = cfg.judge or "hf:smollm2"
+        if names is None:
+            names = ["race", "citation"] if cfg.judge else []
+            if not cfg.judge:
+                log.warning("no --judge: reports are not scored (give --judge openai:MODEL@URL or hf:smollm2).")
+        judge = cfg.judge
     return [build_reward(name, judge=judge, backend=backend) for name in names]
 
 
