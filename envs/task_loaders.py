@@ -279,7 +279,11 @@ def load_hf_tasks(
     if fmt is None:
         raise ConfigError(f"Cannot tell the format of {path}: expected .json, .jsonl, .csv, .tsv or .parquet.")
     kw = {"delimiter": "\t"} if path.suffix == ".tsv" else {}
-    ds = datasets.load_dataset(fmt, data_files=str(path), split=split, **kw)
+    try:
+        ds = datasets.load_dataset(fmt, data_files=str(path), split=split, **kw)
+    except Exception as e:  # datasets raises its own hierarchy for unreadable files
+        cause = e.__cause__ or e
+        raise CorpusError(f"Cannot read tasks from {path} as {fmt}: {type(cause).__name__}: {str(cause)[:300]}") from e
     for key in (question_key, answer_key, id_key):
         if key is not None and key not in ds.column_names:
             raise ConfigError(f"{path} has no column {key!r}; columns: {', '.join(ds.column_names)}.")

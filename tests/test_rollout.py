@@ -195,3 +195,16 @@ def test_deepresearch_rollout_on_drb_tasks(default_engine, tmp_path):
     cfg_json = json.loads((tmp_path / "drb" / "config.json").read_text())
     assert cfg_json["env"]["kind"] == "research" and cfg_json["extra_rewards"] == []
     assert all(d["final_answer"] for d in res.trajectories)
+
+
+def test_unknown_env_option_and_unreadable_tasks_are_named(default_engine, tmp_path):
+    from drgym.errors import ConfigError, CorpusError
+
+    cfg = RolloutConfig(policy="scripted", n=1, out=str(tmp_path / "a"), env_options={"nonsense": 1})
+    with pytest.raises(ConfigError, match=r"drgym/SearchQA-v0 has no option 'nonsense'; env options: .*max_turns"):
+        run_rollout(cfg, backend=default_engine, progress=False)
+    junk = tmp_path / "t.jsonl"
+    junk.write_text("junk\n")
+    cfg = RolloutConfig(policy="scripted", n=1, out=str(tmp_path / "b"), tasks=str(junk))
+    with pytest.raises(CorpusError, match=r"Cannot read tasks from .*t\.jsonl as json"):
+        run_rollout(cfg, backend=default_engine, progress=False)

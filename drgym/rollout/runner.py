@@ -356,7 +356,18 @@ def run_rollout(
         if config.max_turns is not None:
             env_kw["max_turns"] = config.max_turns
         n_envs = min(config.batch_size, len(todo))
-        envs = [gym.make(config.env, backend=be, tasks=tasks, **env_kw) for _ in range(n_envs)]
+        try:
+            envs = [gym.make(config.env, backend=be, tasks=tasks, **env_kw) for _ in range(n_envs)]
+        except TypeError as e:
+            # An unknown env option (-e KEY=VALUE) reaches the env constructor; name it
+            # and the valid ones instead of dumping the kwargs.
+            import inspect
+
+            entry = gym.spec(config.env).entry_point
+            cls = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+            valid = sorted(p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "backend", "tasks"))
+            bad = sorted(set(env_kw) - set(valid))
+            raise ConfigError(f"{config.env} has no option {', '.join(map(repr, bad)) or '?'}; env options: {', '.join(valid)}.") from e
         raw0 = envs[0].unwrapped
         kind = getattr(raw0, "kind", "qa")
         extra_rewards = _reward_objects(config, kind, be)
