@@ -114,5 +114,5 @@ def load_jsonl_strict(path: str | os.PathLike, *, error: type[Exception] = Value
                 try:
                     rows.append(json.loads(line))
                 except json.JSONDecodeError as e:
-                    raise error(f"{path}:{n} is not valid JSON ({e.msg}).") from None
+                    raise error(f"{path}:{n} is not valid JSON ({e.msg}: column {e.colno}).") from None
     return rows

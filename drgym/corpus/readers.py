@@ -47,7 +47,7 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise CorpusError(f"{path}:{lineno}: not valid JSON ({e.msg}).") from e
+                raise CorpusError(f"{path}:{lineno}: not valid JSON ({e.msg}: column {e.colno}).") from e
             if not isinstance(row, dict):
                 raise CorpusError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}.")
             yield lineno, row

@@ -13,6 +13,7 @@ Rank Learning Methods", SIGIR, eq. 1): ``score(p) = sum_r 1 / (k + rank_r(p))`` 
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
@@ -24,6 +25,15 @@ BM25_DIR = "bm25"
 STOPWORDS = "en"
 RRF_K = 60
 
+
+
+def _bm25s():
+    """Import bm25s, undoing its import-time ``logger.setLevel(DEBUG)`` (which would print
+    "Building index" lines under any root handler)."""
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
 
 class BM25Index:
     """A loaded bm25s index over the passage rows.
@@ -37,7 +47,7 @@ class BM25Index:
     """
 
     def __init__(self, folder: str | Path, n_passages: int) -> None:
-        import bm25s
+        bm25s = _bm25s()
 
         self.path = Path(folder) / BM25_DIR
         try:
@@ -52,7 +62,7 @@ class BM25Index:
 
     def tokenize(self, query: str) -> list[int]:
         """Vocabulary ids of a query's tokens (unknown words and stopwords dropped)."""
-        import bm25s
+        bm25s = _bm25s()
 
         toks = bm25s.tokenize([query], stopwords=STOPWORDS, return_ids=False, show_progress=False)[0]
         return self.retriever.get_tokens_ids([t for t in toks if t])
@@ -101,7 +111,7 @@ def write_bm25(folder: Path, texts: list[str]) -> dict:
         Settings recorded in the manifest (``k1``, ``b``, ``method``, ``stopwords``,
         ``vocab_size``).
     """
-    import bm25s
+    bm25s = _bm25s()
 
     retriever = bm25s.BM25()
     tokens = bm25s.tokenize(texts, stopwords=STOPWORDS, show_progress=False)
