@@ -100,7 +100,7 @@ class RolloutConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad field."""
         if self.n is not None and (not isinstance(self.n, int) or self.n < 1):
-            raise ConfigError(f"n must be a positive integer (or None for all tasks), got {self.n!r}.")
+            raise ConfigError(f"n must be a positive number of tasks (on the command line, --n 0 means all tasks), got {self.n!r}.")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
         if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
