@@ -29,6 +29,9 @@ QUERY_BATCH = 16
 """Queries per forward pass: sentence-transformers sorts a call's queries by length and
 encodes them in passes of this size, so a long query does not pad many short ones."""
 
+SMALL_QUERY_BATCH = 4
+"""Query batches up to this size run on ``Encoder.query_threads`` threads (see there)."""
+
 _DEFAULT_ALIASES = {"default", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
 
 
@@ -116,12 +119,14 @@ class Encoder:
         prefixes: override the model family's query/passage prefixes.
         max_length: encoder window in tokens; None keeps the model's (256 for MiniLM).
             Longer inputs are truncated, never rejected.
-        query_threads: torch intra-op threads used while encoding queries (passages use
-            the process setting). 1 by default: on the 2-core CPU machines measured, a
-            2-thread team stalls whenever another process holds a core; with a concurrent
-            load, one query took 64-78 ms p50 on 2 threads and 15.4 ms on 1, and a batch of
-            64 queries 953-1148 ms against 408-421 ms. None keeps the process setting.
-
+        query_threads: torch intra-op threads used while encoding a small batch of
+            queries (at most :data:`SMALL_QUERY_BATCH`); larger batches and passages use
+            the process setting. 1 by default. Measured on a 2-core CPU machine: one
+            query takes 8 ms on 1 or 2 threads when the machine is idle, but 2-thread
+            teams stall whenever another process holds a core (with a concurrent load,
+            64-78 ms p50 on 2 threads against 15.4 ms on 1). A batch of 64 queries is
+            1.4-1.5x faster on 2 threads when idle (154-167 ms against 228-239 ms). None
+            always keeps the process setting.
     Attributes:
         name: canonical model name (recorded in index manifests).
         revision: content hash of the weights (recorded in index manifests).
@@ -186,7 +191,8 @@ class Encoder:
         """Embed queries (with the model's query prefix).
 
         Queries are encoded in length-sorted forward passes of :data:`QUERY_BATCH` (by
-        sentence-transformers), on ``query_threads`` torch threads.
+        sentence-transformers); a batch of at most :data:`SMALL_QUERY_BATCH` queries runs
+        on ``query_threads`` torch threads.
 
         Returns:
             float32 array of shape ``(len(queries), dim)``, rows of unit L2 norm.
@@ -194,7 +200,7 @@ class Encoder:
         import torch
 
         before = torch.get_num_threads()
-        if self.query_threads and not self.device.startswith("cuda"):
+        if self.query_threads and len(queries) <= SMALL_QUERY_BATCH and not self.device.startswith("cuda"):
             torch.set_num_threads(self.query_threads)
         try:
             return self._encode(list(queries), self.prefixes.query, False, QUERY_BATCH)

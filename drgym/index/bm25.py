@@ -13,6 +13,7 @@ Rank Learning Methods", SIGIR, eq. 1): ``score(p) = sum_r 1 / (k + rank_r(p))`` 
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from pathlib import Path
@@ -27,9 +28,10 @@ RRF_K = 60
 
 
 
+@functools.cache
 def _bm25s():
-    """Import bm25s, undoing its import-time ``logger.setLevel(DEBUG)`` (which would print
-    "Building index" lines under any root handler)."""
+    """Import bm25s once, undoing its import-time ``logger.setLevel(DEBUG)`` (which would
+    print "Building index" lines under any root handler)."""
     import bm25s
 
     logging.getLogger("bm25s").setLevel(logging.WARNING)
