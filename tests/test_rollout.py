@@ -114,7 +114,7 @@ def test_rerun_resumes_and_refuses_a_different_run(scripted_run, default_engine)
 
 
 def test_bad_config_is_rejected(tmp_path):
-    with pytest.raises(ConfigError, match="n must be a positive integer"):
+    with pytest.raises(ConfigError, match="n must be a positive number of tasks"):
         run_rollout(RolloutConfig(policy="scripted", n=0, out=str(tmp_path)))
     with pytest.raises(ConfigError, match="Unknown environment"):
         run_rollout(RolloutConfig(env="drgym/Nope-v0", policy="scripted", out=str(tmp_path)))
