@@ -225,3 +225,38 @@ def test_hf_smollm2_batched_generation_cuts_after_stop_string():
     assert out[0].endswith("Paris") and "<|im_end|>" not in out[0]
     assert pol.last_usage[0].finish == "stop" and pol.last_usage[0].completion_tokens <= 12
     assert "<|im_end|>" not in out[1] and len(out[1]) > len(out[0])
+
+
+class _ChatMLTokenizer:
+    """Just enough of a tokenizer for HFPolicy.render: SmolLM2's ChatML template."""
+
+    def apply_chat_template(self, msgs, tokenize=False, add_generation_prompt=True):
+        text = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in msgs)
+        return text + ("<|im_start|>assistant\n" if add_generation_prompt else "")
+
+
+def test_render_layouts():
+    from drgym.rollout.hf import HFPolicy
+
+    conv = [{"role": "system", "content": "S"}, {"role": "user", "content": "Question: Q"},
+            {"role": "assistant", "content": "<search> q </search>"},
+            {"role": "user", "content": "\n\n<information>Doc 1 (Title: T) x</information>\n\n"}]
+    pol = HFPolicy.__new__(HFPolicy)  # render needs only the tokenizer, layout and prefill
+    pol.tokenizer, pol.prefill = _ChatMLTokenizer(), ""
+    pol.layout = "chat"
+    assert pol.render(conv).endswith("<|im_start|>user\n\n\n<information>Doc 1 (Title: T) x</information>\n\n<|im_end|>\n<|im_start|>assistant\n")
+    # continuation: the observation continues the assistant turn, as drgym train lays it out
+    pol.layout = "continuation"
+    assert pol.render(conv) == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQuestion: Q<|im_end|>\n<|im_start|>assistant\n"
+                                "<search> q </search>\n\n<information>Doc 1 (Title: T) x</information>\n\n")
+    # before the first assistant turn both layouts give the same prompt
+    first = pol.render(conv[:2])
+    pol.layout = "chat"
+    assert pol.render(conv[:2]) == first == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQuestion: Q<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_unknown_layout_is_refused_before_loading():
+    from drgym.rollout.hf import HFPolicy
+
+    with pytest.raises(ConfigError, match=r"layout must be one of \('chat', 'continuation'\), got 'flat'"):
+        HFPolicy("no-such-model", layout="flat")

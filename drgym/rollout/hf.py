@@ -19,6 +19,9 @@ from drgym.rollout.policy import Conversation, Policy
 log = logging.getLogger(__name__)
 
 
+LAYOUTS = ("chat", "continuation")
+"""How :meth:`HFPolicy.render` lays out a multi-turn conversation (see there)."""
+
 class HFPolicy(Policy):
     """Batched transformers generation with the model's chat template.
 
@@ -54,6 +57,11 @@ class HFPolicy(Policy):
             the model (not part of the action); ``"Search query:"`` makes SmolLM2 write a
             query line where a bare ``<search>`` gets mostly empty or ``and``.
         seed: torch seed for sampling.
+        threads: torch intra-op threads for generation; None keeps the process setting.
+        layout: ``"chat"`` (default: each message through the chat template) or
+            ``"continuation"`` (tool observations continue the assistant turn, the layout
+            ``drgym train`` uses; evaluate models trained by drgym with it). See
+            :meth:`render`.
 
     Attributes:
         last_usage: one :class:`~drgym.rollout.generation.Usage` per conversation of the
@@ -82,7 +90,11 @@ class HFPolicy(Policy):
         scaffold_cues: tuple[str, str] | list[str] = ("Search query:", "Short answer:"),
         seed: int = 0,
         threads: int | None = None,
+        layout: str = "chat",
     ) -> None:
+        if layout not in LAYOUTS:
+            raise ConfigError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
+        self.layout = layout
         if int(max_new_tokens) < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
         if int(batch_size) < 1:
@@ -132,6 +144,7 @@ class HFPolicy(Policy):
             "prefill": self.prefill or None, "scaffold": self.scaffold,
             "scaffold_tokens": list(self.scaffold_tokens) if self.scaffold != "none" else None,
             "scaffold_cues": list(self.scaffold_cues) if self.scaffold != "none" else None, "seed": self.seed,
+            "layout": self.layout,
         }
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
@@ -176,8 +189,20 @@ class HFPolicy(Policy):
         return outs
 
     def render(self, conversation: Conversation) -> str:
-        """The chat-templated prompt of one conversation, ending with the assistant header."""
+        """The prompt of one conversation, ending where the model writes next.
+
+        ``layout="chat"``: every message through the chat template, ending with a new
+        assistant header. ``layout="continuation"``: the messages before the first
+        assistant turn through the chat template, then every later message's text
+        appended raw, so the agent's turns and the tool observations form one assistant
+        turn, the token layout that ``drgym train`` (Search-R1, arXiv 2503.09516 section
+        3.1) trains on.
+        """
         msgs = normalise_messages(conversation, keep_tool_role=False)
+        if self.layout == "continuation":
+            first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
+            head = self.tokenizer.apply_chat_template(msgs[:first], tokenize=False, add_generation_prompt=True)
+            return head + "".join(str(m.get("content") or "") for m in msgs[first:]) + self.prefill
         text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
         return text + self.prefill
 
