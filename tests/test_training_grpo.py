@@ -99,7 +99,13 @@ def test_grpo_two_steps_change_weights_and_mask_observations(tmp_path, bm25):
     eval_steps = [r["step"] for r in rows if "eval/reward" in r]
     assert train_steps == [1, 2] and eval_steps == [0, 2]
     assert all("rewards/f1/std" in r and "entropy" in r for r in rows if "reward" in r)
-    assert (tmp_path / "run" / "eval" / "step_2.jsonl").read_text().count("\n") == 2  # 2 held-out episodes
+    # each evaluation is a rollout run directory (4/6 runner): 2 held-out episodes at step 2
+    assert (tmp_path / "run" / "eval" / "step_2" / "trajectories.jsonl").read_text().count("\n") == 2
+    import json
+
+    rec = json.loads((tmp_path / "run" / "eval" / "step_2" / "config.json").read_text())
+    assert rec["policy"]["name"] == "hf:run@step_2" and rec["policy"]["layout"] == "continuation"
+    assert rec["env"]["max_turns"] == 2 and rec["env"]["top_k"] == 1
 
 
 def test_observation_tokens_get_no_gradient(tmp_path, bm25):

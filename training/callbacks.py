@@ -69,16 +69,18 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 class EvalCallback(TrainerCallback):
     """Evaluate the policy on held-out tasks every ``every_steps`` optimizer steps.
 
-    Runs greedy episodes of the training environment with the current weights (through
-    :class:`~drgym.training.rollout.SearchRolloutFunc`, so prompts, budgets and masking
-    match training) and scores them with the run's reward functions. Logs
-    ``eval/reward``, ``eval/<component>``, ``eval/answered_frac``, ``eval/searches_mean``
-    and ``eval/seconds`` into the trainer log (TensorBoard and ``metrics.jsonl``), and
-    writes the episodes to ``<output_dir>/eval/step_<N>.jsonl``.
+    Runs held-out episodes with the current weights through 4/6's rollout runner (in the
+    token layout training uses; see :func:`drgym.training.grpo.make_evaluator`) and
+    scores them with the run's reward functions. Logs ``eval/reward``,
+    ``eval/<component>``, ``eval/answered_frac``, ``eval/searches_mean`` and
+    ``eval/seconds`` into the trainer log (TensorBoard and ``metrics.jsonl``); each
+    evaluation is a rollout run directory ``<output_dir>/eval/step_<N>/`` (its
+    ``trajectories.jsonl``, ``config.json`` and ``metrics.json``), which ``drgym report``
+    and ``drgym compare`` read.
 
     Args:
-        evaluate: ``f(model, tokenizer) -> (metrics: dict[str, float], trajectories:
-            list[dict])``, built by :func:`drgym.training.grpo.make_evaluator`.
+        evaluate: ``f(model, tokenizer, out_dir, name=...) -> (metrics: dict[str, float],
+            trajectories: list[dict])``, built by :func:`drgym.training.grpo.make_evaluator`.
         every_steps: evaluation period in optimizer steps (>= 1).
         output_dir: run folder.
         at_start: also evaluate before the first step (step 0).
@@ -99,15 +101,13 @@ class EvalCallback(TrainerCallback):
 
     def _run(self, state, model) -> None:
         t0 = time.perf_counter()
-        metrics, trajs = self.evaluate(model, self.tokenizer)
+        if self._trainer is not None and hasattr(self._trainer, "accelerator"):
+            model = self._trainer.accelerator.unwrap_model(model)
+        step = state.global_step
+        metrics, _trajs = self.evaluate(model, self.tokenizer, self.output_dir / "eval" / f"step_{step}",
+                                        name=f"hf:{self.output_dir.name}@step_{step}")
         metrics = {f"eval/{k}": v for k, v in metrics.items()}
         metrics["eval/seconds"] = round(time.perf_counter() - t0, 2)
-        path = self.output_dir / "eval" / f"step_{state.global_step}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            path.unlink()
-        for t in trajs:
-            append_jsonl(path, t)
         log.info("eval at step %d: %s", state.global_step, metrics)
         if self._trainer is not None:
             # through the trainer's reporters: TensorBoard and JsonlLoggerCallback

@@ -117,9 +117,9 @@ def eval_cmd(
     config: str = typer.Option(..., "--config", "-c", help="YAML file or bundled config name (tasks.eval is used)."),
     model: Optional[str] = typer.Option(None, "--model", help="Model folder (default the config's model)."),
     num_tasks: Optional[int] = typer.Option(None, "--num-tasks", "-n", help="First N held-out tasks (default eval.num_tasks)."),
-    out: Optional[str] = typer.Option(None, "--out", help="Write the metrics JSON here (episodes beside it)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Write the metrics JSON here (the rollout run directory goes beside it, as <out>.rollout/; default <output_dir>/eval/<model folder>)."),
 ) -> None:
-    """Greedy held-out evaluation of a model, exactly as the training-time eval callback."""
+    """Held-out evaluation of a model, exactly as the training-time eval callback (drgym rollout's runner, training token layout)."""
     try:
         from drgym.training.config import load_config
         from drgym.training.grpo import evaluate_model

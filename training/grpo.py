@@ -282,59 +282,85 @@ def build_reward_funcs(cfg, tasks_by_id: dict[str, Any], *, num_generations: int
 
 
 # -- evaluation -------------------------------------------------------------------------------
-def make_evaluator(cfg, tasks: list, env_factory, reward_funcs: list, weights: list[float]):
-    """``evaluate(model, tokenizer) -> (metrics, trajectories)`` over held-out tasks.
+def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *, backend=None):
+    """``evaluate(model, tokenizer, out_dir, name=None) -> (metrics, trajectories)`` on held-out tasks.
 
-    Greedy episodes with the training env and budgets (``eval.max_turns``), scored by
-    the run's reward functions. Metrics: ``reward`` (weighted total), one entry per
-    reward name, ``answered_frac``, ``searches_mean``, ``turns_mean``.
+    The episodes are run by 4/6's rollout runner (:func:`drgym.rollout.runner.run_rollout`),
+    so ``out_dir`` becomes an ordinary rollout run directory (``config.json``,
+    ``trajectories.jsonl``, ``metrics.json``) that ``drgym report`` and ``drgym compare``
+    read. The policy is :class:`drgym.rollout.hf.HFPolicy` on the in-memory model with
+    ``layout="continuation"`` for the tag protocol: observations continue the assistant
+    turn, token for token the layout :class:`~drgym.training.rollout.SearchRolloutFunc`
+    trains on (``tests/test_training_eval.py`` checks this). The env is the training
+    env (``cfg.env``, ``cfg.protocol``) with ``eval.max_turns``; the search backend is
+    the run's (``backend``, else :func:`build_backend` of ``cfg.search``); turns get
+    ``rollout.max_new_tokens`` tokens, greedy when ``eval.greedy`` else sampled at the
+    rollout temperature. Unlike training, the whole episode is not capped at
+    ``rollout.max_completion_tokens`` (the env's observation budget still applies).
+    ``protocol: json`` runs use the chat layout with the run's tool template, which
+    approximates TRL's tool loop (tool results arrive as user turns).
+
+    Metrics (means over the tasks): one per reward function of the run (its name),
+    ``reward`` (their weighted sum, as GRPO sees it), ``em`` (SQuAD exact match),
+    ``answered_frac`` (episodes that ended with an answer), ``searches_mean``,
+    ``turns_mean`` and ``invalid_action_rate``.
+
+    Args:
+        cfg: the run config.
+        tasks: the held-out :class:`~drgym.envs.tasks.Task` objects.
+        reward_funcs: the run's :class:`DrgymRewardFunc` list; ``weights`` their weights.
+        backend: the run's search backend (None: built from ``cfg.search`` on first use).
+
+    The returned function's ``name`` is the policy name recorded in the run directory
+    (default ``"hf:<run name>"``); ``trajectories`` are the episode dicts in task order.
     """
-    from drgym.training.rollout import RolloutSettings, SearchRolloutFunc
-
-    base = cfg.rollout_settings()
-    settings = RolloutSettings(max_turns=cfg.eval.max_turns, max_new_tokens=base.max_new_tokens,
-                               max_completion_tokens=base.max_completion_tokens, temperature=base.temperature,
-                               gen_batch_size=base.gen_batch_size, greedy=cfg.eval.greedy)
-
-    def evaluate(model, tokenizer):
-        table = {}
-        prompts = []
-        env = env_factory()
-        for t in tasks:
-            _o, info = env.reset(options={"task": t})
-            text = tokenizer.apply_chat_template(info["messages"], tokenize=False, add_generation_prompt=True)
-            table[text] = t
-            prompts.append(text)
-        rf = SearchRolloutFunc(env_factory, table, settings, tokenizer=tokenizer)
-        out = rf.run(prompts, model=model, tokenizer=tokenizer)
-        n = len(prompts)
-        metrics: dict[str, float] = {}
-        total = [0.0] * n
-        task_ids = [table[p].task_id for p in prompts]
-        for f, w in zip(reward_funcs, weights):
-            scores = f.reward.score(_episodes(f, out, task_ids))
-            vals = [0.0 if s is None else float(s) for s in scores.scores]
-            metrics[f.__name__] = sum(vals) / n
-            total = [a + w * b for a, b in zip(total, vals)]
-        metrics["reward"] = sum(total) / n
-        metrics["answered_frac"] = sum(1 for t in out["truncated"] if not t) / n
-        metrics["searches_mean"] = sum(out["num_searches"]) / n
-        metrics["turns_mean"] = sum(out["num_turns"]) / n
-        return metrics, out["trajectory"]
-
-    return evaluate
-
-
-def _episodes(f: DrgymRewardFunc, out: dict[str, Any], task_ids: list[str]):
     from drgym.envs.trajectory import Trajectory
     from drgym.rewards.base import Episode
+    from drgym.rollout.generation import DEFAULT_STOPS
+    from drgym.rollout.hf import HFPolicy
+    from drgym.rollout.runner import RolloutConfig, run_rollout
+    from drgym.training.rollout import STOP_STRINGS
 
-    eps = []
-    for i, tid in enumerate(task_ids):
-        d = out["trajectory"][i]
-        tr = Trajectory.from_dict(d) if d.get("episode_id") else None
-        eps.append(Episode(task=f.tasks_by_id[tid], answer=out["final_answer"][i] or "", trajectory=tr))
-    return eps
+    base = cfg.rollout_settings()
+    tasks = list(tasks)
+    by_id = {t.task_id: t for t in tasks}
+    env_kw = dict(cfg.env.get("kwargs") or {})
+    env_kw.pop("max_turns", None)
+    env_kw.setdefault("protocol", cfg.protocol)
+    ts = cfg.tasks.get("eval")
+    label = f"{ts.set}[{ts.start}:{ts.start + len(tasks)}]" if ts is not None else "held-out"
+    tags = cfg.protocol != "json"
+
+    def evaluate(model, tokenizer, out_dir, name: str | None = None):
+        be = backend if backend is not None else build_backend(cfg.search)
+        pol = HFPolicy(model, tokenizer=tokenizer, name=name or f"hf:{cfg.name}", layout="continuation" if tags else "chat",
+                       scaffold="none", max_new_tokens=base.max_new_tokens, batch_size=base.gen_batch_size,
+                       temperature=0.0 if cfg.eval.greedy else base.temperature,
+                       stops=STOP_STRINGS if tags else DEFAULT_STOPS, seed=cfg.seed)
+        rc = RolloutConfig(env=cfg.env["id"], tasks=label, policy=pol.name, backend=f"training:{cfg.search}",
+                           n=None, out=str(out_dir), seed=cfg.seed, batch_size=max(1, len(tasks)),
+                           max_turns=cfg.eval.max_turns, rewards=[], env_options=env_kw, plots=False)
+        res = run_rollout(rc, policy=pol, backend=be, progress=False, fresh=True, tasks=tasks)
+        trajs = res.trajectories
+        eps = [Episode(task=by_id[d["task_id"]], answer=d.get("final_answer") or "", trajectory=Trajectory.from_dict(d))
+               for d in trajs]
+        n = max(1, len(eps))
+        metrics: dict[str, float] = {}
+        total = [0.0] * len(eps)
+        for f, w in zip(reward_funcs, weights):
+            vals = [0.0 if s is None else float(s) for s in f.reward.score(eps).scores]
+            metrics[f.__name__] = sum(vals) / n
+            total = [a + w * b for a, b in zip(total, vals)]
+        m = res.metrics
+        metrics["reward"] = sum(total) / n
+        metrics["em"] = float(m.get("em") or 0.0)
+        metrics["answered_frac"] = float(m.get("answer_rate") or 0.0)
+        metrics["searches_mean"] = float(m.get("searches") or 0.0)
+        metrics["turns_mean"] = float(m.get("turns") or 0.0)
+        metrics["invalid_action_rate"] = float(m.get("invalid_action_rate") or 0.0)
+        return metrics, trajs
+
+    return evaluate
 
 
 # -- trainer ----------------------------------------------------------------------------------
@@ -423,7 +449,7 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     callbacks = [JsonlLoggerCallback(Path(args.output_dir) / "metrics.jsonl")]
     eval_cb = None
     if cfg.eval.every_steps and eval_tasks:
-        evaluator = make_evaluator(cfg, eval_tasks[: cfg.eval.num_tasks], env_factory, funcs, weights)
+        evaluator = make_evaluator(cfg, eval_tasks[: cfg.eval.num_tasks], funcs, weights, backend=backend)
         eval_cb = EvalCallback(evaluator, cfg.eval.every_steps, args.output_dir, tokenizer=tok)
         callbacks.append(eval_cb)
     callbacks += list(extra_callbacks or [])
@@ -506,17 +532,24 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
 
 
 def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None = None, backend=None,
-                   out_path: str | Path | None = None) -> dict[str, Any]:
-    """Greedy held-out evaluation of a model folder, exactly as the training eval callback.
+                   out_path: str | Path | None = None, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Held-out evaluation of a model folder, exactly as the training eval callback.
+
+    Loads the model in fp32 and runs :func:`make_evaluator` (4/6's rollout runner, the
+    training token layout) on the first ``num_tasks`` tasks of ``tasks.eval``.
 
     Args:
-        cfg: run config (its ``tasks.eval``, env, rollout budgets and rewards are used).
+        cfg: run config (its ``tasks.eval``, env, search, rollout budgets and rewards are used).
         model_path: model to evaluate (default ``cfg.model``).
         num_tasks: first N held-out tasks (default ``eval.num_tasks``).
-        out_path: optional JSON file for the metrics (episodes go next to it as JSONL).
+        backend: search backend (default built from ``cfg.search``).
+        out_path: optional JSON file for the metrics.
+        run_dir: the rollout run directory (episodes, ``config.json``, ``metrics.json``);
+            default ``<out_path without suffix>.rollout`` with ``out_path``, else
+            ``<output_dir>/eval/<model folder name>``. An earlier run there is replaced.
 
     Returns:
-        ``{"model", "tasks", "seconds", **metrics}``.
+        ``{"model", "tasks", "seconds", "run_dir", **metrics}``.
 
     Raises:
         ConfigError: the config has no ``tasks.eval``.
@@ -526,28 +559,32 @@ def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from drgym.atomic import append_jsonl, atomic_write_json
+    from drgym.atomic import atomic_write_json
     from drgym.models import resolve_lm
 
     cfg.apply_threads()
     if "eval" not in cfg.tasks:
         raise ConfigError(f"{cfg.source}: tasks.eval is required for evaluation.")
     tasks = load_task_slice(cfg.tasks["eval"])[: num_tasks or cfg.eval.num_tasks]
-    path = resolve_lm(model_path or cfg.model)
+    model_ref = str(model_path or cfg.model)
+    path = resolve_lm(model_ref)
     tok = AutoTokenizer.from_pretrained(path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if cfg.protocol == "json":
+        from drgym.training.toolenv import use_tool_template
+
+        use_tool_template(tok)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    factory = make_env_factory(cfg, tasks, backend=backend, max_turns=cfg.eval.max_turns)
     tasks_by_id = {t.task_id: t for t in tasks}
     funcs, weights, _ = build_reward_funcs(cfg, tasks_by_id, num_generations=1, output_dir=cfg.output_dir)
+    if run_dir is None:
+        run_dir = (Path(out_path).with_suffix(".rollout") if out_path
+                   else Path(cfg.output_dir) / "eval" / (Path(model_ref).name or "model"))
     t0 = time.perf_counter()
-    metrics, trajs = make_evaluator(cfg, tasks, factory, funcs, weights)(model, tok)
-    res = {"model": str(model_path or cfg.model), "tasks": len(tasks), "seconds": round(time.perf_counter() - t0, 1),
-           **metrics}
+    metrics, _trajs = make_evaluator(cfg, tasks, funcs, weights, backend=backend)(model, tok, run_dir, name=f"hf:{model_ref}")
+    res = {"model": model_ref, "tasks": len(tasks), "seconds": round(time.perf_counter() - t0, 1),
+           "run_dir": str(run_dir), **metrics}
     if out_path:
         atomic_write_json(out_path, res)
-        ep = Path(out_path).with_suffix(".episodes.jsonl")
-        if ep.exists():
-            ep.unlink()
-        for t in trajs:
-            append_jsonl(ep, t)
     return res

@@ -32,7 +32,14 @@ class HFPolicy(Policy):
     of SmolLM2 is its eos, so the first eos of a padded row is not a real end).
 
     Args:
-        model: ``"smollm2"``, a hub name or a local folder.
+        model: ``"smollm2"``, a hub name or a local folder; or an already loaded
+            ``transformers`` causal LM (e.g. the model a trainer is training), used as is
+            (its dtype, device and train/eval mode are kept; generation runs in eval
+            mode and restores the mode after), which then needs ``tokenizer``.
+        tokenizer: the tokenizer of a loaded ``model``; ignored (loaded with the model)
+            when ``model`` is a name.
+        name: the policy name recorded in run configs (default ``"hf:<model>"``, or
+            ``"hf:<config._name_or_path>"`` for a loaded model).
         dtype: ``"auto"`` (bf16 on CPU, fp16 on CUDA), ``"float32"``, ``"bfloat16"``...
         device: ``"cpu"``/``"cuda"``; None picks CUDA when available.
         max_new_tokens: token budget of one turn (>= 1).
@@ -74,8 +81,10 @@ class HFPolicy(Policy):
 
     def __init__(
         self,
-        model: str = "smollm2",
+        model: Any = "smollm2",
         *,
+        tokenizer: Any = None,
+        name: str | None = None,
         dtype: str = "auto",
         device: str | None = None,
         max_new_tokens: int = 64,
@@ -107,9 +116,23 @@ class HFPolicy(Policy):
 
         if threads:
             torch.set_num_threads(int(threads))
-        self.name = f"hf:{model}"
-        self.model_name = model
-        self.model, self.tokenizer = load_causal_lm(model, dtype=dtype, device=device)
+        if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
+            model = str(model)
+            self.model_name = model
+            self.model, self.tokenizer = load_causal_lm(model, dtype=dtype, device=device)
+        else:
+            if tokenizer is None:
+                raise ConfigError("HFPolicy(model=<loaded model>) needs tokenizer=<its tokenizer>.")
+            if not hasattr(model, "generate"):
+                raise ConfigError(f"HFPolicy model must be a name, a folder or a causal LM with generate(); "
+                                  f"got {type(model).__name__}.")
+            self.model_name = str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)
+            self.model, self.tokenizer = model, tokenizer
+            if scaffold == "auto":
+                scaffold = "none"
+            if tokenizer.pad_token is None:
+                tokenizer.pad_token = tokenizer.eos_token
+        self.name = name or f"hf:{self.model_name}"
         self.device = next(self.model.parameters()).device
         self.dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
         self.max_new_tokens = int(max_new_tokens)
@@ -124,7 +147,7 @@ class HFPolicy(Policy):
         from drgym.models import SMOLLM2_ALIASES
 
         if scaffold == "auto":
-            scaffold = "search-answer" if str(model).lower() in SMOLLM2_ALIASES else "none"
+            scaffold = "search-answer" if self.model_name.lower() in SMOLLM2_ALIASES else "none"
         self.scaffold = scaffold
         self.scaffold_tokens = (int(scaffold_tokens[0]), int(scaffold_tokens[1]))
         self.scaffold_cues = (str(scaffold_cues[0]), str(scaffold_cues[1]))
@@ -234,7 +257,8 @@ class HFPolicy(Policy):
             self._generator_seeded = True
         for b in range(0, len(order), self.batch_size):
             rows = order[b : b + self.batch_size]
-            batch = tok.pad({"input_ids": [ids[i] for i in rows]}, padding=True, return_tensors="pt")
+            batch = tok.pad({"input_ids": [ids[i] for i in rows]}, padding=True, padding_side="left",
+                            return_tensors="pt")
             batch = {k: v.to(self.device) for k, v in batch.items()}
             gen_kw: dict[str, Any] = dict(
                 max_new_tokens=mnt,
@@ -247,8 +271,14 @@ class HFPolicy(Policy):
                 gen_kw.update(do_sample=True, temperature=self.temperature, top_p=self.top_p, top_k=0)
             else:
                 gen_kw.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-            with Timer() as t, torch.inference_mode():
-                out = self.model.generate(**batch, **gen_kw)
+            was_training = bool(getattr(self.model, "training", False))
+            self.model.eval()
+            try:
+                with Timer() as t, torch.inference_mode():
+                    out = self.model.generate(**batch, **gen_kw)
+            finally:
+                if was_training:
+                    self.model.train()
             new = out[:, batch["input_ids"].shape[1] :]
             for j, i in enumerate(rows):
                 raw = tok.decode(new[j], skip_special_tokens=False)

@@ -29,7 +29,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from drgym.atomic import append_jsonl, atomic_write_json, read_jsonl
 from drgym.errors import ConfigError
@@ -276,6 +276,7 @@ def run_rollout(
     progress: bool = True,
     console: Any = None,
     fresh: bool = False,
+    tasks: Sequence[Any] | None = None,
 ) -> RunResult:
     """Run (or resume) a rollout and write the run directory.
 
@@ -287,6 +288,9 @@ def run_rollout(
         progress: show a rich progress bar with ETA.
         console: a ``rich.console.Console`` for the progress bar (None: stderr).
         fresh: discard an existing run in ``out`` (its trajectories and metrics).
+        tasks: the :class:`~drgym.envs.tasks.Task` objects to run, instead of loading
+            ``config.tasks`` (which then only names the set in the run record), e.g. a
+            held-out slice during training; the first ``config.n`` are run.
 
     Returns:
         A :class:`RunResult`; ``metrics`` covers every episode of the run directory
@@ -323,7 +327,7 @@ def run_rollout(
 
     from drgym.envs.task_loaders import load_tasks
 
-    all_tasks = load_tasks(config.tasks)
+    all_tasks = list(tasks) if tasks is not None else load_tasks(config.tasks)
     tasks = all_tasks[: config.n] if config.n is not None else all_tasks
     if not tasks:
         raise ConfigError(f"task set {config.tasks!r} is empty.")

@@ -1,0 +1,175 @@
+"""The training-time evaluation runs 4/6's rollout runner in the token layout GRPO trains on.
+
+A scripted stand-in for the language model (it searches for the question, then answers
+with the gold answer) records every context it is asked to continue. The GRPO rollout
+(:class:`SearchRolloutFunc`) and the evaluator (:func:`make_evaluator`: ``run_rollout``
+with ``HFPolicy(layout="continuation")``) must hand it the same token ids, turn for turn,
+over real HotpotQA questions and real BM25 results; with ``layout="chat"`` they differ,
+so the check can fail.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+
+
+class ScriptedLM:
+    """Just enough of a causal LM for ``generate``: the first turn searches the question's
+    first words, a turn whose context holds search results (``<information>Doc 1``; the
+    system prompt names the bare tag) answers with the
+    task's first gold answer. Records each unpadded context (``list[int]``)."""
+
+    def __init__(self, tokenizer, answers_by_question: dict[str, str]):
+        import torch
+
+        self.tok = tokenizer
+        self.answers = answers_by_question
+        self.contexts: list[list[int]] = []
+        self.training = False
+        self._p = torch.nn.Parameter(torch.zeros(1))
+        self.config = type("Cfg", (), {"_name_or_path": "scripted-lm"})()
+
+    def parameters(self):
+        return iter([self._p])
+
+    def eval(self):
+        self.training = False
+        return self
+
+    def train(self, mode: bool = True):
+        self.training = mode
+        return self
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, **kw):
+        import torch
+
+        rows = []
+        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
+            ctx = [i for i, m in zip(ids, mask) if m]
+            self.contexts.append(ctx)
+            text = self.tok.decode(ctx)
+            q = next(q for q in self.answers if q in text)
+            turn = (f"<answer> {self.answers[q]} </answer>" if "<information>Doc 1" in text
+                    else f"<search> {' '.join(q.split()[:8])} </search>")
+            new = self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]
+            rows.append(ids + new)
+        width = max(len(r) for r in rows)
+        pad = self.tok.pad_token_id
+        return torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+
+
+def _config(tmp_path):
+    from drgym.training.config import load_config
+
+    return load_config("searchqa_smollm2_cpu", {
+        "output_dir": str(tmp_path / "run"),
+        "tasks": {"train": {"set": "hotpotqa-dev", "start": 0, "limit": 4},
+                  "eval": {"set": "hotpotqa-dev", "start": 60, "limit": 3}},
+        "rollout": {"max_turns": 2, "max_new_tokens": 48, "max_completion_tokens": 512, "gen_batch_size": 1},
+        "env": {"id": "drgym/SearchQA-v0", "kwargs": {"top_k": 2, "max_obs_tokens": 120, "max_fetches": 0}},
+        "eval": {"every_steps": 1, "num_tasks": 3, "max_turns": 2, "greedy": True},
+    })
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from drgym.models import resolve_lm
+
+    return AutoTokenizer.from_pretrained(resolve_lm("smollm2"))
+
+
+def _parts(tmp_path, tokenizer):
+    from drgym.training.grpo import build_reward_funcs, load_task_slice
+
+    cfg = _config(tmp_path)
+    tasks = load_task_slice(cfg.tasks["eval"])
+    funcs, weights, _ = build_reward_funcs(cfg, {t.task_id: t for t in tasks}, num_generations=1,
+                                           output_dir=tmp_path / "run")
+    lm = ScriptedLM(tokenizer, {t.question: t.answers[0] for t in tasks})
+    return cfg, tasks, funcs, weights, lm
+
+
+def test_eval_contexts_match_the_grpo_rollout_token_for_token(tmp_path, tokenizer, bm25_backend):
+    from drgym.training.grpo import build_dataset, make_env_factory, make_evaluator
+    from drgym.training.rollout import SearchRolloutFunc
+
+    cfg, tasks, funcs, weights, lm = _parts(tmp_path, tokenizer)
+    factory = make_env_factory(cfg, tasks, backend=bm25_backend, max_turns=cfg.eval.max_turns)
+    _ds, table = build_dataset(tasks, factory, tokenizer)
+    s = cfg.rollout_settings()
+    s.greedy = True
+    out = SearchRolloutFunc(factory, table, s).run(list(table), model=lm, tokenizer=tokenizer)
+    train_ctx = lm.contexts[:]
+    assert len(train_ctx) == 6  # 3 tasks x (search turn + answer turn)
+    assert out["num_searches"] == [1, 1, 1]
+
+    lm.contexts.clear()
+    metrics, trajs = make_evaluator(cfg, tasks, funcs, weights, backend=bm25_backend)(lm, tokenizer, tmp_path / "ev")
+    assert sorted(lm.contexts) == sorted(train_ctx)
+    # the second-turn contexts really hold retrieved passages
+    assert sum("<information>Doc 1" in tokenizer.decode(c) for c in lm.contexts) == 3
+    # the rollout runner wrote an ordinary run directory with the same answers
+    assert (tmp_path / "ev" / "trajectories.jsonl").read_text().count("\n") == 3
+    assert [t["final_answer"] for t in trajs] == out["final_answer"] == [t.answers[0] for t in tasks]
+    assert metrics["f1"] == 1.0 and metrics["em"] == 1.0 and metrics["answered_frac"] == 1.0
+    assert metrics["searches_mean"] == 1.0 and metrics["turns_mean"] == 2.0
+    assert metrics["reward"] == pytest.approx(1.0 + 0.2 * metrics["format"])
+
+
+def test_chat_layout_would_differ(tmp_path, tokenizer, bm25_backend):
+    """The check above can fail: in the chat layout the observation is a user turn."""
+    from drgym.rollout.hf import HFPolicy
+    from drgym.rollout.runner import RolloutConfig, run_rollout
+
+    cfg, tasks, _funcs, _w, lm = _parts(tmp_path, tokenizer)
+    res = {}
+    for layout in ("chat", "continuation"):
+        lm.contexts.clear()
+        pol = HFPolicy(lm, tokenizer=tokenizer, layout=layout, max_new_tokens=48, batch_size=1)
+        rc = RolloutConfig(tasks="held-out", policy=pol.name, n=None, out=str(tmp_path / layout), max_turns=2,
+                           env_options={"top_k": 2, "max_obs_tokens": 120, "max_fetches": 0}, plots=False, rewards=[])
+        run_rollout(rc, policy=pol, backend=bm25_backend, progress=False, tasks=tasks[:1])
+        res[layout] = tokenizer.decode(lm.contexts[-1])
+    assert "<|im_start|>user\n\n\n<information>" in res["chat"]
+    assert "</search>\n\n<information>" in res["continuation"]
+    assert res["continuation"].count("<|im_start|>assistant") == 1
+
+
+def test_hf_policy_with_a_loaded_model_needs_its_tokenizer(tokenizer):
+    from drgym.errors import ConfigError
+    from drgym.rollout.hf import HFPolicy
+
+    lm = ScriptedLM(tokenizer, {})
+    with pytest.raises(ConfigError, match="needs tokenizer="):
+        HFPolicy(lm)
+    pol = HFPolicy(lm, tokenizer=tokenizer)
+    assert pol.name == "hf:scripted-lm" and pol.scaffold == "none"  # 'auto' scaffolds only the named SmolLM2
+
+
+def test_train_eval_command_writes_metrics_and_a_rollout_run(tmp_path, bm25_backend):
+    """``drgym train eval`` (evaluate_model) on the bundled model: the metrics JSON agrees
+    with the episodes of the rollout run directory it writes beside it."""
+    import json
+
+    from drgym.rewards.qa import token_f1
+    from drgym.training.grpo import evaluate_model
+
+    cfg = _config(tmp_path)
+    cfg.rollout["max_new_tokens"] = 8
+    res = evaluate_model(cfg, model_path="smollm2", num_tasks=2, backend=bm25_backend, out_path=tmp_path / "ev.json")
+    assert json.loads((tmp_path / "ev.json").read_text()) == res
+    assert res["tasks"] == 2 and res["run_dir"] == str(tmp_path / "ev.rollout")
+    trajs = [json.loads(x) for x in (tmp_path / "ev.rollout" / "trajectories.jsonl").read_text().splitlines()]
+    assert len(trajs) == 2
+    f1 = [token_f1(t["final_answer"] or "", t["metadata"]["answers"]) if t["terminated"] else 0.0 for t in trajs]
+    assert res["f1"] == pytest.approx(sum(f1) / 2)
+    assert res["turns_mean"] == pytest.approx(sum(len(t["steps"]) for t in trajs) / 2)
+    rec = json.loads((tmp_path / "ev.rollout" / "config.json").read_text())
+    assert rec["policy"]["name"] == "hf:smollm2" and rec["policy"]["layout"] == "continuation"
+    assert rec["policy"]["scaffold"] == "none" and rec["policy"]["max_new_tokens"] == 8
