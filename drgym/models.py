@@ -87,6 +87,30 @@ def convert_smollm2(out_dir: str | os.PathLike | None = None) -> Path:
     return out
 
 
+TRAINING_RECORD = "drgym_training.json"
+"""File that ``drgym train`` writes into every model folder it saves (final and
+checkpoints): ``{"protocol", "layout", "stage", "config", "env", "drgym_version"}``.
+``layout`` is how the model saw multi-turn conversations in training
+(``"continuation"`` for the tag protocol: observations inside the assistant turn);
+:class:`drgym.rollout.hf.HFPolicy` reads it when ``layout="auto"``."""
+
+
+def training_record(name_or_path: str) -> dict | None:
+    """The :data:`TRAINING_RECORD` of a local model folder, or None.
+
+    None for hub names, aliases, folders without the file, and unreadable or malformed
+    files (a model without a record is treated as a plain chat model).
+    """
+    import json
+
+    p = Path(str(name_or_path)) / TRAINING_RECORD
+    try:
+        d = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) else None
+
+
 def resolve_lm(name_or_path: str) -> str:
     """Map an LM name to a loadable name or folder (``smollm2`` -> converted folder)."""
     if name_or_path.lower() in SMOLLM2_ALIASES:

@@ -258,5 +258,5 @@ def test_render_layouts():
 def test_unknown_layout_is_refused_before_loading():
     from drgym.rollout.hf import HFPolicy
 
-    with pytest.raises(ConfigError, match=r"layout must be one of \('chat', 'continuation'\), got 'flat'"):
+    with pytest.raises(ConfigError, match=r"layout must be one of \('auto', 'chat', 'continuation'\), got 'flat'"):
         HFPolicy("no-such-model", layout="flat")

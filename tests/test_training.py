@@ -124,6 +124,24 @@ def test_cut_at_stop_drops_pad_eos_after_stop_string(tok):
     assert cut_at_stop(tok, plain) == (plain, False)
 
 
+def test_cut_ids_at_stop_keeps_the_completing_token_whole(tok):
+    """SmolLM2 writes "</search>." as '</', 'search', '>.': the cut keeps '>.' (the token the
+    model sampled); the cut is the same for drgym train and hf: policies."""
+    from drgym.rollout.generation import cut_ids_at_stop
+
+    dotted = tok("<search> Lilu demon </search>.", add_special_tokens=False)["input_ids"]
+    assert tok.convert_ids_to_tokens(dotted[-1]) == ">."
+    more = tok(" and then more text", add_special_tokens=False)["input_ids"]
+    assert cut_ids_at_stop(tok, dotted + more + [2, 2], eos_ids=(2,)) == (dotted, "stop")
+    # the earliest stop string wins; a stop string after the first eos does not count
+    ans = tok("<answer> 1889 </answer>", add_special_tokens=False)["input_ids"]
+    assert cut_ids_at_stop(tok, ans + dotted, eos_ids=(2,)) == (ans, "stop")
+    plain = tok("I think it is Paris", add_special_tokens=False)["input_ids"]
+    assert cut_ids_at_stop(tok, plain + [2] + dotted, eos_ids=(2,)) == (plain + [2], "eos")
+    assert cut_ids_at_stop(tok, plain, eos_ids=(2,)) == (plain, "length")
+    assert cut_ids_at_stop(tok, [2, 2], eos_ids=(2,)) == ([2], "eos")
+
+
 def test_sft_labels_mask_prompt_and_observations(tok):
     from drgym.envs.trajectory import Step, Trajectory
     from drgym.training.sft import IGNORE_INDEX, encode_trajectory

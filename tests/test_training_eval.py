@@ -18,16 +18,24 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 
 class ScriptedLM:
-    """Just enough of a causal LM for ``generate``: the first turn searches the question's
-    first words, a turn whose context holds search results (``<information>Doc 1``; the
-    system prompt names the bare tag) answers with the
-    task's first gold answer. Records each unpadded context (``list[int]``)."""
+    """Just enough of a causal LM for ``generate``, with three behaviours by question.
 
-    def __init__(self, tokenizer, answers_by_question: dict[str, str]):
+    The first turn searches the question's first words, except for the question listed in
+    ``mumble``, whose first turn is free text ended by eos (an invalid action: the env
+    answers with a corrective observation); for the question in ``dot`` the search turn
+    ends with ``</search>.``, whose last token ``>.`` completes the stop string and carries
+    one more character. A turn whose context holds search results (``<information>Doc 1``;
+    the system prompt names the bare tag) or the corrective text answers with the
+    question's gold answer. Each unpadded context (``list[int]``) is recorded; new tokens
+    are right-padded with the pad id (SmolLM2's eos), as ``generate`` does.
+    """
+
+    def __init__(self, tokenizer, answers_by_question: dict[str, str], *, mumble: str = "", dot: str = ""):
         import torch
 
         self.tok = tokenizer
         self.answers = answers_by_question
+        self.mumble, self.dot = mumble, dot
         self.contexts: list[list[int]] = []
         self.training = False
         self._p = torch.nn.Parameter(torch.zeros(1))
@@ -47,19 +55,23 @@ class ScriptedLM:
     def generate(self, input_ids, attention_mask, max_new_tokens, **kw):
         import torch
 
-        rows = []
+        new_rows = []
         for ids, mask in zip(input_ids.tolist(), attention_mask.tolist()):
             ctx = [i for i, m in zip(ids, mask) if m]
             self.contexts.append(ctx)
             text = self.tok.decode(ctx)
             q = next(q for q in self.answers if q in text)
-            turn = (f"<answer> {self.answers[q]} </answer>" if "<information>Doc 1" in text
-                    else f"<search> {' '.join(q.split()[:8])} </search>")
-            new = self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens]
-            rows.append(ids + new)
-        width = max(len(r) for r in rows)
+            end = []
+            if "<information>Doc 1" in text or "previous action is invalid" in text:
+                turn = f"<answer> {self.answers[q]} </answer>"
+            elif q == self.mumble:
+                turn, end = "I am not sure about this one", [self.tok.eos_token_id]
+            else:
+                turn = f"<search> {' '.join(q.split()[:8])} </search>" + ("." if q == self.dot else "")
+            new_rows.append(self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens] + end)
+        width = max(len(r) for r in new_rows)
         pad = self.tok.pad_token_id
-        return torch.tensor([[pad] * (width - len(r)) + r for r in rows])
+        return torch.tensor([ids + r + [pad] * (width - len(r)) for ids, r in zip(input_ids.tolist(), new_rows)])
 
 
 def _config(tmp_path):
@@ -91,7 +103,8 @@ def _parts(tmp_path, tokenizer):
     tasks = load_task_slice(cfg.tasks["eval"])
     funcs, weights, _ = build_reward_funcs(cfg, {t.task_id: t for t in tasks}, num_generations=1,
                                            output_dir=tmp_path / "run")
-    lm = ScriptedLM(tokenizer, {t.question: t.answers[0] for t in tasks})
+    lm = ScriptedLM(tokenizer, {t.question: t.answers[0] for t in tasks}, mumble=tasks[1].question,
+                    dot=tasks[2].question)
     return cfg, tasks, funcs, weights, lm
 
 
@@ -106,19 +119,22 @@ def test_eval_contexts_match_the_grpo_rollout_token_for_token(tmp_path, tokenize
     s.greedy = True
     out = SearchRolloutFunc(factory, table, s).run(list(table), model=lm, tokenizer=tokenizer)
     train_ctx = lm.contexts[:]
-    assert len(train_ctx) == 6  # 3 tasks x (search turn + answer turn)
-    assert out["num_searches"] == [1, 1, 1]
+    assert len(train_ctx) == 6  # 3 tasks x 2 turns
+    assert out["num_searches"] == [1, 0, 1] and out["invalid_actions"] == [0, 1, 0]
+    # the token that completed </search> and carries a "." was kept whole
+    assert "Ġ</ search >. Ċ Ċ < information" in " ".join(tokenizer.convert_ids_to_tokens(train_ctx[-1]))
 
     lm.contexts.clear()
     metrics, trajs = make_evaluator(cfg, tasks, funcs, weights, backend=bm25_backend)(lm, tokenizer, tmp_path / "ev")
     assert sorted(lm.contexts) == sorted(train_ctx)
-    # the second-turn contexts really hold retrieved passages
-    assert sum("<information>Doc 1" in tokenizer.decode(c) for c in lm.contexts) == 3
+    # the second-turn contexts hold retrieved passages (2) or the corrective text (1)
+    assert sum("<information>Doc 1" in tokenizer.decode(c) for c in lm.contexts) == 2
     # the rollout runner wrote an ordinary run directory with the same answers
     assert (tmp_path / "ev" / "trajectories.jsonl").read_text().count("\n") == 3
     assert [t["final_answer"] for t in trajs] == out["final_answer"] == [t.answers[0] for t in tasks]
     assert metrics["f1"] == 1.0 and metrics["em"] == 1.0 and metrics["answered_frac"] == 1.0
-    assert metrics["searches_mean"] == 1.0 and metrics["turns_mean"] == 2.0
+    assert metrics["searches_mean"] == pytest.approx(2 / 3) and metrics["turns_mean"] == 2.0
+    assert metrics["invalid_action_rate"] == pytest.approx(1 / 6)
     assert metrics["reward"] == pytest.approx(1.0 + 0.2 * metrics["format"])
 
 
@@ -173,3 +189,25 @@ def test_train_eval_command_writes_metrics_and_a_rollout_run(tmp_path, bm25_back
     rec = json.loads((tmp_path / "ev.rollout" / "config.json").read_text())
     assert rec["policy"]["name"] == "hf:smollm2" and rec["policy"]["layout"] == "continuation"
     assert rec["policy"]["scaffold"] == "none" and rec["policy"]["max_new_tokens"] == 8
+
+
+def test_hf_policy_reads_the_layout_a_drgym_model_was_trained_in(tmp_path):
+    """``layout="auto"`` (the default) follows the folder's drgym_training.json."""
+    from drgym.models import TRAINING_RECORD, resolve_lm
+    from drgym.rollout.hf import HFPolicy
+    from drgym.training.callbacks import write_training_record
+    from drgym.training.config import load_config
+
+    src = resolve_lm("smollm2")
+    folder = tmp_path / "model"
+    folder.mkdir()
+    for f in os.listdir(src):
+        (folder / f).symlink_to(os.path.join(src, f))
+    assert HFPolicy(str(folder), dtype="float32").describe()["layout"] == "chat"  # no record: a plain chat model
+
+    write_training_record(folder, load_config("searchqa_smollm2_cpu"), "sft")
+    pol = HFPolicy(str(folder), dtype="float32")
+    assert pol.layout == "continuation" and pol.scaffold == "none"
+    assert HFPolicy(str(folder), dtype="float32", layout="chat").layout == "chat"  # an explicit layout wins
+    (folder / TRAINING_RECORD).write_text("{not json")
+    assert HFPolicy(str(folder), dtype="float32").layout == "chat"  # an unreadable record is ignored

@@ -181,6 +181,10 @@ def test_resume_continues_at_the_right_step_with_the_same_data(tmp_path, bm25, c
     assert full.state.global_step == 3
     ckpt = tmp_path / "run" / f"checkpoint-{ckpt_step}"
     assert ckpt.is_dir()
+    import json
+
+    rec = json.loads((ckpt / "drgym_training.json").read_text())  # TrainingRecordCallback
+    assert rec["stage"] == "grpo" and rec["layout"] == "continuation" and rec["protocol"] == "tags"
 
     res, rparts = build_trainer(tiny_config(tmp_path, **g), backend=bm25, extra_reward_funcs=[action_chars])
     res.train(resume_from_checkpoint=str(ckpt))

@@ -7,6 +7,7 @@ leaves a torn record) that ``drgym plot`` reads, and an evaluation every N steps
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -64,6 +65,49 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         is_eval = any(k.startswith("eval") for k in r) and not any(k.startswith("reward") for k in r)
         by_key.setdefault((int(r.get("step") or 0), is_eval), {}).update(r)
     return [by_key[k] for k in sorted(by_key)]
+
+
+def write_training_record(folder: str | Path, cfg, stage: str) -> Path:
+    """Write :data:`drgym.models.TRAINING_RECORD` into a saved model folder.
+
+    It tells later readers how the model was trained, above all the conversation
+    ``layout`` (``"continuation"`` for the tag protocol, where observations continue the
+    assistant turn, and for SFT, which trains tag-protocol trajectories; ``"chat"`` for
+    GRPO with the JSON tool protocol), which
+    :class:`drgym.rollout.hf.HFPolicy` applies by default (``layout="auto"``).
+
+    Args:
+        folder: the model folder (``final`` or ``checkpoint-N``); must exist.
+        cfg: the run's :class:`~drgym.training.config.RunConfig`.
+        stage: ``"sft"`` or ``"grpo"``.
+
+    Returns:
+        The written file's path (written atomically).
+    """
+    from drgym import __version__
+    from drgym.atomic import atomic_write_json
+    from drgym.models import TRAINING_RECORD
+
+    protocol = "tags" if stage == "sft" else cfg.protocol  # SFT trains tag-protocol trajectories only
+    rec = {"protocol": protocol, "layout": "chat" if protocol == "json" else "continuation", "stage": stage,
+           "run": cfg.name, "config": cfg.source, "base_model": cfg.model, "env": cfg.env, "search": cfg.search,
+           "rollout": cfg.rollout, "drgym_version": __version__}
+    path = Path(folder) / TRAINING_RECORD
+    atomic_write_json(path, json.loads(json.dumps(rec, default=str)))
+    return path
+
+
+class TrainingRecordCallback(TrainerCallback):
+    """Write the training record (:func:`write_training_record`) into every checkpoint."""
+
+    def __init__(self, cfg, stage: str):
+        self.cfg = cfg
+        self.stage = stage
+
+    def on_save(self, args, state, control, **kwargs):
+        folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and folder.is_dir():
+            write_training_record(folder, self.cfg, self.stage)
 
 
 class EvalCallback(TrainerCallback):

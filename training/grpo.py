@@ -416,7 +416,7 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from drgym.models import resolve_lm
-    from drgym.training.callbacks import EvalCallback, JsonlLoggerCallback
+    from drgym.training.callbacks import EvalCallback, JsonlLoggerCallback, TrainingRecordCallback
     from drgym.training.config import build_grpo_args
     from drgym.training.rollout import SearchRolloutFunc
     from drgym.training.sft import freeze_bottom
@@ -446,7 +446,7 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
                                                  output_dir=args.output_dir)
     extra = list(extra_reward_funcs or [])
     args.reward_weights = weights + [1.0] * len(extra)
-    callbacks = [JsonlLoggerCallback(Path(args.output_dir) / "metrics.jsonl")]
+    callbacks = [JsonlLoggerCallback(Path(args.output_dir) / "metrics.jsonl"), TrainingRecordCallback(cfg, "grpo")]
     eval_cb = None
     if cfg.eval.every_steps and eval_tasks:
         evaluator = make_evaluator(cfg, eval_tasks[: cfg.eval.num_tasks], funcs, weights, backend=backend)
@@ -523,6 +523,9 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
     wall = time.perf_counter() - t0
     trainer.save_model(str(out / "final"))
     parts["tokenizer"].save_pretrained(str(out / "final"))
+    from drgym.training.callbacks import write_training_record
+
+    write_training_record(out / "final", cfg, "grpo")
     summary = {"run": cfg.name, "config": cfg.source, "global_step": trainer.state.global_step,
                "train_seconds": round(wall, 1), "resumed_from": ckpt, "train_loss": result.training_loss,
                "trainable_params": parts["trainable_params"], "total_params": parts["total_params"],

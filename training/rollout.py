@@ -79,7 +79,9 @@ def cut_at_stop(tokenizer, new_ids: list[int], stop_strings=STOP_STRINGS) -> tup
 
     SmolLM2 pads with its eos id (``<|im_end|>`` = 2), so a row that stopped on a stop
     string inside a batched ``generate`` is followed by pad ids that look like eos; they
-    must not be kept (they would be trained as model tokens).
+    must not be kept (they would be trained as model tokens). The cut is
+    :func:`drgym.rollout.generation.cut_ids_at_stop`, the one ``hf:`` policies use, so
+    evaluation with ``drgym rollout`` keeps the same tokens.
 
     Args:
         tokenizer: the tokenizer that produced ``new_ids``.
@@ -88,21 +90,10 @@ def cut_at_stop(tokenizer, new_ids: list[int], stop_strings=STOP_STRINGS) -> tup
     Returns:
         ``(ids, ended_with_eos)``: the kept ids and whether they end with a real eos.
     """
-    eos = tokenizer.eos_token_id
-    text_full = tokenizer.decode(new_ids, skip_special_tokens=False)
-    first_stop = min((text_full.find(s) for s in stop_strings if s in text_full), default=-1)
-    eos_pos = new_ids.index(eos) if eos in new_ids else len(new_ids)
-    if first_stop >= 0:
-        # smallest prefix whose decoded text contains a stop string
-        for t in range(1, len(new_ids) + 1):
-            if t - 1 > eos_pos:
-                break
-            piece = tokenizer.decode(new_ids[:t], skip_special_tokens=False)
-            if any(s in piece for s in stop_strings):
-                return new_ids[:t], False
-    if eos_pos < len(new_ids):
-        return new_ids[: eos_pos + 1], True
-    return new_ids, False
+    from drgym.rollout.generation import cut_ids_at_stop
+
+    kept, reason = cut_ids_at_stop(tokenizer, new_ids, stop_strings, (tokenizer.eos_token_id,))
+    return kept, reason == "eos"
 
 
 # -- generation backends --------------------------------------------------------------------
@@ -336,6 +327,14 @@ class SearchRolloutFunc:
                 if _turn == s.max_turns - 1:
                     st.done, st.truncated = True, True
                     continue
+                if st.completion_ids and st.completion_ids[-1] == tokenizer.eos_token_id:
+                    # the turn ended with eos but the episode goes on (an invalid action gets a
+                    # corrective observation): drop the eos, as Search-R1 does when it re-tokenises
+                    # the decoded turn, so the observation continues the turn's text and the
+                    # context matches what drgym rollout's hf policy renders
+                    st.completion_ids.pop()
+                    st.env_mask.pop()
+                    st.logprobs.pop()
                 obs_ids = list(tokenizer(obs, add_special_tokens=False)["input_ids"]) if obs else []
                 room = s.max_completion_tokens - len(st.completion_ids)
                 if len(obs_ids) >= room:  # no room left for the model to act on this observation

@@ -209,7 +209,7 @@ def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None =
 
     from drgym.atomic import atomic_write_json
     from drgym.models import resolve_lm
-    from drgym.training.callbacks import JsonlLoggerCallback
+    from drgym.training.callbacks import JsonlLoggerCallback, TrainingRecordCallback, write_training_record
     from drgym.training.config import build_sft_args
 
     args = build_sft_args(cfg, output_dir)
@@ -229,12 +229,13 @@ def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None =
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     trainable, total = freeze_bottom(model, cfg.trainable_layers)
     log.info("SFT: %d / %d parameters trainable", trainable, total)
-    callbacks = [JsonlLoggerCallback(out / "metrics.jsonl")] + list(extra_callbacks or [])
+    callbacks = [JsonlLoggerCallback(out / "metrics.jsonl"), TrainingRecordCallback(cfg, "sft")] + list(extra_callbacks or [])
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=callbacks)
     trainer.train(resume_from_checkpoint=_last_checkpoint(out) if resume else None)
     final = out / "final"
     trainer.save_model(str(final))
     tok.save_pretrained(str(final))
+    write_training_record(final, cfg, "sft")
     atomic_write_json(out / "sft_summary.json", {
         "examples": len(ds), "trajectories": [str(p) for p in trajectory_paths], "gold_answers": gold_answers,
         "trainable_params": trainable, "total_params": total, "global_step": trainer.state.global_step,

@@ -53,6 +53,51 @@ def cut_at_stop(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS, e
     return text[: best[0]], best[1]
 
 
+def cut_ids_at_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...] | list[str] = DEFAULT_STOPS,
+                    eos_ids: tuple[int, ...] | list[int] | set[int] = ()) -> tuple[list[int], str]:
+    """Cut generated token ids after the token that completes the first stop string.
+
+    The token-level twin of :func:`cut_at_stop`, used where the kept ids go back into
+    the context (``drgym train``'s rollouts, and ``hf:`` policies, whose evaluations
+    must see the same tokens): the cut is at a token boundary, so a token that completes
+    ``</search>`` and carries more text (SmolLM2 has ``>.``, ``>,``, ``><``...) is kept
+    whole, as the model wrote it.
+
+    Args:
+        tokenizer: the tokenizer that produced ``ids``.
+        ids: the new ids of one row (padding included).
+        stops: stop strings; only text before the first eos/pad id counts.
+        eos_ids: eos and pad ids. Batched ``generate`` pads finished rows, and SmolLM2
+            pads with its eos (id 2), so ids after a stop string are not real ends.
+
+    Returns:
+        ``(kept_ids, reason)``: the smallest prefix whose decoded text holds a stop string
+        (``"stop"``); else the ids up to and including the first eos/pad id (``"eos"``);
+        else all ids (``"length"``). Found by bisection: O(log n) decodes.
+    """
+    ids = list(ids)
+    ends = set(eos_ids)
+    eos_pos = next((i for i, t in enumerate(ids) if t in ends), len(ids))
+    head = ids[:eos_pos]
+
+    def has_stop(n: int) -> bool:
+        text = tokenizer.decode(head[:n], skip_special_tokens=False)
+        return any(s in text for s in stops)
+
+    if stops and head and has_stop(len(head)):
+        lo, hi = 1, len(head)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if has_stop(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        return head[:lo], "stop"
+    if eos_pos < len(ids):
+        return ids[: eos_pos + 1], "eos"
+    return ids, "length"
+
+
 def close_open_tag(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS) -> str:
     """Re-append the closing tag an API stripped when it stopped on it.
 

@@ -13,13 +13,13 @@ import logging
 from typing import Any
 
 from drgym.errors import ConfigError
-from drgym.rollout.generation import DEFAULT_STOPS, Timer, Usage, cut_at_stop, normalise_messages
+from drgym.rollout.generation import DEFAULT_STOPS, Timer, Usage, cut_ids_at_stop, normalise_messages
 from drgym.rollout.policy import Conversation, Policy
 
 log = logging.getLogger(__name__)
 
 
-LAYOUTS = ("chat", "continuation")
+LAYOUTS = ("auto", "chat", "continuation")
 """How :meth:`HFPolicy.render` lays out a multi-turn conversation (see there)."""
 
 class HFPolicy(Policy):
@@ -28,8 +28,9 @@ class HFPolicy(Policy):
     Each call to :meth:`act` templates every conversation (``add_generation_prompt``),
     left-pads them into batches of ``batch_size`` (sorted by length to limit padding),
     generates greedily (or samples when ``temperature > 0``) with ``stop_strings`` set to
-    the closing tags, and cuts each row right after its first stop string (the pad token
-    of SmolLM2 is its eos, so the first eos of a padded row is not a real end).
+    the closing tags, and cuts each row after the token that completes its first stop
+    string (the pad token of SmolLM2 is its eos, so the first eos of a padded row is not
+    a real end); the cut and the decoding are those of ``drgym train``'s rollouts.
 
     Args:
         model: ``"smollm2"``, a hub name or a local folder; or an already loaded
@@ -65,10 +66,12 @@ class HFPolicy(Policy):
             query line where a bare ``<search>`` gets mostly empty or ``and``.
         seed: torch seed for sampling.
         threads: torch intra-op threads for generation; None keeps the process setting.
-        layout: ``"chat"`` (default: each message through the chat template) or
+        layout: ``"chat"`` (each message through the chat template),
             ``"continuation"`` (tool observations continue the assistant turn, the layout
-            ``drgym train`` uses; evaluate models trained by drgym with it). See
-            :meth:`render`.
+            ``drgym train`` uses with the tag protocol), or ``"auto"`` (default: the
+            layout recorded in the folder's ``drgym_training.json``, which ``drgym
+            train`` writes into every model it saves, else ``"chat"``). See
+            :meth:`render`; the effective value is in :meth:`describe`.
 
     Attributes:
         last_usage: one :class:`~drgym.rollout.generation.Usage` per conversation of the
@@ -99,7 +102,7 @@ class HFPolicy(Policy):
         scaffold_cues: tuple[str, str] | list[str] = ("Search query:", "Short answer:"),
         seed: int = 0,
         threads: int | None = None,
-        layout: str = "chat",
+        layout: str = "auto",
     ) -> None:
         if layout not in LAYOUTS:
             raise ConfigError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
@@ -133,6 +136,13 @@ class HFPolicy(Policy):
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
         self.name = name or f"hf:{self.model_name}"
+        if self.layout == "auto":
+            from drgym.models import training_record
+
+            rec = training_record(self.model_name) or {}
+            self.layout = rec.get("layout") if rec.get("layout") in ("chat", "continuation") else "chat"
+            if rec:
+                log.info("%s: drgym-trained model (%s), layout=%s", self.name, rec.get("stage"), self.layout)
         self.device = next(self.model.parameters()).device
         self.dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
         self.max_new_tokens = int(max_new_tokens)
@@ -154,7 +164,7 @@ class HFPolicy(Policy):
         self.seed = int(seed)
         self._generator_seeded = False
         tok = self.tokenizer
-        self._eos_texts = tuple({t for t in (tok.eos_token, tok.pad_token) if t})
+        self._eos_ids = tuple({t for t in (tok.eos_token_id, tok.pad_token_id) if t is not None})
         self.last_usage: list[Usage] = []
 
     # -- public -------------------------------------------------------------------------
@@ -199,7 +209,7 @@ class HFPolicy(Policy):
             prompts = [self.render(conversations[i]) + f"<{tag}> {cue}".rstrip() for i in rows]
             texts = self.generate(prompts, max_new_tokens=self.scaffold_tokens[j], stops=(f"</{tag}>",))
             for i, text, u in zip(rows, texts, self.last_usage):
-                arg = text[len(self.prefill):].replace(f"</{tag}>", "")
+                arg = text[len(self.prefill):].split(f"</{tag}>")[0]
                 arg = next((ln.strip() for ln in arg.splitlines() if ln.strip()), "")
                 arg = clean_answer(arg) if tag == "answer" else " ".join(arg.split()).strip("\"'")
                 if tag == "search" and not arg:  # an empty query would be an invalid action
@@ -238,7 +248,10 @@ class HFPolicy(Policy):
             stops: override of the stop strings.
 
         Returns:
-            The completions (``prefill`` prepended), cut as in :func:`cut_at_stop`.
+            The completions (``prefill`` prepended): the generated ids cut by
+            :func:`~drgym.rollout.generation.cut_ids_at_stop` (after the token that
+            completes the first stop string, else at the first eos/pad, which is not kept)
+            and decoded without special tokens, as ``drgym train``'s rollouts decode them.
         """
         import torch
 
@@ -281,11 +294,9 @@ class HFPolicy(Policy):
                     self.model.train()
             new = out[:, batch["input_ids"].shape[1] :]
             for j, i in enumerate(rows):
-                raw = tok.decode(new[j], skip_special_tokens=False)
-                kept, reason = cut_at_stop(raw, stops, self._eos_texts)
-                n_tok = len(tok(kept, add_special_tokens=False)["input_ids"]) if kept else 0
-                outs[i] = self.prefill + kept
-                usage[i] = Usage(prompt_tokens=len(ids[i]), completion_tokens=n_tok + (1 if reason == "eos" else 0),
+                kept, reason = cut_ids_at_stop(tok, new[j].tolist(), stops, self._eos_ids)
+                outs[i] = self.prefill + tok.decode(kept, skip_special_tokens=True)
+                usage[i] = Usage(prompt_tokens=len(ids[i]), completion_tokens=len(kept),
                                  generation_s=t.s / len(rows), finish=reason)
         self.last_usage = usage
         return outs
