@@ -311,8 +311,10 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
         reward_funcs: the run's :class:`DrgymRewardFunc` list; ``weights`` their weights.
         backend: the run's search backend (None: built from ``cfg.search`` on first use).
 
-    The returned function's ``name`` is the policy name recorded in the run directory
-    (default ``"hf:<run name>"``); ``trajectories`` are the episode dicts in task order.
+    Returns:
+        ``evaluate``; its ``name`` argument is the policy name recorded in the run
+        directory (default ``"hf:<run name>"``), and the ``trajectories`` it returns are
+        the episode dicts in task order.
     """
     from drgym.envs.trajectory import Trajectory
     from drgym.rewards.base import Episode
