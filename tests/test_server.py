@@ -418,3 +418,18 @@ def test_cli_serve_refuses_mismatched_encoder(hotpotqa_engine, tmp_path):
 def test_cli_serve_rejects_bad_settings():
     line = _one_line_error(_serve_and_fail("--max-k", "0", timeout=60))
     assert "max_k" in line
+
+
+def test_cli_serve_refuses_a_busy_port_before_loading_the_index():
+    """One line naming the address, and no banner: the port is checked before the index loads."""
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        cmd = [sys.executable, "-m", "drgym", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    line = _one_line_error(proc, f"127.0.0.1:{port}", "in use")
+    assert "http://" not in proc.stderr  # the "serving on" banner never printed
+    assert line.endswith("pick another --port)")

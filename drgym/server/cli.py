@@ -75,6 +75,12 @@ def serve(
         typer.echo(f"drgym serve: error: invalid settings: {msgs}", err=True)
         raise typer.Exit(2) from None
     try:
+        _check_bindable(settings.host, settings.port)
+    except OSError as e:
+        typer.echo(f"drgym serve: error: cannot listen on {settings.host}:{settings.port}: {e.strerror or e} "
+                   "(is another server running there? pick another --port)", err=True)
+        raise typer.Exit(2) from None
+    try:
         backend = load_backend(settings)
     except DrgymError as e:
         typer.echo(f"drgym serve: error: {e}", err=True)
@@ -93,6 +99,22 @@ def serve(
                f"(max_k={settings.max_k}, auth={'on' if settings.key_set() else 'off'})", err=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                 h11_max_incomplete_event_size=UVICORN_H11_MAX_EVENT, access_log=False)
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Bind ``(host, port)`` once and release it, so a busy port fails before the index loads.
+
+    Raises:
+        OSError: the address cannot be resolved or bound (e.g. ``EADDRINUSE``).
+    """
+    import socket
+
+    if not port:  # port 0: the OS picks a free one
+        return
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is not "busy"
+        s.bind(addr)
 
 
 def register(app: typer.Typer) -> None:
