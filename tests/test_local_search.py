@@ -164,3 +164,29 @@ def test_cli_search_table(default_engine):
     assert "(bm25)" in res.output
     bad = CliRunner().invoke(app, ["search", "   ", "--index", str(default_engine.folder)])
     assert bad.exit_code == 2 and "empty" in bad.output
+
+
+def test_open_by_corpus_name_when_one_index_matches(default_engine, tmp_path, monkeypatch):
+    """``--index wiki-default`` works like the full name when one built index starts with it;
+    several matches are refused with the list."""
+    from drgym.errors import ConfigError, IndexNotFoundError
+    from drgym.search.local import LocalSearchEngine
+
+    home = tmp_path / "home"
+    (home / "indexes").mkdir(parents=True)
+    monkeypatch.setenv("DRGYM_HOME", str(home))
+    full = default_engine.folder.name
+    assert full.startswith("wiki-default--")
+    (home / "indexes" / full).symlink_to(default_engine.folder)
+    eng = LocalSearchEngine.open("wiki-default", method="bm25")
+    try:
+        assert eng.folder.name == full
+        assert eng.search("Teutberga queen Lotharingia", 1) == default_engine.with_method("bm25").search(
+            "Teutberga queen Lotharingia", 1)
+    finally:
+        eng.close()
+    with pytest.raises(IndexNotFoundError):
+        LocalSearchEngine.open("wiki")  # a prefix of the corpus name is not enough
+    (home / "indexes" / "wiki-default--other--HNSW32").symlink_to(default_engine.folder)
+    with pytest.raises(ConfigError, match=r"'wiki-default' matches 2 built indexes: wiki-default--.*give the full name"):
+        LocalSearchEngine.open("wiki-default")

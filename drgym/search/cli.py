@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         k: int = typer.Option(5, "-k", "--k", help="Number of results (1..100)."),
         method: str = typer.Option(None, "--method", "-m", help="dense, bm25 or hybrid (default: the engine's default)."),
         corpus: str = typer.Option("wiki-default", "--corpus", "-c", help="Named corpus or path; its index is built if missing."),
-        index: str = typer.Option(None, "--index", help="An existing index folder or name (instead of --corpus)."),
+        index: str = typer.Option(None, "--index", help="An existing index: folder, name, or corpus name when one built index matches (instead of --corpus)."),
         server: str = typer.Option(None, "--server", help="Query a drgym server at this base URL instead."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
         width: int = typer.Option(160, "--width", help="Characters of passage text shown."),
@@ -62,7 +62,7 @@ def register(app: typer.Typer) -> None:
     def fetch(
         url: str = typer.Argument(..., help="Document URL (exact or normalised)."),
         corpus: str = typer.Option("wiki-default", "--corpus", "-c", help="Named corpus or path."),
-        index: str = typer.Option(None, "--index", help="An existing index folder or name."),
+        index: str = typer.Option(None, "--index", help="An existing index: folder, name, or corpus name when one built index matches."),
         server: str = typer.Option(None, "--server", help="Fetch from a drgym server at this base URL."),
         as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
     ) -> None:

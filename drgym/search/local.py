@@ -240,14 +240,30 @@ class LocalSearchEngine(SearchBackend):
     def open(cls, name_or_folder: str | Path, **kwargs) -> "LocalSearchEngine":
         """Load an existing index by folder path or by name under ``$DRGYM_HOME/indexes``.
 
+        A name may be the full index name (``hotpotqa--all-MiniLM-L6-v2--Flat``) or its
+        corpus part (``hotpotqa``) when exactly one built index starts with ``hotpotqa--``.
+
         Raises:
             IndexNotFoundError: neither exists.
+            ConfigError: a corpus name matches several built indexes (they are listed).
         """
         from drgym.paths import indexes_dir
 
         p = Path(name_or_folder).expanduser()
-        if not (p / "manifest.json").exists() and (indexes_dir() / str(name_or_folder) / "manifest.json").exists():
-            p = indexes_dir() / str(name_or_folder)
+        if not (p / "manifest.json").exists():
+            root = indexes_dir()
+            name = str(name_or_folder)
+            if (root / name / "manifest.json").exists():
+                p = root / name
+            elif "/" not in name and name not in ("", ".", ".."):
+                import glob
+
+                found = sorted(d.name for d in root.glob(f"{glob.escape(name)}--*") if (d / "manifest.json").exists())
+                if len(found) > 1:
+                    raise ConfigError(f"index name {name!r} matches {len(found)} built indexes: "
+                                      f"{', '.join(found)}; give the full name.")
+                if found:
+                    p = root / found[0]
         return cls(p, **kwargs)
 
     def with_method(self, method: str) -> "LocalSearchEngine":
