@@ -112,10 +112,49 @@ def training_record(name_or_path: str) -> dict | None:
 
 
 def resolve_lm(name_or_path: str) -> str:
-    """Map an LM name to a loadable name or folder (``smollm2`` -> converted folder)."""
+    """Map an LM name to a loadable name or folder (``smollm2`` -> converted folder).
+
+    Raises:
+        ConfigError: a path (absolute, ``./``, ``../``, ``~``, or with more than one
+            ``/``) that is not a folder holding a ``config.json``; an existing folder or
+            file that is not a saved model.
+    """
+    from drgym.errors import ConfigError
+
+    name_or_path = str(name_or_path)
     if name_or_path.lower() in SMOLLM2_ALIASES:
         return str(convert_smollm2())
+    p = Path(name_or_path).expanduser()
+    looks_like_path = name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1
+    if p.exists():
+        if not (p.is_dir() and (p / "config.json").is_file()):
+            raise ConfigError(f"{name_or_path!r} is not a saved model folder (no config.json in it); give a folder "
+                              "written by save_pretrained / drgym train, 'smollm2', or a hub name.")
+        return str(p)
+    if looks_like_path:
+        raise ConfigError(f"model folder {name_or_path!r} does not exist.")
     return name_or_path
+
+
+def load_pretrained(cls, name_or_path: str, **kwargs):
+    """``cls.from_pretrained(name_or_path, **kwargs)`` with loading failures as one clear error.
+
+    Args:
+        cls: ``AutoTokenizer``, ``AutoModelForCausalLM``...
+        name_or_path: a folder or hub name (after :func:`resolve_lm`).
+
+    Raises:
+        ConfigError: the model cannot be loaded (a hub name without hub access here,
+            missing or corrupt files), naming it and the loader's reason.
+    """
+    from drgym.errors import ConfigError
+
+    try:
+        return cls.from_pretrained(name_or_path, **kwargs)
+    except (OSError, ValueError) as e:
+        reason = " ".join(str(e).split())[:300]
+        raise ConfigError(f"cannot load {cls.__name__} from {name_or_path!r}: {reason} (no model hub is reachable "
+                          "offline: give a local folder or 'smollm2').") from e
 
 
 def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device: str | None = None):
@@ -141,10 +180,10 @@ def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device
         torch_dtype = torch.float16 if device.startswith("cuda") else torch.bfloat16
     else:
         torch_dtype = getattr(torch, dtype)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_pretrained(AutoTokenizer, path)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
+    model = load_pretrained(AutoModelForCausalLM, path, dtype=torch_dtype).to(device)
     model.eval()
     return model, tok

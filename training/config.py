@@ -136,8 +136,14 @@ def _task_slice(v: Any, where: str) -> TaskSlice:
     if not isinstance(v, dict) or "set" not in v:
         raise ConfigError(f"{where} must be a task-set name or {{set:, start:, limit:}}, got {v!r}.")
     _check_keys(v, {"set", "start", "limit"}, f"key of {where}")
-    return TaskSlice(set=str(v["set"]), start=int(v.get("start") or 0),
-                     limit=None if v.get("limit") is None else int(v["limit"]))
+    try:
+        ts = TaskSlice(set=str(v["set"]), start=int(v.get("start") or 0),
+                       limit=None if v.get("limit") is None else int(v["limit"]))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: start and limit must be integers, got {v!r}.") from None
+    if ts.start < 0:
+        raise ConfigError(f"{where}.start must be >= 0 (a position in the task set), got {ts.start}.")
+    return ts
 
 
 def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
@@ -238,7 +244,11 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         data = yaml.safe_load(p.read_text(encoding="utf-8"))
     except yaml.YAMLError as e:
         raise ConfigError(f"{p}: not valid YAML ({e}).") from e
-    data = dict(data or {})
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{p}: expected a YAML mapping at the top level (name:, model:, ...), got {type(data).__name__}.")
+    data = dict(data)
     for k, v in (overrides or {}).items():
         if isinstance(v, dict) and isinstance(data.get(k), dict):
             data[k] = {**data[k], **v}

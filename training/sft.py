@@ -208,15 +208,19 @@ def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None =
     from trl import SFTTrainer
 
     from drgym.atomic import atomic_write_json
-    from drgym.models import resolve_lm
+    from drgym.models import load_pretrained, resolve_lm
     from drgym.training.callbacks import JsonlLoggerCallback, TrainingRecordCallback, write_training_record
     from drgym.training.config import build_sft_args
 
     args = build_sft_args(cfg, output_dir)
     cfg.apply_threads()
     out = Path(args.output_dir)
+    if not resume:
+        from drgym.training.grpo import refuse_earlier_run
+
+        refuse_earlier_run(out)
     path = resolve_lm(cfg.model)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_pretrained(AutoTokenizer, path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     trajs = load_trajectories(trajectory_paths)
@@ -226,7 +230,7 @@ def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None =
     ds = build_sft_dataset(tok, trajs, tasks_by_id=tasks_by_id, gold_answers=gold_answers, min_reward=min_reward,
                            max_length=int(cfg.sft.get("max_length") or 1024))
     torch.manual_seed(cfg.seed)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = load_pretrained(AutoModelForCausalLM, path, dtype=torch.float32)
     trainable, total = freeze_bottom(model, cfg.trainable_layers)
     log.info("SFT: %d / %d parameters trainable", trainable, total)
     callbacks = [JsonlLoggerCallback(out / "metrics.jsonl"), TrainingRecordCallback(cfg, "sft")] + list(extra_callbacks or [])
