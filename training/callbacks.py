@@ -120,7 +120,7 @@ class EvalCallback(TrainerCallback):
     ``eval/seconds`` into the trainer log (TensorBoard and ``metrics.jsonl``); each
     evaluation is a rollout run directory ``<output_dir>/eval/step_<N>/`` (its
     ``trajectories.jsonl``, ``config.json`` and ``metrics.json``), which ``drgym report``
-    and ``drgym compare`` read.
+    reads.
 
     Args:
         evaluate: ``f(model, tokenizer, out_dir, name=...) -> (metrics: dict[str, float],

@@ -287,8 +287,7 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
 
     The episodes are run by 4/6's rollout runner (:func:`drgym.rollout.runner.run_rollout`),
     so ``out_dir`` becomes an ordinary rollout run directory (``config.json``,
-    ``trajectories.jsonl``, ``metrics.json``) that ``drgym report`` and ``drgym compare``
-    read. The policy is :class:`drgym.rollout.hf.HFPolicy` on the in-memory model with
+    ``trajectories.jsonl``, ``metrics.json``) that ``drgym report`` reads. The policy is :class:`drgym.rollout.hf.HFPolicy` on the in-memory model with
     ``layout="continuation"`` for the tag protocol: observations continue the assistant
     turn, token for token the layout :class:`~drgym.training.rollout.SearchRolloutFunc`
     trains on (``tests/test_training_eval.py`` checks this). The env is the training
@@ -301,7 +300,9 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
     approximates TRL's tool loop (tool results arrive as user turns).
 
     Metrics (means over the tasks): one per reward function of the run (its name),
-    ``reward`` (their weighted sum, as GRPO sees it), ``em`` (SQuAD exact match),
+    ``reward`` (their weighted sum, as GRPO sees it; the run directory's
+    ``metrics.json`` keeps the env's own ``reward`` and adds these under
+    ``training_rewards``), ``em`` (SQuAD exact match),
     ``answered_frac`` (episodes that ended with an answer), ``searches_mean``,
     ``turns_mean`` and ``invalid_action_rate``.
 
@@ -360,6 +361,13 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
         metrics["searches_mean"] = float(m.get("searches") or 0.0)
         metrics["turns_mean"] = float(m.get("turns") or 0.0)
         metrics["invalid_action_rate"] = float(m.get("invalid_action_rate") or 0.0)
+        # the run directory's own "reward" is the env's; record the run's weighted reward beside it
+        from drgym.atomic import atomic_write_json
+
+        run_metrics = dict(m)
+        run_metrics["training_rewards"] = {"weights": {f.__name__: w for f, w in zip(reward_funcs, weights)},
+                                           **{k: metrics[k] for k in [f.__name__ for f in reward_funcs] + ["reward"]}}
+        atomic_write_json(Path(out_dir) / "metrics.json", run_metrics)
         return metrics, trajs
 
     return evaluate
@@ -417,7 +425,7 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from drgym.models import resolve_lm
+    from drgym.models import load_pretrained, resolve_lm
     from drgym.training.callbacks import EvalCallback, JsonlLoggerCallback, TrainingRecordCallback
     from drgym.training.config import build_grpo_args
     from drgym.training.rollout import SearchRolloutFunc
@@ -428,12 +436,12 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     cfg.apply_threads()
     args = build_grpo_args(cfg)
     path = resolve_lm(cfg.model)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_pretrained(AutoTokenizer, path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if model is None:
         torch.manual_seed(cfg.seed)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = load_pretrained(AutoModelForCausalLM, path, dtype=torch.float32)
     trainable, total = freeze_bottom(model, cfg.trainable_layers)
     log.info("GRPO: %d / %d parameters trainable", trainable, total)
 
@@ -478,6 +486,25 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
                      "tokenizer": tok, "trainable_params": trainable, "total_params": total}
 
 
+def refuse_earlier_run(out: Path) -> None:
+    """Raise when ``out`` holds an earlier training run (its logs or checkpoints).
+
+    A fresh run there would append to the old ``metrics.jsonl`` and leave higher-numbered
+    ``checkpoint-N`` folders that a later ``--resume`` would pick up.
+
+    Raises:
+        ConfigError: ``out`` has ``metrics.jsonl`` or a ``checkpoint-N`` folder.
+    """
+    if not out.is_dir():
+        return
+    found = sorted(p.name for p in out.glob("checkpoint-*") if p.is_dir())
+    if (out / "metrics.jsonl").exists():
+        found.insert(0, "metrics.jsonl")
+    if found:
+        raise ConfigError(f"{out} holds an earlier run ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''}); "
+                          "pass --resume to continue it, or another --output-dir, or remove it.")
+
+
 def _check_disjoint(train: list, held_out: list) -> None:
     overlap = {t.task_id for t in train} & {t.task_id for t in held_out}
     if overlap:
@@ -505,7 +532,8 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
         A summary dict (also written to ``<output_dir>/summary.json``).
 
     Raises:
-        ConfigError: bad config, or ``resume`` without a checkpoint.
+        ConfigError: bad config, ``resume`` without a checkpoint, or (without
+            ``resume``) an ``output_dir`` that holds an earlier run.
     """
     import time
 
@@ -513,6 +541,8 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
 
     from drgym.atomic import atomic_write_json
 
+    if not resume:
+        refuse_earlier_run(Path(cfg.output_dir))
     trainer, parts = build_trainer(cfg, max_steps=max_steps)
     out = Path(trainer.args.output_dir)
     ckpt = None
@@ -546,7 +576,9 @@ def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None 
     Args:
         cfg: run config (its ``tasks.eval``, env, search, rollout budgets and rewards are used).
         model_path: model to evaluate (default ``cfg.model``).
-        num_tasks: first N held-out tasks (default ``eval.num_tasks``).
+        num_tasks: first N held-out tasks (default ``eval.num_tasks``; 0 = the whole
+            ``tasks.eval`` slice, as ``drgym rollout --n 0``; more than the slice holds is
+            cut to the slice, with a warning).
         backend: search backend (default built from ``cfg.search``).
         out_path: optional JSON file for the metrics.
         run_dir: the rollout run directory (episodes, ``config.json``, ``metrics.json``);
@@ -557,7 +589,9 @@ def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None 
         ``{"model", "tasks", "seconds", "run_dir", **metrics}``.
 
     Raises:
-        ConfigError: the config has no ``tasks.eval``.
+        ConfigError: the config has no ``tasks.eval``; a negative ``num_tasks``;
+            ``out_path`` is a directory, lies inside a rollout run directory, cannot be
+            created, or equals the run directory (checked before the model loads).
     """
     import time
 
@@ -565,27 +599,37 @@ def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from drgym.atomic import atomic_write_json
-    from drgym.models import resolve_lm
+    from drgym.models import load_pretrained, resolve_lm
 
     cfg.apply_threads()
     if "eval" not in cfg.tasks:
         raise ConfigError(f"{cfg.source}: tasks.eval is required for evaluation.")
-    tasks = load_task_slice(cfg.tasks["eval"])[: num_tasks or cfg.eval.num_tasks]
+    if num_tasks is not None and num_tasks < 0:
+        raise ConfigError(f"the number of held-out tasks must be >= 0 (0 = the whole tasks.eval slice), got {num_tasks}.")
+    held_out = load_task_slice(cfg.tasks["eval"])
+    want = cfg.eval.num_tasks if num_tasks is None else (num_tasks or len(held_out))
+    if want > len(held_out):
+        log.warning("asked for %d held-out tasks; tasks.eval of %s has %d: evaluating %d.", want, cfg.source,
+                    len(held_out), len(held_out))
+    tasks = held_out[:want]
+    if run_dir is None and out_path:
+        run_dir = Path(out_path).with_suffix(".rollout")
+    if out_path:
+        _check_out_paths(Path(out_path), Path(run_dir))
     model_ref = str(model_path or cfg.model)
     path = resolve_lm(model_ref)
-    tok = AutoTokenizer.from_pretrained(path)
+    tok = load_pretrained(AutoTokenizer, path)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if cfg.protocol == "json":
         from drgym.training.toolenv import use_tool_template
 
         use_tool_template(tok)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = load_pretrained(AutoModelForCausalLM, path, dtype=torch.float32).eval()
     tasks_by_id = {t.task_id: t for t in tasks}
     funcs, weights, _ = build_reward_funcs(cfg, tasks_by_id, num_generations=1, output_dir=cfg.output_dir)
     if run_dir is None:
-        run_dir = (Path(out_path).with_suffix(".rollout") if out_path
-                   else Path(cfg.output_dir) / "eval" / (Path(model_ref).name or "model"))
+        run_dir = Path(cfg.output_dir) / "eval" / (Path(model_ref).name or "model")
     t0 = time.perf_counter()
     metrics, _trajs = make_evaluator(cfg, tasks, funcs, weights, backend=backend)(model, tok, run_dir, name=f"hf:{model_ref}")
     res = {"model": model_ref, "tasks": len(tasks), "seconds": round(time.perf_counter() - t0, 1),
@@ -593,3 +637,25 @@ def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None 
     if out_path:
         atomic_write_json(out_path, res)
     return res
+
+
+def _check_out_paths(out: Path, run_dir: Path) -> None:
+    """Refuse an ``--out`` that would fail or clobber something only after the evaluation."""
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory; give a JSON file path (e.g. {out / 'eval.json'}).")
+    if out.resolve() == run_dir.resolve():
+        raise ConfigError(f"--out {out} would also be the rollout run directory; use a .json name.")
+    if (out.parent / "trajectories.jsonl").exists() or (out.parent / "config.json").exists() and \
+            (out.parent / "metrics.json").exists():
+        raise ConfigError(f"--out {out} is inside a rollout run directory ({out.parent}); write it elsewhere.")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"the rollout run directory {run_dir} (beside --out) exists and is not a directory.")
+    import tempfile
+
+    for folder in (out.parent, run_dir):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".drgym-probe-"):
+                pass
+        except OSError as e:
+            raise ConfigError(f"cannot write to {folder} for --out {out}: {e.strerror or e}.") from None
