@@ -139,10 +139,21 @@ class HFPolicy(Policy):
         if self.layout == "auto":
             from drgym.models import training_record
 
+            from pathlib import Path
+
+            from drgym.models import TRAINING_RECORD
+
             rec = training_record(self.model_name) or {}
             self.layout = rec.get("layout") if rec.get("layout") in ("chat", "continuation") else "chat"
-            if rec:
+            folder = Path(self.model_name)
+            if rec.get("layout") in ("chat", "continuation"):
                 log.info("%s: drgym-trained model (%s), layout=%s", self.name, rec.get("stage"), self.layout)
+            elif (folder / TRAINING_RECORD).exists():
+                log.warning("%s: %s has no valid layout; using layout=chat. A model trained by drgym train "
+                            "needs -p layout=continuation.", self.name, folder / TRAINING_RECORD)
+            elif (folder / "training_args.bin").exists():
+                log.warning("%s: a Trainer output without %s (saved by an older drgym?); using layout=chat. "
+                            "If drgym train made it, pass -p layout=continuation.", self.name, TRAINING_RECORD)
         self.device = next(self.model.parameters()).device
         self.dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
         self.max_new_tokens = int(max_new_tokens)

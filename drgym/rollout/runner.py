@@ -43,6 +43,9 @@ questions in <= 5 minutes on 2 CPU cores once the model and index are cached).""
 
 QA_METRICS = ("em", "f1", "cover_em")
 
+RESOLVED_POLICY_KEYS = ("layout", "scaffold", "dtype")
+"""Policy settings resolved at build time (``auto`` values), checked when a run resumes."""
+
 
 @dataclass
 class RolloutConfig:
@@ -394,6 +397,22 @@ def run_rollout(
             "seeds": {"base": config.seed, "episode_seed": "base + position of the episode in its driver batch (affects episode ids only; greedy decoding)"},
             "setup_s": round(setup_s, 3),
         }
+        if cfg_path.exists() and done_ids:
+            # settings a policy resolves itself (layout=auto from the model folder, scaffold=auto)
+            # are not in the identity; a resumed run must not mix them
+            try:
+                prev_pol = json.loads(cfg_path.read_text(encoding="utf-8")).get("policy") or {}
+            except (OSError, json.JSONDecodeError):
+                prev_pol = {}
+            now_pol = cfg_record["policy"]
+            changed = [k for k in RESOLVED_POLICY_KEYS if k in prev_pol and prev_pol.get(k) != now_pol.get(k)]
+            if changed:
+                if own_policy and pol is not None:
+                    pol.close()
+                raise ConfigError(
+                    f"{out} was run with policy {', '.join(f'{k}={prev_pol.get(k)!r}' for k in changed)}, this policy "
+                    f"resolves to {', '.join(f'{k}={now_pol.get(k)!r}' for k in changed)}; resuming would mix them. "
+                    "Pass the old value with -p, or use --fresh / another --out.")
         if cfg_path.exists():
             try:
                 prev = json.loads(cfg_path.read_text(encoding="utf-8"))
