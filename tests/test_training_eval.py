@@ -136,6 +136,11 @@ def test_eval_contexts_match_the_grpo_rollout_token_for_token(tmp_path, tokenize
     assert metrics["searches_mean"] == pytest.approx(2 / 3) and metrics["turns_mean"] == 2.0
     assert metrics["invalid_action_rate"] == pytest.approx(1 / 6)
     assert metrics["reward"] == pytest.approx(1.0 + 0.2 * metrics["format"])
+    import json
+
+    run_m = json.loads((tmp_path / "ev" / "metrics.json").read_text())
+    assert run_m["training_rewards"]["reward"] == pytest.approx(metrics["reward"])
+    assert run_m["training_rewards"]["weights"] == {"f1": 1.0, "format": 0.2}
 
 
 def test_chat_layout_would_differ(tmp_path, tokenizer, bm25_backend):
@@ -191,7 +196,7 @@ def test_train_eval_command_writes_metrics_and_a_rollout_run(tmp_path, bm25_back
     assert rec["policy"]["scaffold"] == "none" and rec["policy"]["max_new_tokens"] == 8
 
 
-def test_hf_policy_reads_the_layout_a_drgym_model_was_trained_in(tmp_path):
+def test_hf_policy_reads_the_layout_a_drgym_model_was_trained_in(tmp_path, caplog):
     """``layout="auto"`` (the default) follows the folder's drgym_training.json."""
     from drgym.models import TRAINING_RECORD, resolve_lm
     from drgym.rollout.hf import HFPolicy
@@ -204,6 +209,10 @@ def test_hf_policy_reads_the_layout_a_drgym_model_was_trained_in(tmp_path):
     for f in os.listdir(src):
         (folder / f).symlink_to(os.path.join(src, f))
     assert HFPolicy(str(folder), dtype="float32").describe()["layout"] == "chat"  # no record: a plain chat model
+    (folder / "training_args.bin").write_bytes(b"")  # a Trainer output without a record: warned
+    with caplog.at_level("WARNING", logger="drgym.rollout.hf"):
+        assert HFPolicy(str(folder), dtype="float32").layout == "chat"
+    assert "-p layout=continuation" in caplog.text
 
     write_training_record(folder, load_config("searchqa_smollm2_cpu"), "sft")
     pol = HFPolicy(str(folder), dtype="float32")
@@ -211,3 +220,97 @@ def test_hf_policy_reads_the_layout_a_drgym_model_was_trained_in(tmp_path):
     assert HFPolicy(str(folder), dtype="float32", layout="chat").layout == "chat"  # an explicit layout wins
     (folder / TRAINING_RECORD).write_text("{not json")
     assert HFPolicy(str(folder), dtype="float32").layout == "chat"  # an unreadable record is ignored
+
+
+# -- bad input: one clear error, found before anything slow runs ----------------------------
+def test_bad_model_paths_are_one_clear_error(tmp_path):
+    from drgym.errors import ConfigError
+    from drgym.models import load_pretrained, resolve_lm
+
+    with pytest.raises(ConfigError, match="model folder '/nope/model' does not exist"):
+        resolve_lm("/nope/model")
+    with pytest.raises(ConfigError, match="model folder './runs/x/final' does not exist"):
+        resolve_lm("./runs/x/final")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file.bin").write_bytes(b"x")
+    for bad in (tmp_path / "empty", tmp_path / "file.bin"):
+        with pytest.raises(ConfigError, match="is not a saved model folder"):
+            resolve_lm(str(bad))
+    assert resolve_lm("Qwen/Qwen3-1.7B") == "Qwen/Qwen3-1.7B"  # hub names pass through
+    from transformers import AutoTokenizer
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="cannot load AutoTokenizer from 'no-such-org/no-such-model'"):
+        load_pretrained(AutoTokenizer, "no-such-org/no-such-model")
+
+
+def test_train_eval_cli_refuses_bad_n_and_out_before_loading(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    def run(*args):
+        res = CliRunner().invoke(app, ["train", "eval", "--config", "searchqa_smollm2_cpu", "--model", "/nope/m", *args])
+        return res.exit_code, res.output
+
+    code, out = run("-n", "-3")
+    assert code == 2 and "must be >= 0" in out
+    (tmp_path / "adir").mkdir()
+    code, out = run("--out", str(tmp_path / "adir"))
+    assert code == 2 and "is a directory" in out
+    run_dir = tmp_path / "r"
+    run_dir.mkdir()
+    for f in ("config.json", "metrics.json", "trajectories.jsonl"):
+        (run_dir / f).write_text("{}")
+    code, out = run("--out", str(run_dir / "metrics.json"))
+    assert code == 2 and "inside a rollout run directory" in out
+    assert json.loads((run_dir / "metrics.json").read_text()) == {}  # untouched
+    (tmp_path / "afile").write_text("x")
+    code, out = run("--out", str(tmp_path / "afile" / "x.json"))
+    assert code == 2 and "cannot write to" in out
+    code, out = run("--out", str(tmp_path / "ok.json"))  # a good --out: now the model path is refused
+    assert code == 2 and "model folder '/nope/m' does not exist" in out and "Traceback" not in out
+
+
+def test_config_refuses_a_list_and_a_negative_start(tmp_path):
+    from drgym.errors import ConfigError
+    from drgym.training.config import load_config
+
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="expected a YAML mapping at the top level"):
+        load_config(tmp_path / "list.yaml")
+    with pytest.raises(ConfigError, match=r"start must be >= 0"):
+        load_config("searchqa_smollm2_cpu", {"tasks": {"eval": {"set": "hotpotqa-dev", "start": -5, "limit": 3}}})
+
+
+def test_a_fresh_run_refuses_an_output_dir_with_an_earlier_run(tmp_path):
+    from drgym.errors import ConfigError
+    from drgym.training.grpo import refuse_earlier_run
+
+    refuse_earlier_run(tmp_path / "new")  # absent: fine
+    (tmp_path / "run" / "sft").mkdir(parents=True)
+    refuse_earlier_run(tmp_path / "run")  # an SFT sub-folder is not an earlier GRPO run
+    (tmp_path / "run" / "checkpoint-2").mkdir()
+    with pytest.raises(ConfigError, match=r"holds an earlier run \(checkpoint-2\); pass --resume"):
+        refuse_earlier_run(tmp_path / "run")
+
+
+def test_resume_refuses_a_policy_that_resolves_to_another_layout(tmp_path, tokenizer, bm25_backend):
+    from drgym.errors import ConfigError
+    from drgym.rollout.hf import HFPolicy
+    from drgym.rollout.runner import RolloutConfig, run_rollout
+
+    cfg, tasks, _f, _w, lm = _parts(tmp_path, tokenizer)
+    rc = RolloutConfig(tasks="held-out", policy="hf:scripted-lm", n=1, out=str(tmp_path / "r"), max_turns=2,
+                       env_options={"top_k": 2, "max_fetches": 0}, plots=False, rewards=[])
+    run_rollout(rc, policy=HFPolicy(lm, tokenizer=tokenizer, layout="continuation"), backend=bm25_backend,
+                progress=False, tasks=tasks)
+    rc.n = 2
+    with pytest.raises(ConfigError, match=r"layout='continuation'.*layout='chat'; resuming would mix them"):
+        run_rollout(rc, policy=HFPolicy(lm, tokenizer=tokenizer, layout="chat"), backend=bm25_backend,
+                    progress=False, tasks=tasks)
+    res = run_rollout(rc, policy=HFPolicy(lm, tokenizer=tokenizer, layout="continuation"), backend=bm25_backend,
+                      progress=False, tasks=tasks)
+    assert res.new_episodes == 1 and res.skipped == 1
