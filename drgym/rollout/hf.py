@@ -137,11 +137,9 @@ class HFPolicy(Policy):
                 tokenizer.pad_token = tokenizer.eos_token
         self.name = name or f"hf:{self.model_name}"
         if self.layout == "auto":
-            from drgym.models import training_record
-
             from pathlib import Path
 
-            from drgym.models import TRAINING_RECORD
+            from drgym.models import TRAINING_RECORD, training_record
 
             rec = training_record(self.model_name) or {}
             self.layout = rec.get("layout") if rec.get("layout") in ("chat", "continuation") else "chat"
