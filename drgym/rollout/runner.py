@@ -309,7 +309,6 @@ def run_rollout(
     t_start = time.perf_counter()
     config.validate()
     out = config.out_dir()
-    out.mkdir(parents=True, exist_ok=True)
     traj_path = out / "trajectories.jsonl"
     cfg_path = out / "config.json"
     if fresh:
