@@ -314,3 +314,63 @@ def test_resume_refuses_a_policy_that_resolves_to_another_layout(tmp_path, token
     res = run_rollout(rc, policy=HFPolicy(lm, tokenizer=tokenizer, layout="continuation"), backend=bm25_backend,
                       progress=False, tasks=tasks)
     assert res.new_episodes == 1 and res.skipped == 1
+
+
+def test_kv_cache_reuse_between_turns_gives_the_same_rollouts(tmp_path, tokenizer, bm25_backend, monkeypatch):
+    """The bundled model, greedy, 3 turns on real questions: reusing the previous turn's KV
+    cache (masking the eos a rollout drops, and padding after stops) writes the same tokens
+    as re-encoding every context."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import drgym.training.rollout as R
+    from drgym.models import resolve_lm
+    from drgym.training.grpo import build_dataset, make_env_factory
+
+    cfg, tasks, *_ = _parts(tmp_path, tokenizer)
+    cfg.rollout.update({"max_turns": 3, "max_new_tokens": 64, "gen_batch_size": 8})  # turns end at different lengths
+    model = AutoModelForCausalLM.from_pretrained(resolve_lm("smollm2"), dtype=torch.float32)
+    factory = make_env_factory(cfg, tasks, backend=bm25_backend, max_turns=3)
+    _ds, table = build_dataset(tasks, factory, tokenizer)
+    reused = []
+    inner = R._reuse_inputs
+    monkeypatch.setattr(R, "_reuse_inputs", lambda *a: reused.append(inner(*a)) or reused[-1])
+    outs = {}
+    for reuse in (False, True):
+        s = cfg.rollout_settings()
+        s.greedy, s.reuse_cache = True, reuse
+        outs[reuse] = R.SearchRolloutFunc(factory, table, s).run(list(table), model=model, tokenizer=tokenizer)
+    assert reused and all(r is not None for r in reused)  # turns 2 and 3 read the cache
+    assert outs[True]["completion_ids"] == outs[False]["completion_ids"]
+    assert outs[True]["env_mask"] == outs[False]["env_mask"]
+    assert max(outs[True]["num_turns"]) >= 2
+
+
+def test_kv_cache_reuse_for_a_subset_of_rows(tokenizer, monkeypatch):
+    """Rows that finished drop out of the batch: the cache keeps the others, in order."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import drgym.training.rollout as R
+    from drgym.models import resolve_lm
+    from drgym.training.rollout import hf_generate_turn
+
+    reused_inputs = []
+    inner = R._reuse_inputs
+    monkeypatch.setattr(R, "_reuse_inputs", lambda *a: reused_inputs.append(inner(*a)) or reused_inputs[-1])
+
+    model = AutoModelForCausalLM.from_pretrained(resolve_lm("smollm2"), dtype=torch.float32)
+    qs = ["Who wrote Hamlet?", "Which river flows through Vienna, the capital of Austria?", "Who painted the Mona Lisa?"]
+    ctx = [tokenizer(tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                                   tokenize=False), add_special_tokens=False)["input_ids"] for q in qs]
+    kw = dict(max_new_tokens=12, temperature=1.0, do_sample=False)
+    first, state = hf_generate_turn(model, tokenizer, ctx, keys=["a", "b", "c"], **kw)
+    assert state is not None
+    obs = tokenizer("\n\n<information>Doc 1 (Title: Danube) The Danube flows through Vienna.</information>\n\n",
+                    add_special_tokens=False)["input_ids"]
+    nxt = [ctx[i] + first[i] + obs for i in (2, 0)]  # "b" finished; the order changes too
+    reused, _ = hf_generate_turn(model, tokenizer, nxt, keys=["c", "a"], prev=state, **kw)
+    assert len(reused_inputs) == 1 and reused_inputs[0] is not None
+    assert reused_inputs[0][0].shape[0] == 2  # two rows read the cache
+    fresh, _ = hf_generate_turn(model, tokenizer, nxt, **kw)
+    assert reused == fresh and all(reused)

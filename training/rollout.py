@@ -111,16 +111,124 @@ def hf_generate(model, tokenizer, batch_ids: list[list[int]], *, max_new_tokens:
     Returns:
         The new ids of each row, cut by :func:`cut_at_stop`.
     """
+    ids, _state = hf_generate_turn(model, tokenizer, batch_ids, max_new_tokens=max_new_tokens,
+                                   temperature=temperature, do_sample=do_sample, top_k=top_k, top_p=top_p)
+    return ids
+
+
+@dataclass
+class TurnCache:
+    """What one ``generate`` call leaves for the next turn of the same rows (HF backend).
+
+    Attributes:
+        keys: one key per row (the caller's row identities), in batch order.
+        seq: ``(rows, C + 1)`` long tensor of the ids the call saw and wrote (left pads
+            and masked holes included); the KV cache covers its first ``C`` columns.
+        mask: ``(rows, T_in)`` attention mask of the call's input columns.
+        contexts: each row's context (``list[int]``) that the input columns held.
+        generated: each row's generated ids (padding included).
+        cache: the ``transformers`` KV cache (``DynamicCache``) of ``seq[:, :C]``.
+    """
+
+    keys: list[Any]
+    seq: Any
+    mask: Any
+    contexts: list[list[int]]
+    generated: list[list[int]]
+    cache: Any
+
+
+def _reuse_inputs(prev: TurnCache, keys: list[Any], contexts: list[list[int]], pad: int):
+    """Inputs of the next turn that reuse ``prev``'s KV cache, or None when they cannot.
+
+    Row ``i``'s new context must extend what ``prev`` saw for it (its old context, then
+    a prefix of what it generated, then new tokens such as an observation). Cached
+    positions outside the new context (padding written after a stop, an eos the rollout
+    dropped) are masked out, and the new tokens are left-padded after the cached
+    columns, so each row attends to exactly its context; position ids follow the mask
+    (``cumsum``), as in a contiguous left-padded batch.
+
+    Returns:
+        ``(input_ids, attention_mask, cache)`` or None (a row not in ``prev``, a context
+        that does not extend its old one, or nothing new to read).
+    """
+    import torch
+
+    where = {k: j for j, k in enumerate(prev.keys)}
+    if any(k not in where for k in keys):
+        return None
+    cached = prev.cache.get_seq_length() if prev.cache is not None else 0
+    t_in = prev.mask.shape[1]
+    n_gen = cached - t_in  # generated tokens in the cache (the last one written is not)
+    if n_gen < 0:
+        return None
+    masks, suffixes = [], []
+    for k, ctx in zip(keys, contexts):
+        j = where[k]
+        old = prev.contexts[j]
+        if ctx[: len(old)] != old:
+            return None
+        rest = ctx[len(old):]
+        gen = prev.generated[j][:n_gen]
+        m = 0
+        while m < len(gen) and m < len(rest) and gen[m] == rest[m]:
+            m += 1
+        suffix = rest[m:]
+        if not suffix:
+            return None
+        masks.append(prev.mask[j].tolist() + [1] * m + [0] * (n_gen - m))
+        suffixes.append(suffix)
+    width = max(len(x) for x in suffixes)
+    idx = torch.tensor([where[k] for k in keys], dtype=torch.long)
+    head = prev.seq[idx, :cached]
+    tail = torch.tensor([[pad] * (width - len(x)) + x for x in suffixes], dtype=torch.long)
+    mask = torch.tensor([m + [0] * (width - len(x)) + [1] * len(x) for m, x in zip(masks, suffixes)], dtype=torch.long)
+    cache = prev.cache
+    if idx.tolist() != list(range(len(prev.keys))):
+        cache.batch_select_indices(idx.to(head.device))
+    return torch.cat([head, tail.to(head.device)], 1), mask, cache
+
+
+def hf_generate_turn(model, tokenizer, contexts: list[list[int]], *, max_new_tokens: int, temperature: float,
+                     do_sample: bool = True, top_k: int = 0, top_p: float = 1.0, keys: list[Any] | None = None,
+                     prev: TurnCache | None = None) -> tuple[list[list[int]], TurnCache | None]:
+    """One turn of ``model.generate`` for each row, reusing the previous turn's KV cache.
+
+    Without ``prev`` (or when it cannot serve these rows, see :func:`_reuse_inputs`) the
+    contexts are left-padded and encoded whole. With it, only the tokens added since the
+    previous turn (the observation) are encoded: the prompt and earlier turns are not
+    re-encoded each turn, which is most of a multi-turn step's generation time on CPU
+    (``scripts/bench_train.py``).
+
+    Args:
+        model: a causal LM (possibly the trainer's model, in train mode).
+        contexts: one ``list[int]`` context per row.
+        max_new_tokens: per-turn cap.
+        temperature: sampling temperature (as ``GRPOConfig.temperature``).
+        keys: row identities, needed to reuse the cache next turn (None: no reuse).
+        prev: the :class:`TurnCache` of the previous turn.
+
+    Returns:
+        ``(new_ids, turn_cache)``: each row's new ids cut by :func:`cut_at_stop`, and the
+        cache for the next turn (None when ``keys`` is None or the model returned no
+        cache).
+    """
     import torch
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    width = max(len(x) for x in batch_ids)
-    input_ids = torch.full((len(batch_ids), width), pad, dtype=torch.long)
-    attn = torch.zeros((len(batch_ids), width), dtype=torch.long)
-    for i, x in enumerate(batch_ids):
-        input_ids[i, width - len(x):] = torch.tensor(x, dtype=torch.long)
-        attn[i, width - len(x):] = 1
     device = next(model.parameters()).device
+    reuse = _reuse_inputs(prev, keys, contexts, pad) if (prev is not None and keys is not None) else None
+    if reuse is not None:
+        input_ids, attn, cache = reuse
+    else:
+        width = max(len(x) for x in contexts)
+        input_ids = torch.full((len(contexts), width), pad, dtype=torch.long)
+        attn = torch.zeros((len(contexts), width), dtype=torch.long)
+        for i, x in enumerate(contexts):
+            input_ids[i, width - len(x):] = torch.tensor(x, dtype=torch.long)
+            attn[i, width - len(x):] = 1
+        cache = None
+    width = input_ids.shape[1]
     was_training = model.training
     model.eval()
     try:
@@ -133,12 +241,23 @@ def hf_generate(model, tokenizer, batch_ids: list[list[int]], *, max_new_tokens:
                 gen_kwargs.update(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
             else:
                 gen_kwargs.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+            if keys is not None:
+                gen_kwargs["return_dict_in_generate"] = True
+            if cache is not None:
+                gen_kwargs["cache"] = cache
             out = model.generate(input_ids=input_ids.to(device), attention_mask=attn.to(device), **gen_kwargs)
     finally:
         if was_training:
             model.train()
-    new = out[:, width:].tolist()
-    return [cut_at_stop(tokenizer, row)[0] for row in new]
+    seq = out if isinstance(out, torch.Tensor) else out.sequences
+    new = seq[:, width:].tolist()
+    kept = [cut_at_stop(tokenizer, row)[0] for row in new]
+    new_cache = None if isinstance(out, torch.Tensor) else getattr(out, "cache", None)
+    state = None
+    if keys is not None and new_cache is not None:
+        state = TurnCache(keys=list(keys), seq=seq, mask=attn, contexts=[list(c) for c in contexts], generated=new,
+                          cache=new_cache)
+    return kept, state
 
 
 def vllm_generate(trainer, tokenizer, batch_ids: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
@@ -174,6 +293,10 @@ class RolloutSettings:
         temperature: sampling temperature (same as ``GRPOConfig.temperature``).
         gen_batch_size: rows per ``generate`` call on the HF backend.
         greedy: greedy decoding (evaluation); training samples.
+        reuse_cache: on the HF backend, when a rollout batch fits one ``generate`` call
+            (at most ``gen_batch_size`` episodes), keep the KV cache between turns so a
+            turn encodes only the new observation (:func:`hf_generate_turn`); False
+            re-encodes every context each turn.
     """
 
     max_turns: int = 2
@@ -182,6 +305,7 @@ class RolloutSettings:
     temperature: float = 1.0
     gen_batch_size: int = 16
     greedy: bool = False
+    reuse_cache: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_new_tokens", "max_completion_tokens", "gen_batch_size"):
@@ -289,6 +413,7 @@ class SearchRolloutFunc:
             states.append(EpisodeState(env=env, prompt_ids=pids, info=info))
         t_env += time.perf_counter() - t0
 
+        turn_cache: TurnCache | None = None
         for _turn in range(s.max_turns):
             active = [st for st in states if not st.done]
             if not active:
@@ -296,13 +421,18 @@ class SearchRolloutFunc:
             tg = time.perf_counter()
             new_ids: list[list[int]] = []
             new_lps: list[list[float]] = []
+            # one chunk: the KV cache of the previous turn serves this one (HF backend)
+            single = len(states) <= s.gen_batch_size and s.reuse_cache
             for b in range(0, len(active), s.gen_batch_size):
-                chunk = [st.prompt_ids + st.completion_ids for st in active[b: b + s.gen_batch_size]]
+                rows = active[b: b + s.gen_batch_size]
+                chunk = [st.prompt_ids + st.completion_ids for st in rows]
                 if trainer is not None:
                     ids, lps = vllm_generate(trainer, tokenizer, chunk)
                 else:
-                    ids = hf_generate(model, tokenizer, chunk, max_new_tokens=s.max_new_tokens,
-                                      temperature=s.temperature, do_sample=not s.greedy)
+                    ids, turn_cache = hf_generate_turn(
+                        model, tokenizer, chunk, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
+                        do_sample=not s.greedy, keys=[id(st) for st in rows] if single else None,
+                        prev=turn_cache if single else None)
                     lps = [[0.0] * len(x) for x in ids]
                 new_ids += ids
                 new_lps += lps
