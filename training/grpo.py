@@ -645,8 +645,9 @@ def _check_out_paths(out: Path, run_dir: Path) -> None:
         raise ConfigError(f"--out {out} is a directory; give a JSON file path (e.g. {out / 'eval.json'}).")
     if out.resolve() == run_dir.resolve():
         raise ConfigError(f"--out {out} would also be the rollout run directory; use a .json name.")
-    if (out.parent / "trajectories.jsonl").exists() or (out.parent / "config.json").exists() and \
-            (out.parent / "metrics.json").exists():
+    in_run_dir = (out.parent / "trajectories.jsonl").exists() or (
+        (out.parent / "config.json").exists() and (out.parent / "metrics.json").exists())
+    if in_run_dir:
         raise ConfigError(f"--out {out} is inside a rollout run directory ({out.parent}); write it elsewhere.")
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"the rollout run directory {run_dir} (beside --out) exists and is not a directory.")
