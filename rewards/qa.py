@@ -166,21 +166,32 @@ _ENUM = re.compile(r"^\s*(?:[-*\u2022]|\(?\d{1,2}[.)])\s+")
 CANDIDATE_MODES = ("allow", "divide", "zero")
 
 
-def candidate_parts(prediction: str) -> list[str]:
+def candidate_parts(prediction: str, golds: str | list[str] = ()) -> list[str]:
     """The normalised candidates a prediction lists (one element when it lists none).
 
     The prediction is split on list separators (new lines, ``;``, ``|``, ``", "``,
     ``" / "``, ``" & "``, ``" or "``, ``" and "``, ``" and/or "``, ``" vs "``, inline
     ``1)`` / ``2.`` enumerations), bullet markers are dropped, each part is normalised
-    (:func:`normalize_answer`) and empty parts are dropped.
+    (:func:`normalize_answer`) and empty parts are dropped. A gold alias that itself holds
+    a separator (``"Columbus, Ohio"``) is kept whole where it occurs (case-insensitive).
 
     >>> candidate_parts("Paris, London, or Rome")
     ['paris', 'london', 'rome']
-    >>> candidate_parts("1,000 people")
-    ['1000 people']
+    >>> candidate_parts("1,000 people"), candidate_parts("It is Columbus, Ohio.", ["Columbus, Ohio"])
+    (['1000 people'], ['it is columbus ohio'])
     """
-    parts = [normalize_answer(_ENUM.sub("", p)) for p in _CAND_SEP.split(str(prediction or ""))]
-    return [p for p in parts if p]
+    text = str(prediction or "")
+    protected = sorted({g.strip() for g in _golds(golds) if g.strip() and _CAND_SEP.search(g.strip())}, key=len, reverse=True)
+    for k, g in enumerate(protected):
+        text = re.sub(re.escape(g), f"\ue000{k}\ue000", text, flags=re.I)
+    parts = []
+    for raw in _CAND_SEP.split(text):
+        for k, g in enumerate(protected):
+            raw = raw.replace(f"\ue000{k}\ue000", g)
+        part = normalize_answer(_ENUM.sub("", raw))
+        if part:
+            parts.append(part)
+    return parts
 
 
 def _candidate_right(part: str, gold_norms: list[str]) -> bool:
@@ -256,7 +267,7 @@ class AnswerGuard:
             if len(p.split()) > cap:
                 return 0.0
         if self.candidates != "allow" and p not in gold_norms:
-            parts = candidate_parts(prediction)
+            parts = candidate_parts(prediction, golds)
             if len(parts) > 1:
                 right = sum(_candidate_right(c, gold_norms) for c in parts)
                 return right / len(parts) if self.candidates == "divide" else float(right == len(parts))
