@@ -171,21 +171,32 @@ _ENUM = re.compile(r"^\s*(?:[-*\u2022]|\(?\d{1,2}[.)])\s+")
 CANDIDATE_MODES = ("allow", "divide", "zero")
 
 
-def candidate_parts(prediction: str) -> list[str]:
+def candidate_parts(prediction: str, golds: str | list[str] = ()) -> list[str]:
     """The normalised candidates a prediction lists (one element when it lists none).
 
     The prediction is split on list separators (new lines, ``;``, ``|``, ``", "``,
     ``" / "``, ``" & "``, ``" or "``, ``" and "``, ``" and/or "``, ``" vs "``, inline
     ``1)`` / ``2.`` enumerations), bullet markers are dropped, each part is normalised
-    (:func:`normalize_answer`) and empty parts are dropped.
+    (:func:`normalize_answer`) and empty parts are dropped. A gold alias that itself holds
+    a separator (``"Columbus, Ohio"``) is kept whole where it occurs (case-insensitive).
 
     >>> candidate_parts("Paris, London, or Rome")
     ['paris', 'london', 'rome']
-    >>> candidate_parts("1,000 people")
-    ['1000 people']
+    >>> candidate_parts("1,000 people"), candidate_parts("It is Columbus, Ohio.", ["Columbus, Ohio"])
+    (['1000 people'], ['it is columbus ohio'])
     """
-    parts = [normalize_answer(_ENUM.sub("", p)) for p in _CAND_SEP.split(str(prediction or ""))]
-    return [p for p in parts if p]
+    text = str(prediction or "")
+    protected = sorted({g.strip() for g in _golds(golds) if g.strip() and _CAND_SEP.search(g.strip())}, key=len, reverse=True)
+    for k, g in enumerate(protected):
+        text = re.sub(re.escape(g), f"\ue000{k}\ue000", text, flags=re.I)
+    parts = []
+    for raw in _CAND_SEP.split(text):
+        for k, g in enumerate(protected):
+            raw = raw.replace(f"\ue000{k}\ue000", g)
+        part = normalize_answer(_ENUM.sub("", raw))
+        if part:
+            parts.append(part)
+    return parts
 
 
 def _candidate_right(part: str, gold_norms: list[str]) -> bool:
@@ -261,7 +272,7 @@ class AnswerGuard:
             if len(p.split()) > cap:
                 return 0.0
         if self.candidates != "allow" and p not in gold_norms:
-            parts = candidate_parts(prediction)
+            parts = candidate_parts(prediction, golds)
             if len(parts) > 1:
                 right = sum(_candidate_right(c, gold_norms) for c in parts)
                 return right / len(parts) if self.candidates == "divide" else float(right == len(parts))
@@ -305,7 +316,7 @@ class ExactMatch(_StringMetric):
     __doc__ = """Exact match (HotpotQA ``exact_match_score``), max over gold aliases.
 """ + _GUARD_ARGS + """
 
-    >>> from drgym.envs.tasks import Task
+    >>> from drgym.records import Task
     >>> ExactMatch().score([Episode(Task("t", "Capital of France?", ["Paris"]), "paris.")]).scores
     [1.0]
     """
@@ -321,7 +332,7 @@ class CoverExactMatch(_StringMetric):
     ``candidates="divide"`` and ``max_answer_tokens``, or use ``em`` / ``f1``.
 """ + _GUARD_ARGS + """
 
-    >>> from drgym.envs.tasks import Task
+    >>> from drgym.records import Task
     >>> e = Episode(Task("t", "Capital of France?", ["Paris"]), "Paris, London, Berlin, Rome")
     >>> CoverExactMatch().score([e]).scores, CoverExactMatch(candidates="divide").score([e]).scores
     ([1.0], [0.25])
@@ -335,7 +346,7 @@ class F1(_StringMetric):
     __doc__ = """Token F1 of the official HotpotQA evaluation (:func:`token_f1`), max over gold aliases.
 """ + _GUARD_ARGS + """
 
-    >>> from drgym.envs.tasks import Task
+    >>> from drgym.records import Task
     >>> F1().score([Episode(Task("t", "Is Paris in France?", ["yes"]), "yes or no")]).scores
     [0.0]
     >>> F1(max_answer_tokens=5).score([Episode(Task("t", "Who?", ["Gustave Eiffel"]), "Gustave Eiffel " * 4)]).scores
@@ -361,7 +372,7 @@ class SoftMatch(Reward):
     An answer with no letter or digit scores 0 and an exact match 1 without a call, so
     no judge is needed for those:
 
-    >>> from drgym.envs.tasks import Task
+    >>> from drgym.records import Task
     >>> r = SoftMatch(judge=None, candidates="zero")  # judge=None: no judged case below
     >>> r.score([Episode(Task("t", "Capital?", ["Paris"]), "Paris"),
     ...          Episode(Task("t", "Capital?", ["Paris"]), "Paris or Rome")]).scores
@@ -426,7 +437,7 @@ class FormatReward(Reward):
     (``{"weighted": {"f1": 1.0, "format": 0.1}}``). It pays for any well-formed answer,
     right or wrong, so it is a small collapse guard, never a task reward on its own.
 
-    >>> from drgym.envs.tasks import Task
+    >>> from drgym.records import Task
     >>> FormatReward().score([Episode(Task("t", "q", ["x"]), "Paris"), Episode(Task("t", "q", ["x"]), "...")]).scores
     [1.0, 0.0]
     """

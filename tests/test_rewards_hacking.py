@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from drgym.envs.task_loaders import load_tasks
-from drgym.envs.tasks import Task
+from drgym.records import Task
 from drgym.errors import ConfigError
 from drgym.rewards import Episode, build_reward, get_reward
 from drgym.rewards.qa import (
@@ -347,3 +347,20 @@ def test_reward_docstring_examples_run():
     for mod in (qa, length):
         res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert res.failed == 0 and res.attempted > 0, mod.__name__
+
+
+def test_bench_rewards_script_runs_on_a_dev_slice(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_rewards", Path(__file__).resolve().parents[1] / "scripts" / "bench_rewards.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "b.json"
+    assert bench.main(["--out", str(out), "--sets", "nq-open", "--limit", "30", "--no-search"]) == 0
+    rec = json.loads(out.read_text())
+    res = rec["results"]
+    assert rec["n_questions"] == 30 and "passage_top1" not in res["em"]
+    assert res["em"]["gold"]["mean"] == 1.0 and res["em"]["candidates_4"]["mean"] == 0.0
+    assert res["cover_em"]["candidates_4"]["mean"] == 1.0                 # the hole, measured
+    assert res["cover_em guarded"]["candidates_4"]["mean"] <= 0.25 + 1e-9   # one right among 4, at most
+    assert res["format"]["punct"]["mean"] == 0.0 and res["format"]["wrong"]["mean"] == 1.0
