@@ -16,6 +16,8 @@ A config file has these top-level keys (all but ``name`` optional)::
     grpo: {...}                       # trl.GRPOConfig keyword arguments
     sft: {...}                        # trl.SFTConfig keyword arguments
     launch: {accelerate_config: training/configs/accelerate_zero2.yaml, num_processes: 8}
+    peft: {r: 16, lora_alpha: 32, target_modules: [q_proj, v_proj]}   # LoRA (peft.LoraConfig kwargs)
+    zero_variance: {filter_groups: true}   # GRPO: drop groups whose rewards are all equal
 
 Unknown keys raise :class:`~drgym.errors.ConfigError` with a "did you mean" hint, and
 so does any GRPOConfig/SFTConfig argument TRL rejects.
@@ -35,8 +37,10 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 TOP_KEYS = {
     "name", "output_dir", "model", "trainable_layers", "env", "search", "tasks", "rollout", "rewards",
-    "protocol", "eval", "grpo", "sft", "launch", "seed", "torch_threads",
+    "protocol", "eval", "grpo", "sft", "launch", "seed", "torch_threads", "peft", "zero_variance",
 }
+
+ZERO_VARIANCE_KEYS = {"filter_groups"}
 
 
 @dataclass
@@ -83,6 +87,8 @@ class RunConfig:
     grpo: dict[str, Any] = field(default_factory=dict)
     sft: dict[str, Any] = field(default_factory=dict)
     launch: dict[str, Any] = field(default_factory=dict)
+    peft: dict[str, Any] = field(default_factory=dict)
+    zero_variance: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     torch_threads: int | None = None
     source: str = ""
@@ -180,7 +186,7 @@ def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
     tl = data.get("trainable_layers")
     if tl is not None and (not isinstance(tl, int) or tl < 0):
         raise ConfigError(f"{source}: trainable_layers must be a non-negative integer or null, got {tl!r}.")
-    for sec in ("grpo", "sft", "search", "rollout", "launch"):
+    for sec in ("grpo", "sft", "search", "rollout", "launch", "peft", "zero_variance"):
         if data.get(sec) is not None and not isinstance(data[sec], dict):
             raise ConfigError(f"{source}: '{sec}' must be a mapping, got {type(data[sec]).__name__}.")
     cfg = RunConfig(
@@ -198,11 +204,17 @@ def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
         grpo=dict(data.get("grpo") or {}),
         sft=dict(data.get("sft") or {}),
         launch=dict(data.get("launch") or {}),
+        peft=dict(data.get("peft") or {}),
+        zero_variance=dict(data.get("zero_variance") or {}),
         seed=int(data.get("seed") or 0),
         torch_threads=None if data.get("torch_threads") is None else int(data["torch_threads"]),
         source=source,
     )
     cfg.rollout_settings()  # validates the rollout section early
+    _check_keys(cfg.zero_variance, ZERO_VARIANCE_KEYS, "zero_variance key")
+    if cfg.peft and cfg.trainable_layers is not None:
+        raise ConfigError(f"{source}: give 'peft' (LoRA adapters) or 'trainable_layers' (train the top N layers), "
+                          "not both; with LoRA, peft.layers_to_transform picks the layers.")
     return cfg
 
 
@@ -255,6 +267,41 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         else:
             data[k] = v
     return parse_config(data, source=str(p))
+
+
+def build_peft_config(cfg: RunConfig):
+    """``peft.LoraConfig`` from the ``peft`` section, or None when there is none.
+
+    The section holds ``peft.LoraConfig`` keyword arguments (``r``, ``lora_alpha``,
+    ``lora_dropout``, ``target_modules``, ``layers_to_transform``...); ``task_type``
+    defaults to ``CAUSAL_LM``. TRL's ``SFTTrainer`` and ``GRPOTrainer`` take it as
+    ``peft_config`` (Hu et al. 2021, LoRA, arXiv 2106.09685).
+
+    Args:
+        cfg: the run config.
+
+    Returns:
+        A ``peft.LoraConfig``, or None without a ``peft`` section (full or partial
+        fine-tuning, see ``trainable_layers``).
+
+    Raises:
+        ConfigError: an unknown LoraConfig argument (with a "did you mean" hint), or a
+            value peft rejects.
+    """
+    if not cfg.peft:
+        return None
+    import peft
+
+    kw = dict(cfg.peft)
+    kw.setdefault("task_type", "CAUSAL_LM")
+    known = {f.name for f in dataclasses.fields(peft.LoraConfig)}
+    for k in kw:
+        if k not in known:
+            raise unknown_name("peft (LoraConfig) argument", k, known)
+    try:
+        return peft.LoraConfig(**kw)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{cfg.source}: peft.LoraConfig rejected the 'peft' section: {e}") from e
 
 
 # -- TRL argument objects -----------------------------------------------------------------

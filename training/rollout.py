@@ -517,7 +517,10 @@ class SearchRolloutFunc:
         m["env/invalid_actions_mean"].append(sum(out["invalid_actions"]) / n)
         m["env/answered_frac"].append(sum(1 for t in out["truncated"] if not t) / n)
         m["env/empty_answer_frac"].append(sum(1 for a in out["final_answer"] if not a.strip()) / n)
-        m["env/obs_tokens_mean"].append(sum(len(x) - sum(y) for x, y in zip(out["completion_ids"], out["env_mask"])) / n)
+        obs_tokens = sum(len(x) - sum(y) for x, y in zip(out["completion_ids"], out["env_mask"]))
+        m["env/obs_tokens_mean"].append(obs_tokens / n)
+        # share of the batch's completion tokens that are retrieved text (masked from the loss)
+        m["env/retrieved_token_frac"].append(obs_tokens / max(1, sum(len(x) for x in out["completion_ids"])))
         m["timing/generation_s"].append(self.last_timings.get("generation_s", 0.0))
         m["timing/env_s"].append(self.last_timings.get("env_s", 0.0))
 
