@@ -6,14 +6,20 @@ it writes the query, then the answer) is rolled out ``--k`` times per question o
 per sampling seed, ``<out>/samples/seed_<s>/``), in the training env of the run config
 (search backend, ``top_k``, ``max_obs_tokens``, turns). Reruns resume.
 
-Step 2, ``build``: every sampled episode is checked against the text it retrieved (the
-``<information>`` blocks before its answer) and kept from one of two sources:
+With ``--greedy`` one more run decodes greedily (``samples/greedy``), and with
+``--question-query`` the scripted policy searches each question verbatim and answers
+(``samples/scripted``, no fetch).
+
+Step 2, ``build``: every episode is checked against the text it retrieved (the
+``<information>`` blocks before its answer) and kept from one of three sources:
 
 - ``own_correct``: the model's own answer is right (SQuAD exact match with a gold alias,
   after normalisation) and occurs in the retrieved text (normalised substring);
 - ``own_search_gold_span``: the answer is wrong, but the model's own searches retrieved
   a gold alias; the answer turn is replaced by that span as it is written in the
-  retrieved text (a supported answer, never one the model could not have read).
+  retrieved text (a supported answer, never one the model could not have read);
+- ``question_search_gold_span`` (``--question-query`` runs): the search is the question
+  itself; kept only when it retrieved a gold alias, answered with that span.
 
 Episodes whose retrieved text holds no gold alias are dropped (training on them would
 teach the model to guess), and so are yes/no questions (a "yes" cannot be read off the
@@ -26,7 +32,7 @@ filter to ``<out>/sft_data_record.json`` (copied to ``training/results/``).
 
 Usage::
 
-    python scripts/make_sft_data.py --config smollm2_drgym_cpu --out runs/sft_data --k 8
+    python scripts/make_sft_data.py --config smollm2_drgym_cpu --out runs/sft_data --k 4 --greedy --question-query
 """
 
 from __future__ import annotations
@@ -80,26 +86,43 @@ def supported(answer: str, text: str) -> bool:
     return bool(na) and f" {na} " in f" {normalize_answer(text)} "
 
 
-def sample(cfg, out: Path, *, k: int, temperature: float, task_set: str, n: int | None, seed0: int) -> list[Path]:
-    """Run ``k`` sampled rollouts of the scaffolded ``hf:smollm2`` over ``task_set``; return the run dirs."""
-    from drgym.evaluation.runner import RolloutConfig, run_rollout
+def sample_dirs(out: Path, *, k: int, seed0: int, greedy: bool, question_query: bool) -> list[Path]:
+    """The run directories of the sampling step, in build order."""
+    dirs = [out / "samples" / f"seed_{s}" for s in range(seed0, seed0 + k)]
+    if greedy:
+        dirs.append(out / "samples" / "greedy")
+    if question_query:
+        dirs.append(out / "samples" / "scripted")
+    return dirs
 
+
+def sample(cfg, out: Path, *, k: int, temperature: float, task_set: str, n: int | None, seed0: int,
+           greedy: bool = False, question_query: bool = False) -> list[Path]:
+    """Run the rollouts of step 1 (see the module docstring); return their run dirs.
+
+    ``k`` sampled runs of the scaffolded ``hf:smollm2`` (bf16 on CPU, the hf: default),
+    one seed each; a greedy one with ``greedy``; the scripted policy with ``question_query``.
+    """
+    from drgym.evaluation.runner import RolloutConfig, run_rollout
     from drgym.search.registry import backend_from_settings
 
     env_kw = dict(cfg.env.get("kwargs") or {})
     backend = backend_from_settings(cfg.search)
-    dirs = []
-    for s in range(seed0, seed0 + k):
-        d = out / "samples" / f"seed_{s}"
-        rc = RolloutConfig(env=cfg.env["id"], tasks=task_set, policy="hf:smollm2", backend=f"training:{cfg.search}", n=n,
-                           out=str(d), seed=s, batch_size=8, max_turns=cfg.rollout_settings().max_turns,
-                           policy_options={"temperature": temperature},  # bf16 on CPU (the hf: default)
-                           env_options=env_kw, plots=False)
+    dirs = sample_dirs(out, k=k, seed0=seed0, greedy=greedy, question_query=question_query)
+    for d in dirs:
+        if d.name == "scripted":
+            policy, seed, opts = "scripted", 0, {"fetch": False}
+        elif d.name == "greedy":
+            policy, seed, opts = "hf:smollm2", 0, {}
+        else:
+            policy, seed, opts = "hf:smollm2", int(d.name.split("_")[1]), {"temperature": temperature}
+        rc = RolloutConfig(env=cfg.env["id"], tasks=task_set, policy=policy, backend=f"training:{cfg.search}", n=n,
+                           out=str(d), seed=seed, batch_size=8, max_turns=cfg.rollout_settings().max_turns,
+                           policy_options=opts, env_options=env_kw, plots=False)
         t0 = time.perf_counter()
         res = run_rollout(rc, backend=backend, progress=False)
-        log.info("seed %d: %d episodes (%d new) in %.0f s, f1 %.3f", s, len(res.trajectories), res.new_episodes,
+        log.info("%s: %d episodes (%d new) in %.0f s, f1 %.3f", d.name, len(res.trajectories), res.new_episodes,
                  time.perf_counter() - t0, res.metrics.get("f1") or 0.0)
-        dirs.append(d)
     return dirs
 
 
@@ -117,10 +140,16 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
     if set(tasks) & not_train:
         raise SystemExit(f"{task_set} holds dev/test questions; SFT data must come from train questions only.")
     counts = {"episodes": 0, "yes_no_question": 0, "no_answer": 0, "gold_not_retrieved": 0, "own_correct": 0,
-              "own_search_gold_span": 0, "own_correct_unsupported": 0, "duplicates": 0, "over_cap": 0}
+              "own_search_gold_span": 0, "question_search_gold_span": 0, "own_correct_unsupported": 0,
+              "duplicates": 0, "over_cap": 0}
+    per_run = {}
     per_q: dict[str, list[tuple[int, Trajectory]]] = {}
     for d in sample_dirs:
-        for row in read_jsonl(d / "trajectories.jsonl"):
+        scripted = d.name == "scripted"
+        rows = read_jsonl(d / "trajectories.jsonl")
+        per_run[d.name] = {"episodes": len(rows), "f1": sum(float((r.get("reward_components") or {}).get("f1") or 0)
+                                                           for r in rows) / max(1, len(rows))}
+        for row in rows:
             counts["episodes"] += 1
             t = tasks.get(row["task_id"])
             if t is None:
@@ -140,22 +169,22 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
                 counts["gold_not_retrieved"] += 1
                 continue
             traj = Trajectory.from_dict(row)
-            if exact_match(ans, t.answers) == 1.0 and supported(ans, text):
+            if not scripted and exact_match(ans, t.answers) == 1.0 and supported(ans, text):
                 counts["own_correct"] += 1
                 traj.metadata = {**traj.metadata, "sft_source": "own_correct", "sample_dir": d.name}
                 per_q.setdefault(t.task_id, []).append((0, traj))
                 continue
-            if exact_match(ans, t.answers) == 1.0:
+            if not scripted and exact_match(ans, t.answers) == 1.0:
                 counts["own_correct_unsupported"] += 1  # right by luck: kept only as a gold-span episode
             s = traj.steps[last]
             s.action = re.sub(r"<answer>.*?</answer>", f"<answer> {span} </answer>", s.action, count=1, flags=re.DOTALL)
             traj.final_answer = span
-            traj.metadata = {**traj.metadata, "sft_source": "own_search_gold_span", "sample_dir": d.name,
-                             "model_answer": ans}
-            counts["own_search_gold_span"] += 1
-            per_q.setdefault(t.task_id, []).append((1, traj))
+            source = "question_search_gold_span" if scripted else "own_search_gold_span"
+            traj.metadata = {**traj.metadata, "sft_source": source, "sample_dir": d.name, "policy_answer": ans}
+            counts[source] += 1
+            per_q.setdefault(t.task_id, []).append((2 if scripted else 1, traj))
     kept: list[Trajectory] = []
-    by_source = {"own_correct": 0, "own_search_gold_span": 0}
+    by_source = {"own_correct": 0, "own_search_gold_span": 0, "question_search_gold_span": 0}
     by_set = {}
     for tid in tasks:  # task order, deterministic
         seen = set()
@@ -182,7 +211,7 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
         "made_by": "python scripts/make_sft_data.py " + " ".join(sys.argv[1:]),
         "task_set": task_set, "questions": len(tasks),
         "questions_with_kept_episodes": len({t.task_id for t in kept}),
-        "sample_runs": [str(d) for d in sample_dirs],
+        "sample_runs": {str(d): per_run[d.name] for d in sample_dirs},
         "kept": len(kept), "kept_by_source": by_source, "kept_by_question_source": by_set,
         "per_question_cap": per_question, "filter_counts": counts,
         "searches_per_kept_episode": sum(sum(1 for s in t.steps for c in s.tool_calls if c.name == "search")
@@ -190,6 +219,8 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
         "rules": {
             "own_correct": "model's answer has exact match 1 with a gold alias and occurs in the retrieved text",
             "own_search_gold_span": "model's own searches retrieved a gold alias; the answer turn is that span as written in the retrieved text",
+            "question_search_gold_span": "scripted policy searched the question verbatim and retrieved a gold alias; answered with that span",
+            "priority": "per question: own_correct, then own_search_gold_span, then question_search_gold_span, distinct action sequences, at most per_question_cap",
             "dropped": "no gold alias in the retrieved text; yes/no questions; episodes with no answer",
         },
         "output": str(path),
@@ -208,6 +239,8 @@ def main() -> int:
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--n", type=int, default=None, help="first N questions only (smoke runs)")
     ap.add_argument("--per-question", type=int, default=3)
+    ap.add_argument("--greedy", action="store_true", help="add a greedy run of the scaffolded model")
+    ap.add_argument("--question-query", action="store_true", help="add the scripted policy (search = the question)")
     ap.add_argument("--build-only", action="store_true", help="skip sampling (use the existing sample runs)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -217,9 +250,10 @@ def main() -> int:
     cfg.apply_threads()
     out = Path(a.out)
     if a.build_only:
-        dirs = [out / "samples" / f"seed_{s}" for s in range(a.seed0, a.seed0 + a.k)]
+        dirs = sample_dirs(out, k=a.k, seed0=a.seed0, greedy=a.greedy, question_query=a.question_query)
     else:
-        dirs = sample(cfg, out, k=a.k, temperature=a.temperature, task_set=a.tasks, n=a.n, seed0=a.seed0)
+        dirs = sample(cfg, out, k=a.k, temperature=a.temperature, task_set=a.tasks, n=a.n, seed0=a.seed0,
+                      greedy=a.greedy, question_query=a.question_query)
     rec = build(out, dirs, task_set=a.tasks, per_question=a.per_question)
     print(json.dumps({k: rec[k] for k in ("kept", "kept_by_source", "questions_with_kept_episodes", "filter_counts")},
                      indent=1))

@@ -220,3 +220,20 @@ def test_filtering_zero_variance_groups_only_renormalises_the_loss(tmp_path, bm2
     loss = trainer._compute_loss(model, {**base, "num_items_in_batch": n_inf, INFORMATIVE: torch.zeros(4, dtype=torch.bool)})
     hook.remove()
     assert calls == [] and float(loss.detach()) == 0.0 and loss.requires_grad
+
+
+def test_grpo_steps_with_only_zero_variance_groups_skip_the_update(tmp_path, bm25_backend):
+    """The base model never answers in 8-token turns, so F1 and format are 0 in every rollout:
+    with the filter on, each step logs filtered_frac 1 and runs no forward pass for the loss,
+    and the adapter does not move."""
+    from drgym.training.grpo import build_trainer
+
+    cfg = lora_config(tmp_path, zero_variance={"filter_groups": True})
+    trainer, _ = build_trainer(cfg, backend=bm25_backend)
+    watch = WeightWatch()
+    trainer.add_callback(watch.callback)
+    trainer.train()
+    logs = [h for h in trainer.state.log_history if "zero_variance/filtered_frac" in h]
+    assert len(logs) == 2 and all(h["zero_variance/filtered_frac"] == 1.0 for h in logs)
+    assert all(h["guard/degenerate_group_frac"] == 1.0 and h["frac_reward_zero_std"] == 1.0 for h in logs)
+    assert watch.trainable and not watch.changed

@@ -75,12 +75,15 @@ def _trainer_class():
             return out
 
         def _compute_loss(self, model, inputs):
+            import torch
+
             keep = inputs.pop(INFORMATIVE, None)
             if keep is None:
                 return super()._compute_loss(model, inputs)
             if not bool(keep.any()):
-                # every group of this batch is zero-variance: no gradient signal, no forward pass
-                return sum(p.sum() for p in model.parameters() if p.requires_grad) * 0.0
+                # every group of this batch is zero-variance: no forward pass, and a loss that reaches no
+                # parameter, so their grads stay None and AdamW leaves them (and its moments) as they are
+                return torch.zeros((), device=keep.device, requires_grad=True)
             return super()._compute_loss(model, select_rows(inputs, keep))
 
     return DrgymGRPOTrainer
@@ -142,7 +145,8 @@ def mark_informative(batch: dict[str, Any], degenerate_rows: list[bool], trainer
     ``num_items_in_batch`` (the ``dapo``/``cispo`` normaliser) counts the loss tokens of the
     informative rows only. The ``grpo``/``bnpo``/``dr_grpo`` losses then average over
     informative rows as well. A batch with no informative group skips the forward and
-    backward pass. Logged: ``zero_variance/filtered_frac`` (share of rows dropped).
+    backward pass and leaves the weights and the optimizer's moments unchanged (its
+    parameters get no gradient). Logged: ``zero_variance/filtered_frac`` (share of rows dropped).
 
     Args:
         batch: the output of ``GRPOTrainer._generate_and_score_completions`` (modified in place).
