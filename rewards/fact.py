@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drgym.errors import ConfigError, DrgymError
-from drgym.judges.base import Judge, JudgeRequest, make_judge
+from drgym.judges.base import Judge, JudgeRequest, require_judge
 from drgym.judges.prompts import FACT_EXTRACT, FACT_VALIDATE
 from drgym.rewards.base import Episode, Reward, RewardOutput
 from drgym.rewards.citation import strip_urls
@@ -149,16 +149,16 @@ class FactReward(Reward):
 
     def __init__(
         self,
-        judge: Judge | str = "hf:smollm2",
+        judge: Judge | str | None = None,
         backend: SearchBackend | None = None,
         *,
         max_urls: int = 100,
         max_page_chars: int = 8000,
         max_article_chars: int = 40000,
     ) -> None:
+        self.judge = require_judge(judge, self.name)
         if backend is None:
             raise ConfigError("FACT fetches cited pages: pass backend=<SearchBackend>.")
-        self.judge = make_judge(judge)
         self.backend = backend
         self.max_urls = int(max_urls)
         self.max_page_chars = int(max_page_chars)

@@ -381,8 +381,16 @@ class Judge(abc.ABC):
 
     # -- public API ---------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        """Settings to record next to scores (model id, temperature, samples)."""
-        return {"model": self.model_id, "temperature": self.temperature, "n_samples": self.n_samples}
+        """Settings to record next to scores: model id, temperature, samples, and validity.
+
+        ``valid`` is False (with a ``note``) for a judge drgym has measured as no judge
+        (:func:`judge_validity`); its scores test the plumbing and must not be read as results.
+        """
+        valid, note = judge_validity(self)
+        d: dict[str, Any] = {"model": self.model_id, "temperature": self.temperature, "n_samples": self.n_samples, "valid": valid}
+        if note:
+            d["note"] = note
+        return d
 
     def judge(self, template: PromptTemplate, **inputs: Any) -> JudgeResult:
         """Judge one request (see :meth:`judge_many`)."""
@@ -537,6 +545,50 @@ def make_judge(spec: str | Judge, **kwargs: Any) -> Judge:
         model, _, base = rest.partition("@")
         return OpenAIJudge(model=model or None, base_url=base or None, **kwargs)
     raise ConfigError(f"Unknown judge backend {kind!r} in {spec!r}: use 'hf:NAME' or 'openai:MODEL@BASE_URL'.")
+
+
+NOT_A_VALID_JUDGE = (
+    "not a valid judge: SmolLM2-135M agrees with gpt-4.1-mini no better than chance (Cohen's kappa 0.0 on "
+    "DeepResearchGym key points, README 'Rewards and judges'); its scores test the plumbing, they are not results"
+)
+
+
+def judge_validity(judge: "Judge | str | None") -> tuple[bool, str]:
+    """Whether ``judge`` (a :class:`Judge` or a spec) can be read as a judge, and why not.
+
+    The bundled SmolLM2-135M (``hf:smollm2`` and its aliases) runs end to end but is no
+    judge: on one DeepResearchGym query it marked all 40 key points Supported (agreement
+    with gpt-4.1-mini 0.875, Cohen's kappa 0.0). Any other model is assumed valid: drgym
+    cannot measure it here.
+
+    Returns:
+        ``(True, "")``, or ``(False, NOT_A_VALID_JUDGE)``; ``(False, "no judge")`` for None.
+    """
+    if judge is None:
+        return False, "no judge"
+    spec = judge.model_id if isinstance(judge, Judge) else str(judge).strip()
+    kind, _, rest = spec.partition(":")
+    if kind.lower() == "hf":
+        from drgym.models import SMOLLM2_ALIASES
+
+        if (rest or "smollm2").strip().lower() in SMOLLM2_ALIASES:
+            return False, NOT_A_VALID_JUDGE
+    return True, ""
+
+
+def require_judge(judge: "Judge | str | None", reward: str) -> Judge:
+    """The judge of a judged reward; a missing one is an error, never a silent fallback.
+
+    Raises:
+        ConfigError: ``judge`` is None (the message names how to give one).
+    """
+    if judge is None:
+        raise ConfigError(
+            f"reward {reward!r} is scored by an LLM judge and none was given: pass judge='openai:MODEL@BASE_URL' "
+            "(CLI: --judge openai:MODEL@BASE_URL; a vLLM server of any instruct model works). "
+            "'hf:smollm2' also runs, but it is not a valid judge (its scores are flagged)."
+        )
+    return make_judge(judge)
 
 
 def default_cache_path() -> Path:
