@@ -134,8 +134,8 @@ def squad_f1(prediction: str, golds: str | list[str]) -> float:
     """SQuAD token F1 (Rajpurkar et al. 2016; SQuAD v2.0 ``compute_f1``), max over gold aliases.
 
     Unlike :func:`token_f1` it has no yes/no rule (``"yes or no"`` scores 0.5 and
-    ``"yes no"`` 0.667 against ``"yes"``), and two sides that both normalise to empty give 1.0 (the SQuAD v2 rule for
-    unanswerable questions). Kept for comparison with SQuAD-style reports; the ``f1``
+    ``"yes no"`` 0.667 against ``"yes"``), and two sides that both normalise to empty
+    give 1.0 (the SQuAD v2 rule for unanswerable questions). Kept for comparison with SQuAD-style reports; the ``f1``
     reward uses :func:`token_f1`.
 
     >>> squad_f1("yes or no", ["yes"]), round(squad_f1("yes no", ["yes"]), 3), squad_f1("", ["the"])
