@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from drgym.errors import ConfigError
-from drgym.rewards.base import Episode, Reward, RewardOutput
+from drgym.records import Episode, Reward, RewardOutput
 
 
 class LengthGuard(Reward):
@@ -24,7 +24,7 @@ class LengthGuard(Reward):
 
     Components: ``length_tokens`` (the count) and ``length_penalty`` (the score).
 
-    >>> from drgym.envs.tasks import Task
+    >>> from drgym.records import Task
     >>> LengthGuard(max_tokens=4).score([Episode(Task("t", "q"), "a b c"), Episode(Task("t", "q"), "a b c d e f")]).scores
     [0.0, -0.5]
     """

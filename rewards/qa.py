@@ -34,9 +34,14 @@ from collections import Counter
 from dataclasses import dataclass
 
 from drgym.errors import ConfigError
-from drgym.judges.base import Judge, JudgeRequest, require_judge
-from drgym.judges.prompts import SOFT_MATCH, SOFT_MATCH_BINARY_SCALE, SOFT_MATCH_GRADED_SCALE
-from drgym.rewards.base import Episode, Reward, RewardOutput
+from drgym.judges.base import Judge, JudgeRequest
+from drgym.judges.factory import require_judge
+from drgym.judges.prompts import (
+    SOFT_MATCH,
+    SOFT_MATCH_BINARY_SCALE,
+    SOFT_MATCH_GRADED_SCALE,
+)
+from drgym.records import Episode, Reward, RewardOutput
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)
@@ -311,7 +316,7 @@ class ExactMatch(_StringMetric):
     __doc__ = """Exact match (HotpotQA ``exact_match_score``), max over gold aliases.
 """ + _GUARD_ARGS + """
 
-    >>> from drgym.envs.tasks import Task
+    >>> from drgym.records import Task
     >>> ExactMatch().score([Episode(Task("t", "Capital of France?", ["Paris"]), "paris.")]).scores
     [1.0]
     """
@@ -327,7 +332,7 @@ class CoverExactMatch(_StringMetric):
     ``candidates="divide"`` and ``max_answer_tokens``, or use ``em`` / ``f1``.
 """ + _GUARD_ARGS + """
 
-    >>> from drgym.envs.tasks import Task
+    >>> from drgym.records import Task
     >>> e = Episode(Task("t", "Capital of France?", ["Paris"]), "Paris, London, Berlin, Rome")
     >>> CoverExactMatch().score([e]).scores, CoverExactMatch(candidates="divide").score([e]).scores
     ([1.0], [0.25])
@@ -341,7 +346,7 @@ class F1(_StringMetric):
     __doc__ = """Token F1 of the official HotpotQA evaluation (:func:`token_f1`), max over gold aliases.
 """ + _GUARD_ARGS + """
 
-    >>> from drgym.envs.tasks import Task
+    >>> from drgym.records import Task
     >>> F1().score([Episode(Task("t", "Is Paris in France?", ["yes"]), "yes or no")]).scores
     [0.0]
     >>> F1(max_answer_tokens=5).score([Episode(Task("t", "Who?", ["Gustave Eiffel"]), "Gustave Eiffel " * 4)]).scores
@@ -368,7 +373,7 @@ class SoftMatch(Reward):
     An answer with no letter or digit scores 0 and an exact match 1 without a call.
     With a judge that accepts everything, the guard still zeroes a candidate list:
 
-    >>> from drgym.envs.tasks import Task
+    >>> from drgym.records import Task
     >>> from drgym.judges.base import Judge
     >>> class Lenient(Judge):
     ...     model_id = "stub:lenient"
@@ -440,7 +445,7 @@ class FormatReward(Reward):
     (``{"weighted": {"f1": 1.0, "format": 0.1}}``). It pays for any well-formed answer,
     right or wrong, so it is a small collapse guard, never a task reward on its own.
 
-    >>> from drgym.envs.tasks import Task
+    >>> from drgym.records import Task
     >>> FormatReward().score([Episode(Task("t", "q", ["x"]), "Paris"), Episode(Task("t", "q", ["x"]), "...")]).scores
     [1.0, 0.0]
     """

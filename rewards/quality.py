@@ -14,9 +14,10 @@ times 100. Only the judge's verdicts (and the verdict cache) hold the 0-10 integ
 from __future__ import annotations
 
 from drgym.errors import ConfigError
-from drgym.judges.base import Judge, JudgeRequest, require_judge
+from drgym.judges.base import Judge, JudgeRequest
+from drgym.judges.factory import require_judge
 from drgym.judges.prompts import QUALITY, QUALITY_CRITERIA
-from drgym.rewards.base import Episode, Reward, RewardOutput
+from drgym.records import Episode, Reward, RewardOutput
 
 
 def quality_score(criterion_scores: dict[str, float]) -> float:

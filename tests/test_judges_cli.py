@@ -7,13 +7,13 @@ import re
 from pathlib import Path
 
 import pytest
+from drgym.rewards.race import load_criteria
 from typer.testing import CliRunner
 
 from drgym.cli import app
-from drgym.judges.cli import read_reports
-from drgym.judges.prompts import RACE_DIMENSIONS
-from drgym.rewards.race import load_criteria
+from drgym.cli.evaluate import read_reports
 from drgym.errors import ConfigError
+from drgym.judges.prompts import RACE_DIMENSIONS
 
 SAMPLE = Path(__file__).parent / "data" / "drb" / "claude-3-7-sonnet-latest_raw_sample.jsonl"
 
@@ -145,9 +145,9 @@ def test_evaluate_requires_a_judge_and_flags_smollm2(tmp_path, monkeypatch):
         def complete(self, messages, **kw):
             return '{"score": 4}'
 
-    import drgym.judges.base as base
+    import drgym.judges.factory as factory
 
-    monkeypatch.setattr(base, "make_judge", lambda spec, **kw: FakeSmol(cache=False))
+    monkeypatch.setattr(factory, "make_judge", lambda spec, **kw: FakeSmol(cache=False))
     out, summ = tmp_path / "items.jsonl", tmp_path / "s.json"
     res = CliRunner().invoke(app, ["evaluate", "--reports", str(SAMPLE), "--metrics", "quality", "--judge", "hf:smollm2",
                                    "--limit", "1", "--out", str(out), "--summary", str(summ)])

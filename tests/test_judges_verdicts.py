@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from drgym.envs.tasks import Task
+from drgym.records import Task
 from drgym.judges.base import JudgeOutputError, json_values, parse_verdict, strip_reasoning
 from drgym.judges.openai import OpenAIJudge
 from drgym.judges.prompts import (

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from drgym.envs.task_loaders import load_tasks
-from drgym.envs.tasks import Task
+from drgym.records import Task
 from drgym.errors import ConfigError
 from drgym.rewards import Episode, build_reward, get_reward
 from drgym.rewards.qa import (
