@@ -342,10 +342,13 @@ def test_soft_match_guard_skips_the_judge(chat_server, tmp_path):
 
 
 def test_reward_docstring_examples_run():
+    import drgym.judges.base as judges_base
+    import drgym.rewards.keypoints as keypoints
     import drgym.rewards.length as length
     import drgym.rewards.qa as qa
+    import drgym.rewards.quality as quality
 
-    for mod in (qa, length):
+    for mod in (qa, length, keypoints, quality, judges_base):
         res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
         assert res.failed == 0 and res.attempted > 0, mod.__name__
 
