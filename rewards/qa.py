@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from drgym.errors import ConfigError
 from drgym.judges.base import Judge, JudgeRequest
-from drgym.judges.factory import make_judge
+from drgym.judges.factory import require_judge
 from drgym.judges.prompts import (
     SOFT_MATCH,
     SOFT_MATCH_BINARY_SCALE,
@@ -139,8 +139,8 @@ def squad_f1(prediction: str, golds: str | list[str]) -> float:
     """SQuAD token F1 (Rajpurkar et al. 2016; SQuAD v2.0 ``compute_f1``), max over gold aliases.
 
     Unlike :func:`token_f1` it has no yes/no rule (``"yes or no"`` scores 0.5 and
-    ``"yes no"`` 0.667 against ``"yes"``), and two sides that both normalise to empty give 1.0 (the SQuAD v2 rule for
-    unanswerable questions). Kept for comparison with SQuAD-style reports; the ``f1``
+    ``"yes no"`` 0.667 against ``"yes"``), and two sides that both normalise to empty
+    give 1.0 (the SQuAD v2 rule for unanswerable questions). Kept for comparison with SQuAD-style reports; the ``f1``
     reward uses :func:`token_f1`.
 
     >>> squad_f1("yes or no", ["yes"]), round(squad_f1("yes no", ["yes"]), 3), squad_f1("", ["the"])
@@ -361,7 +361,8 @@ class SoftMatch(Reward):
     """LLM-judge soft match: is the prediction equivalent to a gold answer for this question.
 
     Args:
-        judge: a :class:`~drgym.judges.base.Judge` or a spec (``"hf:smollm2"``).
+        judge: a :class:`~drgym.judges.base.Judge` or a spec (``"openai:MODEL@URL"``);
+            required.
         graded: False -> 0/1 verdicts; True -> 0 / 0.5 / 1.
         shortcut_em: score 1.0 without a judge call when exact match already holds.
         max_answer_tokens, candidates: the :class:`AnswerGuard` (off by default). The
@@ -369,21 +370,30 @@ class SoftMatch(Reward):
             scored 0 without a judge call.
 
     Scores are in [0, 1]; a failed judge call gives None and counts in ``failures``.
-    An answer with no letter or digit scores 0 and an exact match 1 without a call, so
-    no judge is needed for those:
+    An answer with no letter or digit scores 0 and an exact match 1 without a call.
+    With a judge that accepts everything, the guard still zeroes a candidate list:
 
     >>> from drgym.records import Task
-    >>> r = SoftMatch(judge=None, candidates="zero")  # judge=None: no judged case below
-    >>> r.score([Episode(Task("t", "Capital?", ["Paris"]), "Paris"),
-    ...          Episode(Task("t", "Capital?", ["Paris"]), "Paris or Rome")]).scores
-    [1.0, 0.0]
+    >>> from drgym.judges.base import Judge
+    >>> class Lenient(Judge):
+    ...     model_id = "stub:lenient"
+    ...     def complete(self, messages, **kw):
+    ...         return '{"score": 1}'
+    >>> r = SoftMatch(Lenient(cache=False), candidates="zero")
+    >>> [r.score([Episode(Task("t", "Capital of France?", ["Paris"]), a)]).scores[0]
+    ...  for a in ("Paris", "the city of Paris", "Paris or Rome", "...")]
+    [1.0, 1.0, 0.0, 0.0]
+
+    Raises:
+        ConfigError: no judge (``judge`` is required; see
+            :func:`drgym.judges.base.require_judge`).
     """
 
     name = "llm_match"
 
-    def __init__(self, judge: Judge | str | None = "hf:smollm2", *, graded: bool = False, shortcut_em: bool = True,
+    def __init__(self, judge: Judge | str | None = None, *, graded: bool = False, shortcut_em: bool = True,
                  max_answer_tokens: int | None = None, candidates: str = "allow") -> None:
-        self.judge = make_judge(judge) if judge is not None else None
+        self.judge = require_judge(judge, self.name)
         self.graded = graded
         self.shortcut_em = shortcut_em
         self.guard = AnswerGuard(max_answer_tokens, candidates)
@@ -410,8 +420,6 @@ class SoftMatch(Reward):
                 )
             )
             idx.append(i)
-        if reqs and self.judge is None:
-            raise ConfigError("llm_match needs a judge for answers that are not an exact match; none was given.")
         failures = 0
         for i, res in zip(idx, self.judge.judge_many(reqs) if reqs else []):
             v = res.mean(lambda v: v.score if self.graded else float(v.score >= 0.5))
