@@ -88,6 +88,19 @@ def test_peft_section_is_validated(tmp_path):
         lora_config(tmp_path, trainable_layers=2)
     with pytest.raises(ConfigError, match="filter_group"):
         lora_config(tmp_path, zero_variance={"filter_group": True})
+    from drgym.training.config import build_grpo_args
+
+    for lt in ("grpo", "dr_grpo", "dapo"):
+        for sr in ("group", "batch", "none"):
+            c = lora_config(tmp_path)
+            c.grpo.update(loss_type=lt, scale_rewards=sr)
+            g = build_grpo_args(c, validate_only=True)
+            assert (g.loss_type, g.scale_rewards) == (lt, sr)
+    for key, bad in (("loss_type", "dr-grpo"), ("scale_rewards", "groups")):
+        c = lora_config(tmp_path)
+        c.grpo[key] = bad
+        with pytest.raises(ConfigError, match=f"grpo.{key} must be one of"):
+            build_grpo_args(c, validate_only=True)
 
 
 def test_lora_sft_then_grpo_trains_only_adapters_and_saves_loadable_adapters(tmp_path, bm25_backend):
@@ -172,16 +185,18 @@ def test_degenerate_rows_are_groups_with_equal_weighted_rewards():
     assert degenerate_rows(tr, 3) == [False, True, True]
 
 
-def test_filtering_zero_variance_groups_only_renormalises_the_loss(tmp_path, bm25_backend):
-    """TRL's dapo loss on a batch with one zero-variance group: with the filter, the gradient is
-    the unfiltered one times N_all / N_informative (loss tokens), so dropping the group (and
-    trimming the padding it leaves) changes the normaliser and nothing else; a batch of only
-    zero-variance groups skips the forward pass."""
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "dr_grpo"])
+def test_filtering_zero_variance_groups_only_renormalises_the_loss(tmp_path, bm25_backend, loss_type):
+    """TRL's loss on a batch with one zero-variance group: with the filter, the gradient is the
+    unfiltered one times N_all / N_informative (loss tokens for dapo, rows for grpo and
+    dr_grpo), so dropping the group (and trimming the padding it leaves) changes the
+    normaliser and nothing else; a batch of only zero-variance groups skips the forward pass."""
     import torch
 
     from drgym.training.grpo import INFORMATIVE, build_trainer
 
     cfg = lora_config(tmp_path, zero_variance={"filter_groups": True})
+    cfg.grpo["loss_type"] = loss_type
     trainer, parts = build_trainer(cfg, backend=bm25_backend)
     tok = parts["tokenizer"]
     model = trainer.model
@@ -200,6 +215,7 @@ def test_filtering_zero_variance_groups_only_renormalises_the_loss(tmp_path, bm2
             "tool_mask": torch.ones_like(completion_mask)}
     n_all = completion_mask.sum()
     n_inf = completion_mask[:2].sum()
+    factor = float(n_all / n_inf) if loss_type == "dapo" else 2.0  # 4 rows -> 2 rows
     trainer.model.train()
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer.train() before the first step
 
@@ -213,7 +229,7 @@ def test_filtering_zero_variance_groups_only_renormalises_the_loss(tmp_path, bm2
     filtered = grads({**base, "num_items_in_batch": n_inf, INFORMATIVE: torch.tensor([True, True, False, False])})
     assert any(g.abs().sum() > 0 for g in plain.values())
     for n in plain:
-        assert torch.allclose(filtered[n], plain[n] * (n_all / n_inf), rtol=1e-3, atol=1e-7), n
+        assert torch.allclose(filtered[n], plain[n] * factor, rtol=1e-3, atol=1e-7), n
 
     calls = []
     hook = model.register_forward_hook(lambda *a: calls.append(1))

@@ -356,6 +356,21 @@ def _trl_version() -> str:
     return trl.__version__
 
 
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+"""``grpo.loss_type`` values TRL 1.16 implements: ``grpo`` (per-sequence mean, Shao et al.
+2024), ``dr_grpo`` (a constant normaliser, Liu et al. 2025, arXiv 2503.20783), ``dapo``
+(TRL's default: the number of loss tokens of the batch, Yu et al. 2025, arXiv 2503.14476)..."""
+
+SCALE_REWARDS = ("group", "batch", "none", True, False)
+"""``grpo.scale_rewards``: divide advantages by the group's reward std (``group``, GRPO),
+the batch's (``batch``), or not at all (``none``, as Dr. GRPO recommends)."""
+
+
+def _check_choice(cfg: RunConfig, key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{cfg.source}: {key} must be one of {', '.join(map(repr, choices))}, got {value!r}.")
+
+
 def build_grpo_args(cfg: RunConfig, *, validate_only: bool = False):
     """``trl.GRPOConfig`` from the ``grpo`` section (CPU-safe defaults on CPU).
 
@@ -370,6 +385,8 @@ def build_grpo_args(cfg: RunConfig, *, validate_only: bool = False):
     from trl import GRPOConfig
 
     kw = dict(cfg.grpo)
+    _check_choice(cfg, "grpo.loss_type", kw.get("loss_type", "dapo"), LOSS_TYPES)
+    _check_choice(cfg, "grpo.scale_rewards", kw.get("scale_rewards", "group"), SCALE_REWARDS)
     kw.setdefault("report_to", ["tensorboard"])
     kw.setdefault("logging_steps", 1)
     kw.setdefault("beta", 0.0)
