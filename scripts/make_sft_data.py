@@ -24,7 +24,10 @@ Step 2, ``build``: every episode is checked against the text it retrieved (the
 Episodes whose retrieved text holds no gold alias are dropped (training on them would
 teach the model to guess), and so are yes/no questions (a "yes" cannot be read off the
 text, so the label could only be guessed). Per question at most ``--per-question``
-episodes are kept, own correct answers first, distinct action sequences only.
+distinct episodes are kept, in this order: own correct answers, the question-as-query
+episode, then the model's own searches. (At temperature 1 SmolLM2's queries are mostly
+noise; a first SFT that kept its own searches before the question-as-query episode
+taught an agent that searched badly and scored F1 0.000 on the dev slice.)
 
 The kept episodes go to ``<out>/sft_trajectories.jsonl`` (``Trajectory`` records, the
 input of ``drgym train sft -t``), and the counts per source, per question set and per
@@ -182,7 +185,7 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
             source = "question_search_gold_span" if scripted else "own_search_gold_span"
             traj.metadata = {**traj.metadata, "sft_source": source, "sample_dir": d.name, "policy_answer": ans}
             counts[source] += 1
-            per_q.setdefault(t.task_id, []).append((2 if scripted else 1, traj))
+            per_q.setdefault(t.task_id, []).append((1 if scripted else 2, traj))
     kept: list[Trajectory] = []
     by_source = {"own_correct": 0, "own_search_gold_span": 0, "question_search_gold_span": 0}
     by_set = {}
@@ -220,7 +223,7 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
             "own_correct": "model's answer has exact match 1 with a gold alias and occurs in the retrieved text",
             "own_search_gold_span": "model's own searches retrieved a gold alias; the answer turn is that span as written in the retrieved text",
             "question_search_gold_span": "scripted policy searched the question verbatim and retrieved a gold alias; answered with that span",
-            "priority": "per question: own_correct, then own_search_gold_span, then question_search_gold_span, distinct action sequences, at most per_question_cap",
+            "priority": "per question: own_correct, then question_search_gold_span, then own_search_gold_span (the model's T=1 queries are mostly noise), distinct action sequences, at most per_question_cap",
             "dropped": "no gold alias in the retrieved text; yes/no questions; episodes with no answer",
         },
         "output": str(path),
@@ -238,7 +241,7 @@ def main() -> int:
     ap.add_argument("--seed0", type=int, default=1)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--n", type=int, default=None, help="first N questions only (smoke runs)")
-    ap.add_argument("--per-question", type=int, default=3)
+    ap.add_argument("--per-question", type=int, default=2)
     ap.add_argument("--greedy", action="store_true", help="add a greedy run of the scaffolded model")
     ap.add_argument("--question-query", action="store_true", help="add the scripted policy (search = the question)")
     ap.add_argument("--build-only", action="store_true", help="skip sampling (use the existing sample runs)")
