@@ -57,6 +57,17 @@ class BackendUnavailableError(SearchError):
     """A remote backend could not be reached or kept failing after retries."""
 
 
+class ServiceUnavailableError(BackendUnavailableError):
+    """A service a run depends on kept failing after its retries: the search server
+    (``drgym serve``, DeepResearchGym, a web search API), the policy's endpoint or the
+    judge's endpoint is unreachable, times out or answers 429/5xx.
+
+    Unlike a failed query or a missing page (shown to the agent as an observation), this
+    ends the run: the rollout runner keeps the finished episodes, records none that saw
+    the failure, and says how to resume (rerun the same command once the service is back).
+    """
+
+
 class AuthError(SearchError):
     """A remote backend refused the credentials (HTTP 401/403)."""
 

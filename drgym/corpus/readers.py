@@ -33,15 +33,30 @@ from drgym.types import Document
 FORMATS = ("wiki18", "web", "clueweb22", "hipporag", "ovos", "drgym")
 
 
-def _open_text(path: Path):
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+def _load_json(path: Path) -> Any:
+    """A whole JSON corpus file; not UTF-8 or not JSON is a CorpusError naming the place."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise CorpusError(f"{path}:{line} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                          "save the file as UTF-8.") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CorpusError(f"{path}:{e.lineno} is not valid JSON ({e.msg}: column {e.colno}).") from None
 
 
 def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with _open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
+    from drgym.atomic import decode_line
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = decode_line(raw, path, lineno, error=CorpusError)
             if not line.strip():
                 continue
             try:
@@ -81,9 +96,9 @@ def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18") -> Iterator[
 
 
 def _web_row(row: dict[str, Any], i: int, source: str, where: str) -> Document:
-    text = row.get("text")
-    if text is None:
+    if "text" not in row:
         raise CorpusError(f"{where}: web rows need 'text', got keys {sorted(row)}.")
+    text = row["text"] if row["text"] is not None else ""  # no text: skipped and counted by the loader
     rid = row.get("id", i)
     title = str(row.get("title") or "")
     meta = {k: v for k, v in row.items() if k not in ("id", "url", "text", "title")}
@@ -158,8 +173,7 @@ def read_hipporag(path: str | os.PathLike, *, source: str = "hipporag") -> Itera
         CorpusError: the JSON has another shape.
     """
     path = Path(path)
-    with _open_text(path) as f:
-        data = json.load(f)
+    data = _load_json(path)
     if isinstance(data, dict):
         items = [(t, "".join(s) if isinstance(s, list) else str(s)) for t, s in data.items()]
     elif isinstance(data, list):
@@ -189,8 +203,7 @@ def read_ovos(path: str | os.PathLike, *, source: str = "ovos") -> Iterator[Docu
         CorpusError: the JSON is not a dict of records with ``title`` and ``extract``.
     """
     path = Path(path)
-    with _open_text(path) as f:
-        data = json.load(f)
+    data = _load_json(path)
     if not isinstance(data, dict):
         raise CorpusError(f"{path}: expected a JSON object of summaries, got {type(data).__name__}.")
     for i, rec in enumerate(data.values()):
@@ -243,8 +256,7 @@ def sniff_format(path: str | os.PathLike) -> str:
     if path.is_dir() or path.suffix == ".parquet":
         return "web"
     if path.suffix in (".json",) or path.name.endswith(".json.gz"):
-        with _open_text(path) as f:
-            data = json.load(f)
+        data = _load_json(path)
         if isinstance(data, dict) and data and all(isinstance(v, dict) and "extract" in v for v in list(data.values())[:5]):
             return "ovos"
         return "hipporag"

@@ -14,11 +14,13 @@ size, drgym version), nothing is rebuilt.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import logging
 import os
 import re
 import shutil
+import sqlite3
 import tempfile
 import threading
 import time
@@ -94,12 +96,14 @@ def load_corpus(corpus: str, format: str | None = None) -> tuple[list[Document],
 
     Returns:
         ``(documents, label)`` where label is the corpus name or the absolute path.
+        Documents of a file with no text are skipped with a warning that counts them.
 
     Raises:
         ConfigError: unknown corpus name (not a name and not an existing path).
-        CorpusError: unreadable corpus file.
+        CorpusError: unreadable corpus file (not UTF-8, not JSON: file and line named),
+            a duplicate doc_id (both positions named), or no document with text.
     """
-    from drgym.corpus.named import NAMED, load_named_corpus, unique_urls
+    from drgym.corpus.named import NAMED, load_named_corpus, skip_empty, unique_urls
     from drgym.corpus.readers import read_corpus
     from drgym.errors import unknown_name
 
@@ -108,7 +112,8 @@ def load_corpus(corpus: str, format: str | None = None) -> tuple[list[Document],
     p = Path(corpus).expanduser()
     if not p.exists():
         raise unknown_name("corpus (name or existing path)", corpus, NAMED)
-    docs = unique_urls(read_corpus(p, format))
+    # a duplicate doc_id is an error; a document with no text is skipped and counted (a warning)
+    docs = skip_empty(unique_urls(read_corpus(p, format), where=str(p)), where=str(p))
     return docs, str(p.resolve())
 
 
@@ -228,7 +233,8 @@ def build_index(
         A :class:`BuildResult`.
 
     Raises:
-        ConfigError: bad spec (factory string, shard size, name).
+        ConfigError: bad spec (factory string, shard size, name), or an encoder that
+            cannot be loaded here (checked before the corpus is read).
         CorpusError: the corpus cannot be read.
     """
     from drgym.paths import indexes_dir
@@ -238,6 +244,10 @@ def build_index(
     root = Path(root) if root is not None else indexes_dir()
     timings: dict[str, float] = {}
 
+    if encoder is None:  # before the corpus is read: a missing model is reported at once
+        from drgym.embedding import check_encoder
+
+        check_encoder(spec.encoder)
     t = time.perf_counter()
     if docs is None:
         docs, label = load_corpus(spec.corpus, spec.format)
@@ -254,24 +264,55 @@ def build_index(
     planned = planned_manifest(spec, docs, label, encoder)
     folder = root / planned.name
 
+    def reusable() -> IndexManifest | None:
+        if force or not (folder / "manifest.json").exists():
+            return None
+        try:
+            existing = IndexManifest.read(folder)
+            if _same_identity(existing, planned):
+                existing.check_files(folder)
+                return existing
+            log.info("index %s: manifest changed, rebuilding", folder)
+        except (CorruptIndexError, IndexNotFoundError) as e:
+            log.warning("index %s is corrupt (%s); rebuilding", folder, e)
+        return None
+
+    # an identical index is reused without taking the lock, which needs a writable root
+    # (indexes on a read-only disk stay usable); IndexMismatchError (a newer format) stops here
+    existing = reusable()
+    if existing is not None:
+        return BuildResult(folder, existing, False, time.perf_counter() - t0)
     with _build_lock(root, planned.name):
-        if not force and (folder / "manifest.json").exists():
-            try:
-                existing = IndexManifest.read(folder)
-                if _same_identity(existing, planned):
-                    existing.check_files(folder)
-                    return BuildResult(folder, existing, False, time.perf_counter() - t0)
-                log.info("index %s: manifest changed, rebuilding", folder)
-            except (CorruptIndexError, IndexNotFoundError) as e:
-                log.warning("index %s is corrupt (%s); rebuilding", folder, e)
+        existing = reusable()  # another process may have built it while we waited
+        if existing is not None:
+            return BuildResult(folder, existing, False, time.perf_counter() - t0)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{planned.name}-", dir=root))
         try:
             manifest = _build_into(tmp, spec, planned, docs, encoder, timings, progress)
             _swap_into_place(tmp, folder)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)
+            if _disk_full(e, root):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder)) from e
             raise
     return BuildResult(folder, manifest, True, time.perf_counter() - t0)
+
+
+def _disk_full(e: BaseException, root: Path) -> bool:
+    """True for a write that failed because the disk is full, whichever library raised it
+    (OSError ENOSPC from numpy, SQLite's "database or disk is full", FAISS's C++ error,
+    whose text does not say why: then less than 1 MiB left on ``root`` decides)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if not isinstance(e, (OSError, RuntimeError, sqlite3.Error)):
+        return False
+    text = str(e).lower()
+    if "disk is full" in text or "no space left" in text:
+        return True
+    try:
+        return shutil.disk_usage(root).free < (1 << 20)
+    except OSError:
+        return False
 
 
 def _build_into(tmp: Path, spec: IndexSpec, m: IndexManifest, docs, encoder, timings, progress) -> IndexManifest:
