@@ -44,7 +44,7 @@ from drgym.errors import (
 )
 from drgym.search.base import SearchBackend
 from drgym.search.retry import send_with_retries
-from drgym.server.models import decode_b64_json
+from drgym.search.wire import decode_b64_json
 from drgym.types import Document, SearchResult
 
 log = logging.getLogger(__name__)

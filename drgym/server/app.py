@@ -1,6 +1,6 @@
 """The drgym search service: a FastAPI app over any :class:`SearchBackend`.
 
-Endpoints (shapes in :mod:`drgym.server.models`):
+Endpoints (shapes in :mod:`drgym.search.wire`):
 
 =========================  ==========================================================
 ``GET /search``            DeepResearchGym search: ``query``, ``k`` (default 10),
@@ -33,8 +33,7 @@ from fastapi.responses import JSONResponse
 
 from drgym.errors import BadQueryError, DocumentNotFoundError, DrgymError, SearchError
 from drgym.search.base import SearchBackend
-from drgym.server.batching import MicroBatcher, OverloadedError
-from drgym.server.models import (
+from drgym.search.wire import (
     ErrorResponse,
     FetchResponse,
     HealthResponse,
@@ -48,6 +47,7 @@ from drgym.server.models import (
     result_record,
     retrieve_document,
 )
+from drgym.server.batching import MicroBatcher, OverloadedError
 
 log = logging.getLogger(__name__)
 
