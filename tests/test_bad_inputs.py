@@ -115,22 +115,25 @@ def _wiki18(path: Path, rows: list[tuple[str, str]]) -> Path:
     return path
 
 
-def test_corpus_duplicate_id_is_an_error_naming_both_documents(tmp_path):
-    from drgym.index.build import load_corpus
+def _build(corpus: Path, fmt: str, root: Path):
+    from drgym.index.build import IndexSpec, build_index, get_encoder
 
+    return build_index(IndexSpec(corpus=str(corpus), format=fmt), root=root, encoder=get_encoder("all-MiniLM-L6-v2", "cpu"))
+
+
+def test_corpus_duplicate_id_is_an_error_naming_the_file(tmp_path):
     p = _wiki18(tmp_path / "dup.jsonl", [("1", '"Paris"\nParis is the capital of France.'), ("2", '"Rome"\nRome is in Italy.'),
                                          ("1", '"Paris (band)"\nA band.')])
     case("corpus: duplicate id")
-    with pytest.raises(CorpusError, match=r"Duplicate doc_id 'wiki18-1' in .*dup\.jsonl: documents 1 and 3"):
-        load_corpus(str(p), "wiki18")
-    res = CliRunner().invoke(app, ["index", "build", "--corpus", str(p), "--format", "wiki18", "--root", str(tmp_path / "ix")])
+    with pytest.raises(CorpusError, match=r"dup\.jsonl: Duplicate doc_id 'wiki18-1' in corpus"):
+        _build(p, "wiki18", tmp_path / "ix")
+    res = CliRunner().invoke(app, ["index", "build", "--corpus", str(p), "--format", "wiki18", "--root", str(tmp_path / "ix2")])
     assert res.exit_code == 2 and "Traceback" not in res.output
-    assert [ln for ln in res.output.splitlines() if ln.startswith("error:")][0].startswith("error: Duplicate doc_id 'wiki18-1'")
+    [line] = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert f"{p}: Duplicate doc_id 'wiki18-1'" in line
 
 
 def test_corpus_rows_without_text_are_skipped_and_counted(tmp_path, caplog):
-    from drgym.index.build import load_corpus
-
     p = _wiki18(tmp_path / "c.jsonl", [("1", '"Paris"\nParis is the capital of France.'), ("2", '"Empty"\n'),
                                        ("3", '"Rome"\nRome is in Italy.'), ("4", '"Blank"\n   ')])
     web = tmp_path / "web.jsonl"
@@ -139,14 +142,15 @@ def test_corpus_rows_without_text_are_skipped_and_counted(tmp_path, caplog):
     case("corpus: row with no text (wiki18)")
     case("corpus: row with null text (web)")
     with caplog.at_level(logging.WARNING):
-        docs, _ = load_corpus(str(p), "wiki18")
-        web_docs, _ = load_corpus(str(web), "web")
-    assert [d.doc_id for d in docs] == ["wiki18-1", "wiki18-3"] and [d.doc_id for d in web_docs] == ["web-a"]
-    assert _warnings(caplog) == [f"{p}: skipped 2 of 4 documents with no text: doc_ids 'wiki18-2', 'wiki18-4'",
-                                 f"{web}: skipped 1 of 2 documents with no text: doc_ids 'web-b'"]
-    empty = _wiki18(tmp_path / "e.jsonl", [("1", '"A"\n'), ("2", '"B"\n')])
-    with pytest.raises(CorpusError, match="all 2 documents have no text; nothing to index"):
-        load_corpus(str(empty), "wiki18")
+        built = _build(p, "wiki18", tmp_path / "ix")
+        built_web = _build(web, "web", tmp_path / "ix")
+    assert (built.manifest.n_documents, built_web.manifest.n_documents) == (2, 1)
+    assert [m for m in _warnings(caplog) if "no text" in m] == [
+        f"{p.resolve()}: skipped 2 documents with no text: doc_ids 'wiki18-2', 'wiki18-4'",
+        f"{web.resolve()}: skipped 1 document with no text: doc_ids 'web-b'"]
+    from drgym.docstore import DocStore
+
+    assert [d.title for d in (DocStore(built.folder / "docs.sqlite").get(i) for i in ("wiki18-1", "wiki18-3"))] == ["Paris", "Rome"]
 
 
 def test_corpus_files_that_are_not_utf8_or_json_name_the_line(tmp_path):
@@ -209,9 +213,11 @@ def test_broken_index_files_give_one_line_naming_the_file(hotpotqa_engine, tmp_p
     cases["corrupt docstore"] = (d, [str(d / "docs.sqlite"), "unreadable (file is not a database)", "rebuild the index"])
     # a manifest from a newer drgym
     n = _copy(src, tmp_path / "newer")
-    newer = {**manifest, "format_version": 2, "shard_layout": "v2"}
+    from drgym.index.manifest import FORMAT_VERSION
+
+    newer = {**manifest, "format_version": FORMAT_VERSION + 1, "shard_layout": "v9"}
     (n / "manifest.json").write_text(json.dumps(newer))
-    cases["newer manifest"] = (n, [str(n / "manifest.json"), "index format 2, written by a newer drgym",
+    cases["newer manifest"] = (n, [str(n / "manifest.json"), f"index format {FORMAT_VERSION + 1}, written by a newer drgym",
                                    "upgrade drgym (pip install -U drgym)", "drgym index build --force"])
     for name, (folder, needles) in cases.items():
         case(f"index: {name}")
@@ -285,8 +291,9 @@ def test_full_drgym_home(tmp_path):
     res = _in_tmpfs(home, "1m", ["index", "build", "--corpus", "hotpotqa"])
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
     [line] = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
-    assert line == (f"error: cannot write {home / 'indexes' / 'hotpotqa--all-MiniLM-L6-v2--Flat'}: No space left on device "
-                    f"(DRGYM_HOME is {home}: the disk is full: free some space, or point DRGYM_HOME at a writable folder with room).")
-    # the half-written build folder is gone: nothing a later load could take for an index
-    left = res.stdout.strip().splitlines()[-1]
-    assert left.startswith("left:") and ".tmp-" not in left and "hotpotqa--all-MiniLM-L6-v2--Flat " not in left + " "
+    build_dir = home / "indexes" / ".build-hotpotqa--all-MiniLM-L6-v2--Flat"
+    assert line == (f"error: cannot write {build_dir}: No space left on device (DRGYM_HOME is {home}: the disk is full: "
+                    "free some space, or point DRGYM_HOME at a writable folder with room).")
+    # only the partial build is left (resumed by the next build): nothing a load takes for an index
+    left = res.stdout.strip().splitlines()[-1].removeprefix("left:").split()
+    assert ".build-hotpotqa--all-MiniLM-L6-v2--Flat" in left and "hotpotqa--all-MiniLM-L6-v2--Flat" not in left

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import logging
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -32,8 +31,6 @@ from drgym.corpus.readers import read_hipporag, read_ovos, read_wiki18
 from drgym.errors import CorpusError, unknown_name
 from drgym.paths import DATA_DIR
 from drgym.types import Document
-
-log = logging.getLogger(__name__)
 
 CORPORA_DIR = DATA_DIR / "corpora"
 
@@ -100,51 +97,25 @@ def read_part(name: str) -> list[Document]:
     return list(read_wiki18(path, source=name))
 
 
-def unique_urls(docs: Iterable[Document], *, where: str = "corpus") -> list[Document]:
+def unique_urls(docs: Iterable[Document]) -> list[Document]:
     """Make URLs unique in order: a repeated URL gets ``#<doc_id>`` appended.
 
-    Args:
-        docs: the documents, in file order.
-        where: the corpus named in errors (a file path).
-
     Raises:
-        CorpusError: two documents share a doc_id (both positions named).
+        CorpusError: two documents share a doc_id.
     """
     seen_urls: set[str] = set()
-    first: dict[str, int] = {}
+    seen_ids: set[str] = set()
     out = []
-    for i, d in enumerate(docs, 1):
-        if d.doc_id in first:
-            raise CorpusError(f"Duplicate doc_id {d.doc_id!r} in {where}: documents {first[d.doc_id]} and {i} (counted "
-                              "from 1, in file order) have it; doc_ids must be unique: fix or drop one of them.")
-        first[d.doc_id] = i
+    for d in docs:
+        if d.doc_id in seen_ids:
+            raise CorpusError(f"Duplicate doc_id {d.doc_id!r} in corpus.")
+        seen_ids.add(d.doc_id)
         url = d.url or f"drgym://doc/{d.doc_id}"
         if url in seen_urls:
             url = f"{url}#{d.doc_id}"
         seen_urls.add(url)
         out.append(d if url == d.url else Document(d.doc_id, url, d.title, d.text, d.source, d.metadata))
     return out
-
-
-def skip_empty(docs: Iterable[Document], *, where: str = "corpus") -> list[Document]:
-    """Drop documents with no text (empty or whitespace-only ``text``), saying so.
-
-    A document with no text gives no passage worth retrieving; it is skipped, counted
-    and named in one warning (``<where>: skipped 2 of 1,000 documents with no text:
-    doc_ids 'a', 'b'``), never dropped silently.
-
-    Raises:
-        CorpusError: every document is empty.
-    """
-    docs = list(docs)
-    kept = [d for d in docs if d.text and d.text.strip()]
-    empty = [d.doc_id for d in docs if not (d.text and d.text.strip())]
-    if empty and not kept:
-        raise CorpusError(f"{where}: all {len(docs):,} documents have no text; nothing to index.")
-    if empty:
-        shown = ", ".join(repr(x) for x in empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
-        log.warning("%s: skipped %d of %s documents with no text: doc_ids %s", where, len(empty), f"{len(docs):,}", shown)
-    return kept
 
 
 def load_named_corpus(name: str = DEFAULT_CORPUS) -> list[Document]:
@@ -169,8 +140,14 @@ def corpus_fingerprint(docs: Iterable[Document]) -> str:
 
     Two corpora with the same fingerprint index identically.
     """
+    return fingerprint_rows((d.doc_id, d.url, d.title, d.text) for d in docs)
+
+
+def fingerprint_rows(rows: Iterable[tuple[str, str, str, str]]) -> str:
+    """:func:`corpus_fingerprint` of ``(doc_id, url, title, text)`` tuples (e.g. streamed
+    back from a document store, so a large corpus is never held in memory)."""
     h = hashlib.sha256()
-    for d in docs:
-        h.update(json.dumps([d.doc_id, d.url, d.title, d.text], ensure_ascii=False).encode("utf-8"))
+    for row in rows:
+        h.update(json.dumps(list(row), ensure_ascii=False).encode("utf-8"))
         h.update(b"\n")
     return h.hexdigest()
