@@ -16,14 +16,6 @@ from drgym.cli import app
 from drgym.envs.task_loaders import MAX_QUESTION_CHARS, load_hf_tasks, load_tasks
 from drgym.errors import ConfigError, CorpusError
 
-CASES_TRIED: list[str] = []
-"""Names of the bad-input cases below (the README's Reliability table counts them)."""
-
-
-def case(name: str) -> None:
-    CASES_TRIED.append(name)
-
-
 def _warnings(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
 
@@ -41,8 +33,6 @@ def test_task_file_rows_that_cannot_be_tasks_are_skipped_and_counted(tmp_path, c
         json.dumps({"question": "Largest planet?", "answer": ["Jupiter", ""]}),      # line 7: kept
     ]
     p.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    for c in ("task: blank line", "task: no answer field", "task: null answer", "task: 10 MB question", "task: empty question"):
-        case(c)
     with caplog.at_level(logging.WARNING):
         tasks = load_tasks(str(p))
     assert [(t.task_id, t.question, t.answers) for t in tasks] == [
@@ -59,17 +49,14 @@ def test_task_file_answer_columns_and_missing_ones(tmp_path):
     assert [(t.task_id, t.answers) for t in load_tasks(str(golden))] == [("searchr1-0", ["Ann", "Anne"])]
     none = tmp_path / "none.jsonl"
     none.write_text(json.dumps({"question": "Who?", "gold": "Ann"}) + "\n", encoding="utf-8")
-    case("task: no answer column")
     with pytest.raises(ConfigError, match=r"none\.jsonl has no answer column 'answer' / 'answers' / 'golden_answers'; columns: question, gold"):
         load_tasks(str(none))
     allbad = tmp_path / "allbad.csv"
     allbad.write_text("question,answer\nWho?,\nWhat?,\n", encoding="utf-8")
-    case("task: no usable row (csv)")
     with pytest.raises(ConfigError, match=r"allbad\.csv holds no usable task \(2 without an answer\)"):
         load_tasks(str(allbad))
     dup = tmp_path / "dup.jsonl"
     dup.write_text("".join(json.dumps({"qid": "a", "question": f"q{i}", "answer": "x"}) + "\n" for i in range(2)), encoding="utf-8")
-    case("task: duplicate id")
     with pytest.raises(ConfigError, match=r"rows 0 and 1 have the same id 'dup-a'"):
         load_hf_tasks(dup, id_key="qid")
 
@@ -78,12 +65,10 @@ def test_task_files_that_are_not_utf8_name_the_line(tmp_path):
     p = tmp_path / "latin1.jsonl"
     p.write_bytes(json.dumps({"question": "q", "answer": "a"}).encode() + b"\n"
                   + b'{"question": "caf\xe9?", "answer": "a"}\n')
-    case("task: non-UTF-8 byte (jsonl)")
     with pytest.raises(CorpusError, match=r"latin1\.jsonl:2 is not UTF-8 text \(byte 0xe9 at column 18\); save the file as UTF-8"):
         load_tasks(str(p))
     c = tmp_path / "latin1.csv"
     c.write_bytes(b"question,answer\nq,a\nq2,a\nBeyonc\xe9?,x\n")
-    case("task: non-UTF-8 byte (csv)")
     with pytest.raises(CorpusError, match=r"latin1\.csv:4 is not UTF-8 text \(byte 0xe9"):
         load_tasks(str(c))
     # through the CLI: one line on stderr, exit status 2, before the index or a model loads
@@ -124,7 +109,6 @@ def _build(corpus: Path, fmt: str, root: Path):
 def test_corpus_duplicate_id_is_an_error_naming_the_file(tmp_path):
     p = _wiki18(tmp_path / "dup.jsonl", [("1", '"Paris"\nParis is the capital of France.'), ("2", '"Rome"\nRome is in Italy.'),
                                          ("1", '"Paris (band)"\nA band.')])
-    case("corpus: duplicate id")
     with pytest.raises(CorpusError, match=r"dup\.jsonl: Duplicate doc_id 'wiki18-1' in corpus"):
         _build(p, "wiki18", tmp_path / "ix")
     res = CliRunner().invoke(app, ["index", "build", "--corpus", str(p), "--format", "wiki18", "--root", str(tmp_path / "ix2")])
@@ -139,8 +123,6 @@ def test_corpus_rows_without_text_are_skipped_and_counted(tmp_path, caplog):
     web = tmp_path / "web.jsonl"
     web.write_text("".join(json.dumps(r) + "\n" for r in [{"id": "a", "url": "http://x/a", "text": "Some text."},
                                                           {"id": "b", "url": "http://x/b", "text": None}]), encoding="utf-8")
-    case("corpus: row with no text (wiki18)")
-    case("corpus: row with null text (web)")
     with caplog.at_level(logging.WARNING):
         built = _build(p, "wiki18", tmp_path / "ix")
         built_web = _build(web, "web", tmp_path / "ix")
@@ -158,17 +140,14 @@ def test_corpus_files_that_are_not_utf8_or_json_name_the_line(tmp_path):
 
     p = tmp_path / "c.jsonl"
     p.write_bytes(b'{"id": 1, "contents": "\\"A\\"\\nok"}\n{"id": 2, "contents": "\\"B\\"\\nna\xefve"}\n')
-    case("corpus: non-UTF-8 byte (jsonl)")
     with pytest.raises(CorpusError, match=r"c\.jsonl:2 is not UTF-8 text \(byte 0xef"):
         list(read_corpus(p, "wiki18"))
     j = tmp_path / "h.json"
     j.write_bytes(b'[{"title": "A", "text": "x"},\n {"title": "B\xff", "text": "y"}]')
-    case("corpus: non-UTF-8 byte (json)")
     with pytest.raises(CorpusError, match=r"h\.json:2 is not UTF-8 text \(byte 0xff"):
         list(read_corpus(j, "hipporag"))
     bad = tmp_path / "t.json"
     bad.write_text('[{"title": "A", "text": "x"},\n {"title": "B" "text": "y"}]', encoding="utf-8")
-    case("corpus: broken JSON (json)")
     with pytest.raises(CorpusError, match=r"t\.json:2 is not valid JSON \(Expecting ',' delimiter"):
         list(read_corpus(bad, "hipporag"))
 
@@ -178,7 +157,6 @@ def test_report_file_not_utf8(tmp_path):
 
     p = tmp_path / "reports.jsonl"
     p.write_bytes(b'{"id": "1", "prompt": "p", "article": "\x80"}\n')
-    case("reports: non-UTF-8 byte")
     with pytest.raises(ConfigError, match=r"reports\.jsonl:1 is not UTF-8 text \(byte 0x80 at column 40\)"):
         read_reports(p)
 
@@ -220,7 +198,6 @@ def test_broken_index_files_give_one_line_naming_the_file(hotpotqa_engine, tmp_p
     cases["newer manifest"] = (n, [str(n / "manifest.json"), f"index format {FORMAT_VERSION + 1}, written by a newer drgym",
                                    "upgrade drgym (pip install -U drgym)", "drgym index build --force"])
     for name, (folder, needles) in cases.items():
-        case(f"index: {name}")
         code, errors, out = _search(folder)
         assert code == 2 and len(errors) == 1 and "Traceback" not in out, (name, out[-2000:])
         for needle in needles:
@@ -268,14 +245,12 @@ needs_namespaces = pytest.mark.skipif(not _namespaces_work(), reason="needs unsh
 @needs_namespaces
 def test_read_only_drgym_home(hotpotqa_engine, tmp_path):
     # empty and read-only: the index cannot be built -> one line naming the folder and the fix
-    case("DRGYM_HOME read-only (empty)")
     res = _in_tmpfs(tmp_path / "ro", "4m", ["search", "Who wrote Dracula?", "-k", "2", "--corpus", "hotpotqa"], readonly=True)
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]
     [line] = [ln for ln in res.stderr.splitlines() if ln.startswith("error:")]
     assert line == (f"error: cannot write {tmp_path / 'ro' / 'indexes'}: Read-only file system (DRGYM_HOME is "
                     f"{tmp_path / 'ro'}: the file system is read-only, or point DRGYM_HOME at a writable folder with room).")
     # read-only but holding the built index: searching works (nothing is written)
-    case("DRGYM_HOME read-only (index built)")
     res = _in_tmpfs(tmp_path / "ro2", "64m", ["search", "Who wrote Dracula?", "-k", "2", "--corpus", "hotpotqa", "--json"],
                     populate=hotpotqa_engine.folder, readonly=True)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -286,7 +261,6 @@ def test_read_only_drgym_home(hotpotqa_engine, tmp_path):
 @pytest.mark.slow
 @needs_namespaces
 def test_full_drgym_home(tmp_path):
-    case("DRGYM_HOME full")
     home = tmp_path / "full"
     res = _in_tmpfs(home, "1m", ["index", "build", "--corpus", "hotpotqa"])
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-3000:]

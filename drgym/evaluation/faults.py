@@ -15,7 +15,9 @@ The rule (used by :func:`drgym.evaluation.runner.run_rollout`):
 
 A failed query or a missing page (:class:`~drgym.errors.BadQueryError`,
 :class:`~drgym.errors.DocumentNotFoundError`, a web page that is down) is not a service
-failure: the env shows it to the agent, as before.
+failure: the env shows it to the agent, as before. Nor is a commercial web search API
+(Serper, Tavily, Brave) that fails: ``drgym compare`` records those failures per episode,
+as a property of the provider.
 
 The envs (and :class:`~drgym.envs.driver.BatchedDriver`) turn every backend exception
 into an observation; :class:`ServiceWatch` is the backend the runner hands them, which

@@ -28,9 +28,7 @@ Mapping: ``doc_id`` and ``url`` are the result URL, ``text`` is the provider's s
 (:class:`~drgym.search.pages.PageFetcher`); for Tavily with ``include_raw_content``
 the page text returned by the search is used instead when available.
 
-Failures: 429/5xx/timeouts are retried with backoff (honouring ``Retry-After``), then
-raise :class:`~drgym.errors.ServiceUnavailableError` (a search API that is down ends a
-rollout run; a page that cannot be fetched is shown to the agent); 401/403
+Failures: 429/5xx/timeouts are retried with backoff (honouring ``Retry-After``), 401/403
 raise :class:`~drgym.errors.AuthError` naming the env var, malformed JSON or an
 unexpected response shape raises :class:`~drgym.errors.BackendUnavailableError`.
 Web backends are ``deterministic = False``: the web changes; record them with
@@ -51,7 +49,7 @@ from typing import Any
 
 import httpx
 
-from drgym.errors import AuthError, BackendUnavailableError, BadQueryError, SearchError, ServiceUnavailableError
+from drgym.errors import AuthError, BackendUnavailableError, BadQueryError, SearchError
 from drgym.search.base import SearchBackend
 from drgym.search.pages import PageFetcher
 from drgym.search.retry import send_with_retries
@@ -144,8 +142,7 @@ class WebSearchBackend(SearchBackend):
         Raises:
             BadQueryError: empty query or k outside 1..max_k.
             AuthError: the provider refused the key.
-            ServiceUnavailableError: retries exhausted (429/5xx, timeouts, unreachable).
-            BackendUnavailableError: malformed answers.
+            BackendUnavailableError: retries exhausted, timeouts, malformed answers.
         """
         self.check_request(queries, k)
         if len(queries) <= 1 or self.max_workers == 1:
@@ -156,20 +153,17 @@ class WebSearchBackend(SearchBackend):
     def _search_one(self, query: str, k: int) -> list[SearchResult]:
         req = self._build_request(" ".join(query.split()), k)  # whitespace-normalised, as recordings are keyed
         method, url = req.pop("method"), req.pop("url")
-        try:
-            resp = send_with_retries(
-                self.client,
-                method,
-                url,
-                backend=self.name,
-                env_var=self.env_var,
-                attempts=self.attempts,
-                backoff_s=self.backoff_s,
-                max_retry_after_s=self.max_retry_after_s,
-                **req,
-            )
-        except BackendUnavailableError as e:  # the search API itself is down (a page that is down is not)
-            raise ServiceUnavailableError(str(e)) from e
+        resp = send_with_retries(
+            self.client,
+            method,
+            url,
+            backend=self.name,
+            env_var=self.env_var,
+            attempts=self.attempts,
+            backoff_s=self.backoff_s,
+            max_retry_after_s=self.max_retry_after_s,
+            **req,
+        )
         if resp.status_code == 400 or resp.status_code == 422:
             raise BadQueryError(f"{self.name}: the API rejected the query {query!r} (HTTP {resp.status_code}): {resp.text[:300]!r}")
         if resp.status_code >= 400:
