@@ -2,8 +2,7 @@
 
 Source: DeepResearchGym (Coelho et al., arXiv 2505.19253, §3.2 "Retrieval faithfulness");
 upstream ``eval_citation_async.py`` / ``eval_citation_clueweb_async.py`` (precision) and
-``eval_citation_recall_async.py`` (recall), described in
-``shared/notes/deepresearchgym_and_bench.md`` §1c.
+``eval_citation_recall_async.py`` (recall).
 
 - A report with no URL (``https?://\\S+`` or ``www.\\S+``) scores 0 for both, with no
   judge call.
@@ -28,9 +27,10 @@ from typing import Any
 
 from drgym.corpus.urls import find_urls, strip_urls
 from drgym.errors import ConfigError, DrgymError
-from drgym.judges.base import Judge, JudgeRequest, make_judge
+from drgym.judges.base import Judge, JudgeRequest
+from drgym.judges.factory import make_judge
 from drgym.judges.prompts import CITATION_SUPPORT, CLAIM_EXTRACT, SUPPORT_VALUE
-from drgym.rewards.base import Episode, Reward, RewardOutput
+from drgym.records import Episode, Reward, RewardOutput
 from drgym.search.base import SearchBackend
 
 MODES = ("precision", "recall", "f1", "mean")

@@ -2,8 +2,7 @@
 
 Source: DeepResearchGym (Coelho et al., arXiv 2505.19253, §3.2 "Key point recall and
 contradiction" and the appendix prompts); upstream ``cxcscmu/deepresearch_benchmarking``
-``key_point_extract.py``, ``aggregate.py``, ``eval_kpr_async.py`` (see
-``shared/notes/deepresearchgym_and_bench.md`` §1c).
+``key_point_extract.py``, ``aggregate.py``, ``eval_kpr_async.py``.
 
 - Extraction: one judge call per ground-truth document gives key points with verbatim
   supporting spans; a merge call removes duplicates and folds contradictions into one
@@ -25,9 +24,16 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from drgym.errors import ConfigError
-from drgym.judges.base import Judge, JudgeRequest, make_judge
-from drgym.judges.prompts import KEYPOINT_EXTRACT, KEYPOINT_MERGE, KPR, KPR_BATCH, KPR_LABELS
-from drgym.rewards.base import Episode, Reward, RewardOutput
+from drgym.judges.base import Judge, JudgeRequest
+from drgym.judges.factory import make_judge
+from drgym.judges.prompts import (
+    KEYPOINT_EXTRACT,
+    KEYPOINT_MERGE,
+    KPR,
+    KPR_BATCH,
+    KPR_LABELS,
+)
+from drgym.records import Episode, Reward, RewardOutput
 
 
 def key_point_text(kp: dict[str, Any] | str) -> str:

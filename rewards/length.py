@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from drgym.errors import ConfigError
-from drgym.rewards.base import Episode, Reward, RewardOutput
+from drgym.records import Episode, Reward, RewardOutput
 
 
 class LengthGuard(Reward):

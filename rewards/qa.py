@@ -14,9 +14,15 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from drgym.judges.base import Judge, JudgeRequest, make_judge
-from drgym.judges.prompts import SOFT_MATCH, SOFT_MATCH_BINARY_SCALE, SOFT_MATCH_GRADED_SCALE
-from drgym.rewards.base import Episode, Reward, RewardOutput
+
+from drgym.judges.base import Judge, JudgeRequest
+from drgym.judges.factory import make_judge
+from drgym.judges.prompts import (
+    SOFT_MATCH,
+    SOFT_MATCH_BINARY_SCALE,
+    SOFT_MATCH_GRADED_SCALE,
+)
+from drgym.records import Episode, Reward, RewardOutput
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCT = set(string.punctuation)

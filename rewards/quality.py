@@ -10,9 +10,10 @@ sum / (6 x 10) x 100. The reward's score is that value divided by 100 (a fractio
 from __future__ import annotations
 
 from drgym.errors import ConfigError
-from drgym.judges.base import Judge, JudgeRequest, make_judge
+from drgym.judges.base import Judge, JudgeRequest
+from drgym.judges.factory import make_judge
 from drgym.judges.prompts import QUALITY, QUALITY_CRITERIA
-from drgym.rewards.base import Episode, Reward, RewardOutput
+from drgym.records import Episode, Reward, RewardOutput
 
 
 def quality_score(criterion_scores: dict[str, float]) -> float:

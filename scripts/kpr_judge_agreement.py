@@ -19,11 +19,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from drgym.atomic import atomic_write_json
-from drgym.envs.tasks import Task
-from drgym.judges.base import make_judge
-from drgym.rewards.base import Episode
 from drgym.rewards.keypoints import KeyPointRecall, aggregate_kpr, label_rates
+
+from drgym.atomic import atomic_write_json
+from drgym.judges.factory import make_judge
+from drgym.records import Episode, Task
 
 SYSTEMS = ["GPTResearcher", "GPTResearcher_custom", "hf_deepresearch_gpt-4o-mini", "open_deep_search"]
 

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from drgym.rewards.race import load_criteria
 from typer.testing import CliRunner
 
 from drgym.cli import app
-from drgym.judges.cli import read_reports
-from drgym.judges.prompts import RACE_DIMENSIONS
-from drgym.rewards.race import load_criteria
+from drgym.cli.evaluate import read_reports
 from drgym.errors import ConfigError
+from drgym.judges.prompts import RACE_DIMENSIONS
 
 SAMPLE = Path(__file__).parent / "data" / "drb" / "claude-3-7-sonnet-latest_raw_sample.jsonl"
 

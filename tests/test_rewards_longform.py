@@ -13,14 +13,19 @@ import json
 import re
 
 import pytest
-
-from drgym.envs.tasks import Task
-from drgym.errors import ConfigError, DocumentNotFoundError
-from drgym.judges.openai import OpenAIJudge
 from drgym.rewards import Episode
 from drgym.rewards.citation import CitationReward, find_urls
-from drgym.rewards.keypoints import KeyPointExtractor, KeyPointRecall, aggregate_kpr, label_rates
+from drgym.rewards.keypoints import (
+    KeyPointExtractor,
+    KeyPointRecall,
+    aggregate_kpr,
+    label_rates,
+)
 from drgym.rewards.quality import ReportQuality, quality_score
+
+from drgym.errors import ConfigError, DocumentNotFoundError
+from drgym.judges.openai import OpenAIJudge
+from drgym.records import Task
 from drgym.search.base import SearchBackend
 from drgym.types import Document
 

@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import pytest
-
-from drgym.envs.tasks import Task
-from drgym.envs.trajectory import Step, ToolCall, Trajectory
-from drgym.errors import ConfigError
-from drgym.judges.openai import OpenAIJudge
 from drgym.rewards import Episode, build_reward, get_reward
 from drgym.rewards.length import LengthGuard
-from drgym.rewards.qa import F1, FormatReward, SoftMatch, cover_exact_match, exact_match, normalize_answer, token_f1
+from drgym.rewards.qa import (
+    F1,
+    FormatReward,
+    SoftMatch,
+    cover_exact_match,
+    exact_match,
+    normalize_answer,
+    token_f1,
+)
 from drgym.rewards.registry import WeightedReward
-from drgym.rewards.trl_adapter import TRLReward, completion_text, extract_answer, trl_reward_funcs, trl_reward_weights
+from drgym.rewards.trl_adapter import (
+    TRLReward,
+    completion_text,
+    extract_answer,
+    trl_reward_funcs,
+    trl_reward_weights,
+)
+
+from drgym.errors import ConfigError
+from drgym.judges.openai import OpenAIJudge
+from drgym.records import Step, Task, ToolCall, Trajectory
 
 
 def ep(answer, golds, **kw):

@@ -14,8 +14,8 @@ import pytest
 
 from drgym.atomic import read_jsonl
 from drgym.errors import ConfigError
-from drgym.rollout.metrics import compute_metrics
-from drgym.rollout.runner import RolloutConfig, default_run_name, run_rollout
+from drgym.evaluation.metrics import compute_metrics
+from drgym.evaluation.runner import RolloutConfig, default_run_name, run_rollout
 
 
 def test_default_run_name():

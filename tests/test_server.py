@@ -18,7 +18,7 @@ import pytest
 
 from drgym.search.base import SearchBackend
 from drgym.search.client import HTTPSearchClient
-from drgym.server.models import ServerSettings
+from drgym.search.wire import ServerSettings
 from drgym.server.testing import free_port, running_server
 
 GOOD_QUERY = "Demon Dice collectible dice game by Lester Smith"

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from drgym.server.models import ServerSettings
+from drgym.search.wire import ServerSettings
 from drgym.server.testing import running_server
 
 GOOD_QUERY = "Demon Dice collectible dice game by Lester Smith"
@@ -163,7 +163,7 @@ def _serve_cli(args: list[str], monkeypatch, engine, env: dict | None = None) ->
     from typer.testing import CliRunner
 
     from drgym.cli import app
-    from drgym.server import cli as serve_cli
+    from drgym.cli import serve as serve_cli
 
     seen: dict = {}
     monkeypatch.setattr(serve_cli, "load_backend", lambda settings: engine)

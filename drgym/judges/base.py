@@ -6,7 +6,8 @@ model, :mod:`drgym.judges.local`) for a completion, extracts the JSON object fro
 text and validates it against the template's pydantic verdict model.
 
 Robustness contract (DeepResearchGym and DeepResearch Bench retry judge calls the same
-way, see ``shared/notes/deepresearchgym_and_bench.md`` §1c, §2b):
+way: ``cxcscmu/deepresearch_benchmarking`` ``eval_kpr_async.py`` and
+``Ayanami0730/deep_research_bench`` ``deepresearch_bench_race.py``):
 
 - malformed JSON, missing or out-of-range fields, refusals (no JSON at all), timeouts
   and 429/5xx answers are retried with exponential backoff (tenacity);
@@ -34,13 +35,18 @@ import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+)
 
 from drgym.errors import ConfigError, JudgeError
+from drgym.judges.cache import VerdictCache
 
 log = logging.getLogger(__name__)
 
@@ -258,8 +264,6 @@ class Judge(abc.ABC):
         max_concurrency: int = 8,
         max_tokens: int = 1024,
     ) -> None:
-        from drgym.judges.cache import VerdictCache
-
         if n_samples < 1:
             raise ConfigError(f"n_samples must be >= 1, got {n_samples}.")
         if max_attempts < 1:
@@ -420,46 +424,3 @@ class Judge(abc.ABC):
 # ---------------------------------------------------------------------------------------
 # Judge specs
 # ---------------------------------------------------------------------------------------
-
-
-def make_judge(spec: str | Judge, **kwargs: Any) -> Judge:
-    """Build a judge from a spec string.
-
-    Specs:
-        ``hf:NAME`` -- local transformers model (``hf:smollm2`` = SmolLM2-135M-Instruct
-        via :func:`drgym.models.load_causal_lm`; or a local folder / hub name).
-        ``openai:MODEL@BASE_URL`` -- OpenAI-compatible endpoint (vLLM, OpenAI,
-        OpenRouter); the key comes from ``DRGYM_JUDGE_API_KEY`` or ``OPENAI_API_KEY``.
-        ``openai:MODEL`` -- base URL from ``DRGYM_JUDGE_BASE_URL`` / ``OPENAI_BASE_URL``
-        (default ``https://api.openai.com/v1``).
-        ``openai`` -- model from ``DRGYM_JUDGE_MODEL`` as well.
-
-    ``kwargs`` go to the judge constructor (``cache``, ``n_samples``, ``temperature``,
-    ``max_attempts``, ``timeout_s``...).
-
-    Raises:
-        ConfigError: unknown backend prefix or empty model.
-    """
-    if isinstance(spec, Judge):
-        return spec
-    if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"Judge spec must be a non-empty string like 'hf:smollm2' or 'openai:MODEL@URL', got {spec!r}.")
-    kind, _, rest = spec.strip().partition(":")
-    kind = kind.lower()
-    if kind == "hf":
-        from drgym.judges.local import HFJudge
-
-        return HFJudge(rest or "smollm2", **kwargs)
-    if kind == "openai":
-        from drgym.judges.openai import OpenAIJudge
-
-        model, _, base = rest.partition("@")
-        return OpenAIJudge(model=model or None, base_url=base or None, **kwargs)
-    raise ConfigError(f"Unknown judge backend {kind!r} in {spec!r}: use 'hf:NAME' or 'openai:MODEL@BASE_URL'.")
-
-
-def default_cache_path() -> Path:
-    """``$DRGYM_HOME/judge_cache.sqlite``."""
-    from drgym.paths import drgym_home
-
-    return drgym_home() / "judge_cache.sqlite"

@@ -45,7 +45,7 @@ from drgym.errors import (
 from drgym.redact import scrub
 from drgym.search.base import COLLAPSE_MODES, SearchBackend, check_collapse
 from drgym.search.retry import send_with_retries
-from drgym.server.models import decode_b64_json
+from drgym.search.wire import decode_b64_json
 from drgym.types import Document, SearchResult
 
 log = logging.getLogger(__name__)

@@ -1,6 +1,6 @@
 """The drgym search service: a FastAPI app over any :class:`SearchBackend`.
 
-Endpoints (shapes in :mod:`drgym.server.models`):
+Endpoints (shapes in :mod:`drgym.search.wire`):
 
 =========================  ==========================================================
 ``GET /search``            DeepResearchGym search: ``query``, ``k`` (default 10),
@@ -42,8 +42,7 @@ from fastapi.security import APIKeyHeader
 
 from drgym.errors import BadQueryError, DocumentNotFoundError, DrgymError, SearchError
 from drgym.search.base import SearchBackend
-from drgym.server.batching import MicroBatcher, OverloadedError
-from drgym.server.models import (
+from drgym.search.wire import (
     Collapse,
     ErrorResponse,
     FetchResponse,
@@ -58,6 +57,7 @@ from drgym.server.models import (
     retrieve_document,
     retrieve_request_model,
 )
+from drgym.server.batching import MicroBatcher, OverloadedError
 
 log = logging.getLogger(__name__)
 

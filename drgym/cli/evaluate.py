@@ -34,9 +34,9 @@ def read_reports(path: str | Path, key_points: dict[str, list] | None = None) ->
         ConfigError: missing file, a line that is not a JSON object, or an unknown
             line format (``n`` in messages counts non-blank lines).
     """
-    from drgym.envs.tasks import Task
     from drgym.atomic import load_jsonl_strict
     from drgym.errors import ConfigError
+    from drgym.records import Task
 
     path = Path(path)
     items = []
@@ -157,8 +157,8 @@ def register(app: typer.Typer) -> None:
 
         from drgym.atomic import atomic_write_json, atomic_write_text
         from drgym.errors import ConfigError
-        from drgym.judges.base import make_judge
-        from drgym.rewards.base import Episode
+        from drgym.judges.factory import make_judge
+        from drgym.records import Episode
         from drgym.rewards.registry import build_reward
 
         console = Console(stderr=True)

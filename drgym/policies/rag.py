@@ -12,8 +12,8 @@ import re
 from typing import Any
 
 from drgym.errors import ConfigError
-from drgym.rollout.generation import Usage
-from drgym.rollout.policy import Conversation, Policy
+from drgym.policies.base import Conversation, Policy
+from drgym.policies.generation import Usage
 
 READER_SYSTEM = (
     "Answer the question using the passages. Reply with the answer only: a few words, "
@@ -33,9 +33,8 @@ def clean_answer(text: str, max_words: int = 20) -> str:
     """Reduce a reader's reply to a short answer span.
 
     Removes tags, keeps the first non-empty line, strips a leading "The answer (to this
-    question) is:" and trailing punctuation, and caps the length at ``max_words``. This
-    is the clean-up of ``shared/notes/tiny_agent_feasibility.md`` section 2 (without it
-    SmolLM2's rag EM drops from 0.025 to 0.0 on 40 questions).
+    question) is:" and trailing punctuation, and caps the length at ``max_words``. Without
+    this clean-up SmolLM2's rag EM drops from 0.025 to 0.0 on 40 questions).
 
     Args:
         text: the raw reply.
@@ -69,7 +68,7 @@ class RagPolicy(Policy):
     Args:
         reader: the reader :class:`Policy` (its ``act`` is called on a two-message
             reader conversation; its stop strings should not include newline-free tags
-            only; :func:`drgym.rollout.factory.make_policy` builds it with
+            only; :func:`drgym.policies.factory.make_policy` builds it with
             ``max_new_tokens=24`` and no tag stops).
         k: passages shown to the reader (>= 1).
         words: words kept per passage (>= 1).

@@ -1,6 +1,6 @@
 """Leaderboard of rollout runs: :func:`build_report` (markdown and a standalone HTML page).
 
-Each run directory (written by :func:`drgym.rollout.runner.run_rollout`) contributes one
+Each run directory (written by :func:`drgym.evaluation.runner.run_rollout`) contributes one
 row: its metrics (recomputed from ``trajectories.jsonl`` so a partial or interrupted run
 is reported as it stands) beside its config (env, tasks, policy, backend, budgets).
 """
@@ -16,7 +16,7 @@ from typing import Any
 
 from drgym.atomic import atomic_write_text, read_jsonl
 from drgym.errors import ConfigError
-from drgym.rollout.metrics import LABELS, format_value
+from drgym.evaluation.metrics import LABELS, format_value
 
 COLUMNS = ("em", "f1", "judge", "answer_rate", "invalid_action_rate", "turns", "searches", "fetches",
            "completion_tokens", "wall_s_per_episode")
@@ -61,7 +61,7 @@ def load_run(path: str | Path) -> RunSummary:
     Raises:
         ConfigError: ``path`` holds no ``trajectories.jsonl``.
     """
-    from drgym.rollout.runner import compute_metrics_for_run
+    from drgym.evaluation.runner import compute_metrics_for_run
 
     p = Path(path)
     tp = p / "trajectories.jsonl"

@@ -7,8 +7,8 @@ A run directory holds:
   the task ids);
 - ``trajectories.jsonl``: one finished episode per line, appended atomically
   (:func:`drgym.atomic.append_jsonl`) as soon as the episode ends;
-- ``metrics.json``: :func:`drgym.rollout.metrics.compute_metrics` over the run's episodes;
-- ``scores.png``, ``turns.png``, ``searches.png``: plots (:mod:`drgym.rollout.plots`).
+- ``metrics.json``: :func:`drgym.evaluation.metrics.compute_metrics` over the run's episodes;
+- ``scores.png``, ``turns.png``, ``searches.png``: plots (:mod:`drgym.evaluation.plots`).
 
 Rerunning the same command resumes: task ids already in ``trajectories.jsonl`` are
 skipped, so an interrupted run (Ctrl-C, kill) loses only unfinished episodes. Episodes
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 
 from drgym.atomic import append_jsonl, atomic_write_json, read_jsonl
 from drgym.errors import ConfigError
-from drgym.rollout.policy import Conversation, Policy
+from drgym.policies.base import Conversation, Policy
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class RolloutConfig:
     Attributes:
         env: Gymnasium id (``"drgym/SearchQA-v0"`` or ``"drgym/DeepResearch-v0"``).
         tasks: task-set name for :func:`drgym.envs.task_loaders.load_tasks` or a file path.
-        policy: policy spec (:func:`drgym.rollout.factory.make_policy`).
+        policy: policy spec (:func:`drgym.policies.factory.make_policy`).
         backend: search backend spec: ``"local"`` (in-process index of ``wiki-default``),
             or anything :func:`drgym.search.registry.make_backend` accepts.
         n: number of tasks (the first ``n`` of the set, in file order); None = all.
@@ -111,8 +111,9 @@ class RolloutConfig:
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
         if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
             raise ConfigError(f"max_turns must be a positive integer, got {self.max_turns!r}.")
-        import drgym.envs  # noqa: F401  (registers the ids)
         import gymnasium as gym
+
+        import drgym.envs  # noqa: F401  (registers the ids)
 
         if self.env not in gym.registry:
             from drgym.errors import unknown_name
@@ -168,33 +169,6 @@ def versions() -> dict[str, str]:
             pass
     out["cpu_count"] = str(os.cpu_count())
     return out
-
-
-def make_backend_from_spec(spec: str):
-    """Build the search backend named by ``spec``.
-
-    ``"local"`` is the in-process index of the default corpus (built and cached under
-    ``$DRGYM_HOME/indexes`` on first use). Other specs go to
-    :func:`drgym.search.registry.make_backend` when that module is installed.
-
-    Raises:
-        ConfigError: unknown spec.
-    """
-    try:
-        from drgym.search.registry import make_backend
-    except ImportError:
-        make_backend = None
-    if make_backend is not None:
-        return make_backend(spec)
-    if spec in ("local", "local:wiki-default", "wiki-default"):
-        from drgym.envs.core import default_backend
-
-        return default_backend("wiki-default")
-    if spec.startswith("local:"):
-        from drgym.search.local import LocalSearchEngine
-
-        return LocalSearchEngine.from_corpus(spec.split(":", 1)[1])
-    raise ConfigError(f"Unknown backend {spec!r}: expected 'local' or 'local:CORPUS'.")
 
 
 def backend_fingerprint(backend: Any) -> dict[str, Any]:
@@ -294,7 +268,7 @@ def run_rollout(
         progress: show a rich progress bar with ETA.
         console: a ``rich.console.Console`` for the progress bar (None: stderr).
         fresh: discard an existing run in ``out`` (its trajectories and metrics).
-        tasks: the :class:`~drgym.envs.tasks.Task` objects to run, instead of loading
+        tasks: the :class:`~drgym.records.Task` objects to run, instead of loading
             ``config.tasks`` (which then only names the set in the run record), e.g. a
             held-out slice during training; the first ``config.n`` are run.
 
@@ -353,10 +327,11 @@ def run_rollout(
 
         import drgym.envs  # noqa: F401
         from drgym.envs.driver import BatchedDriver
+        from drgym.policies.factory import describe_policy, make_policy
         from drgym.redact import redact
-        from drgym.rollout.factory import describe_policy, make_policy
+        from drgym.search.registry import get_backend
 
-        be = backend if backend is not None else make_backend_from_spec(config.backend)
+        be = backend if backend is not None else get_backend(config.backend)
         if pol is None:
             opts = dict(config.policy_options)
             if config.policy.split(":", 1)[0].lower() in ("hf", "vllm"):
@@ -492,7 +467,7 @@ def run_rollout(
     atomic_write_json(out / "metrics.json", metrics)
     if config.plots and trajectories:
         try:
-            from drgym.rollout.plots import write_plots
+            from drgym.evaluation.plots import write_plots
 
             write_plots(trajectories, out)
         except Exception:  # plots are a convenience; never fail a run on them
@@ -509,7 +484,7 @@ def run_rollout(
 def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _RecordingPolicy,
                          extra_rewards: list[Any], config: RolloutConfig) -> None:
     """Attach usage, generation time, QA metrics and extra reward scores to finished episodes."""
-    from drgym.rewards.base import Episode
+    from drgym.records import Episode
 
     now = time.perf_counter()
     for t in trajs:
@@ -563,8 +538,8 @@ def _run_trajectories(traj_path: Path, index_of: dict[str, int]) -> list[dict[st
 
 
 def compute_metrics_for_run(trajectories: list[dict[str, Any]]) -> dict[str, Any]:
-    """:func:`~drgym.rollout.metrics.compute_metrics` with wall time summed from the episodes."""
-    from drgym.rollout.metrics import compute_metrics
+    """:func:`~drgym.evaluation.metrics.compute_metrics` with wall time summed from the episodes."""
+    from drgym.evaluation.metrics import compute_metrics
 
     wall = sum(float((t.get("metadata") or {}).get("wall_share_s") or 0.0) for t in trajectories)
     return compute_metrics(trajectories, wall_s=wall if wall > 0 else None)
@@ -585,7 +560,14 @@ class _Progress:
         if not self.enabled:
             return
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
         self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),

@@ -70,7 +70,7 @@ def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None 
     """Run metrics from trajectory dicts (see the module docstring for definitions).
 
     Args:
-        trajectories: :meth:`~drgym.envs.trajectory.Trajectory.to_dict` records, with
+        trajectories: :meth:`~drgym.records.Trajectory.to_dict` records, with
             ``reward_components`` and ``metadata["usage"]`` as the runner writes them.
         wall_s: total wall time of the run (sum over resumed sessions); None leaves
             ``wall_s_per_episode`` out.

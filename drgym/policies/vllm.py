@@ -8,8 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from drgym.errors import ConfigError, DependencyNotInstalled
-from drgym.rollout.generation import DEFAULT_STOPS, Timer, Usage, cut_at_stop, normalise_messages
-from drgym.rollout.policy import Conversation, Policy
+from drgym.policies.base import Conversation, Policy
+from drgym.policies.generation import (
+    DEFAULT_STOPS,
+    Timer,
+    Usage,
+    cut_at_stop,
+    normalise_messages,
+)
 
 
 class VLLMPolicy(Policy):

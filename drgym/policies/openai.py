@@ -22,8 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from drgym.errors import BackendUnavailableError, ConfigError
-from drgym.rollout.generation import DEFAULT_STOPS, Timer, Usage, close_open_tag
-from drgym.rollout.policy import Conversation, Policy
+from drgym.policies.base import Conversation, Policy
+from drgym.policies.generation import DEFAULT_STOPS, Timer, Usage, close_open_tag
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class OpenAIPolicy(Policy):
             ``{"top_k": 1}``).
 
     Attributes:
-        last_usage: one :class:`~drgym.rollout.generation.Usage` per conversation of the
+        last_usage: one :class:`~drgym.policies.generation.Usage` per conversation of the
             latest call (server-reported token counts when given).
         native_tools: whether function calling is in use now.
     """
@@ -194,7 +194,12 @@ class OpenAIPolicy(Policy):
     # -- requests ---------------------------------------------------------------------------
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         import httpx
-        from tenacity import retry, retry_if_exception_type, stop_after_attempt, wait_exponential
+        from tenacity import (
+            retry,
+            retry_if_exception_type,
+            stop_after_attempt,
+            wait_exponential,
+        )
 
         @retry(stop=stop_after_attempt(self.retries), wait=wait_exponential(multiplier=0.5, max=8),
                retry=retry_if_exception_type((httpx.TransportError, _Retryable)), reraise=True)

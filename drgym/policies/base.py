@@ -12,7 +12,9 @@ from __future__ import annotations
 import abc
 from typing import Any
 
-Conversation = list[dict[str, Any]]
+from drgym.records import Conversation
+
+__all__ = ["Conversation", "Policy"]
 
 
 class Policy(abc.ABC):

@@ -1,6 +1,6 @@
 """``drgym compare``: the same policies and tasks over several search backends, side by side.
 
-Registered on the root app by :func:`register` (see :mod:`drgym.rollout.compare`)."""
+Registered on the root app by :func:`register` (see :mod:`drgym.evaluation.compare`)."""
 
 from __future__ import annotations
 
@@ -55,8 +55,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from drgym.errors import DrgymError
-        from drgym.rollout.compare import run_compare
-        from drgym.rollout.factory import parse_options
+        from drgym.evaluation.compare import run_compare
+        from drgym.policies.factory import parse_options
         from drgym.search.registry import parse_backend_list
 
         console = Console(stderr=True)

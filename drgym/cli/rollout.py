@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from drgym.rollout.runner import DEFAULT_N
+from drgym.evaluation.runner import DEFAULT_N
 
 
 def register(app: typer.Typer) -> None:
@@ -39,9 +39,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from drgym.errors import DrgymError
-        from drgym.rollout.factory import parse_options
-        from drgym.rollout.metrics import rich_table
-        from drgym.rollout.runner import RolloutConfig, run_rollout
+        from drgym.evaluation.metrics import rich_table
+        from drgym.evaluation.runner import RolloutConfig, run_rollout
+        from drgym.policies.factory import parse_options
 
         console = Console()
         try:
@@ -85,8 +85,8 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from drgym.errors import DrgymError
-        from drgym.rollout.metrics import LABELS, format_value
-        from drgym.rollout.report import COLUMNS, build_report
+        from drgym.evaluation.metrics import LABELS, format_value
+        from drgym.evaluation.report import COLUMNS, build_report
 
         console = Console()
         try:
@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
         t = Table(title="drgym rollout leaderboard")
         for h in ["run", "policy", "tasks", "episodes"] + [LABELS.get(c, c) for c in cols]:
             t.add_column(h, justify="left" if h in ("run", "policy", "tasks") else "right")
-        from drgym.rollout.report import _sort_key
+        from drgym.evaluation.report import _sort_key
 
         for r in sorted(loaded, key=_sort_key):
             t.add_row(r.name, r.setting["policy"], r.setting["tasks"],

@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any
 
-from drgym.rollout.policy import Conversation, Policy
+from drgym.policies.base import Conversation, Policy
 
 _WORD_RE = re.compile(r"[A-Za-z0-9][\w'’.-]*|\S")
 _CONNECTORS = {"of", "the", "de", "von", "van", "and", "&", "la", "le", "du", "del", "da", "der"}

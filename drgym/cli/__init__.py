@@ -1,7 +1,8 @@
 """The ``drgym`` command line (typer).
 
-Each area registers its own commands from its own ``cli`` module, so this file only
-assembles them. Heavy imports (torch, faiss, transformers) happen inside the commands.
+The top layer: each area's commands live in their own module of this package
+(``index``, ``search``, ``serve``, ``rollout``, ``evaluate``, ``train``, ``compare``),
+so this file only assembles them. Heavy imports (torch, faiss, transformers) happen inside the commands.
 """
 
 from __future__ import annotations
@@ -39,20 +40,10 @@ def version() -> None:
 
 
 def _register_all() -> None:
-    from drgym.index.cli import register as register_index
-    from drgym.judges.cli import register as register_evaluate
-    from drgym.rollout.cli import register as register_rollout
-    from drgym.search.cli import register as register_search
-    from drgym.server.cli import register as register_server
-    from drgym.training.cli import register as register_training
+    from drgym.cli import compare, evaluate, index, rollout, search, serve, train
 
-    register_index(app)
-    register_search(app)
-    register_server(app)
-    register_rollout(app)
-    register_evaluate(app)
-    register_training(app)
-    __import__("drgym.rollout.compare_cli", fromlist=["register"]).register(app)
+    for module in (index, search, serve, rollout, evaluate, train, compare):
+        module.register(app)
 
 
 _register_all()

@@ -13,8 +13,14 @@ import logging
 from typing import Any
 
 from drgym.errors import ConfigError
-from drgym.rollout.generation import DEFAULT_STOPS, Timer, Usage, cut_ids_at_stop, normalise_messages
-from drgym.rollout.policy import Conversation, Policy
+from drgym.policies.base import Conversation, Policy
+from drgym.policies.generation import (
+    DEFAULT_STOPS,
+    Timer,
+    Usage,
+    cut_ids_at_stop,
+    normalise_messages,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +63,7 @@ class HFPolicy(Policy):
             until the conversation holds an ``<information>`` block, then ``<answer>``; the
             argument is cut at its closing tag or first line break and the tag closed), or
             ``"auto"`` (default: ``"search-answer"`` for SmolLM2, whose 135M instruct model
-            never writes the tags zero-shot, 0 of 40 episodes in
-            ``shared/notes/tiny_agent_feasibility.md``; ``"none"`` for every other model).
+            never wrote the tags zero-shot in 40 trial episodes; ``"none"`` for every other model).
             The effective value is recorded in :meth:`describe`.
         scaffold_tokens: token budgets of scaffolded ``(search, answer)`` turns.
         scaffold_cues: text written after the fixed ``<search>`` / ``<answer>`` tag to cue
@@ -74,7 +79,7 @@ class HFPolicy(Policy):
             :meth:`render`; the effective value is in :meth:`describe`.
 
     Attributes:
-        last_usage: one :class:`~drgym.rollout.generation.Usage` per conversation of the
+        last_usage: one :class:`~drgym.policies.generation.Usage` per conversation of the
             latest :meth:`act` call.
 
     Raises:
@@ -202,7 +207,7 @@ class HFPolicy(Policy):
 
     def _act_scaffolded(self, conversations: list[Conversation]) -> list[str]:
         """Search-then-answer scaffold: fix the tag, let the model write its argument."""
-        from drgym.rollout.rag import clean_answer
+        from drgym.policies.rag import clean_answer
 
         groups: dict[str, list[int]] = {"search": [], "answer": []}
         for i, c in enumerate(conversations):
@@ -258,7 +263,7 @@ class HFPolicy(Policy):
 
         Returns:
             The completions (``prefill`` prepended): the generated ids cut by
-            :func:`~drgym.rollout.generation.cut_ids_at_stop` (after the token that
+            :func:`~drgym.policies.generation.cut_ids_at_stop` (after the token that
             completes the first stop string, else at the first eos/pad, which is not kept)
             and decoded without special tokens, as ``drgym train``'s rollouts decode them.
         """

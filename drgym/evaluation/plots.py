@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from drgym.atomic import atomic_write_bytes
-from drgym.rollout.metrics import episode_counts
+from drgym.evaluation.metrics import episode_counts
 
 
 def main_score_name(trajectories: list[dict[str, Any]]) -> str | None:

@@ -63,7 +63,7 @@ def parse_policy_entry(entry: str) -> tuple[str, dict[str, Any]]:
     Raises:
         ConfigError: empty entry or an option without ``=``.
     """
-    from drgym.rollout.factory import parse_options
+    from drgym.policies.factory import parse_options
 
     parts = shlex.split(entry)
     if not parts:
@@ -79,7 +79,7 @@ class CompareRow:
         policy: the policy entry as given.
         backend: the backend spec.
         mode: ``"live"``, ``"record"`` or ``"replay"``.
-        metrics: the runner's metrics.json (see :func:`drgym.rollout.metrics.compute_metrics`).
+        metrics: the runner's metrics.json (see :func:`drgym.evaluation.metrics.compute_metrics`).
         usage: :meth:`drgym.search.accounting.Usage.to_dict` of the backend during the run.
         billed_usd: cost of the calls that reached the provider (0 for replay).
         recorded: for replayed/recorded backends, ``{"first_recorded_at", "last_recorded_at"}``.
@@ -388,7 +388,7 @@ def run_compare(
     prices = prices or {}
     rows: list[CompareRow] = []
     t_start = time.perf_counter()
-    from drgym.rollout.factory import make_policy
+    from drgym.policies.factory import make_policy
 
     built: dict[str, Any] = {}  # each policy is built once and reused on every backend
     try:
@@ -477,7 +477,7 @@ def rollout_run(
     env_options: dict[str, Any] | None = None,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """One cell of the study through the rollout runner (:func:`drgym.rollout.runner.run_rollout`).
+    """One cell of the study through the rollout runner (:func:`drgym.evaluation.runner.run_rollout`).
 
     The run directory is started fresh (``fresh=True``) so that the metered calls,
     latency and cost cover every episode of the run. A nondeterministic backend (live or
@@ -487,7 +487,7 @@ def rollout_run(
     Returns:
         The run's metrics (also in ``out/metrics.json``).
     """
-    from drgym.rollout.runner import RolloutConfig, run_rollout
+    from drgym.evaluation.runner import RolloutConfig, run_rollout
 
     env = web_env_id(env) if not getattr(backend, "deterministic", True) else env
     spec, opts = parse_policy_entry(policy)

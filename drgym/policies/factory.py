@@ -1,14 +1,14 @@
-"""Build a :class:`~drgym.rollout.policy.Policy` from a spec string.
+"""Build a :class:`~drgym.policies.base.Policy` from a spec string.
 
 ==========================  =====================================================
 spec                        policy
 ==========================  =====================================================
-``hf:PATH_OR_NAME``         :class:`~drgym.rollout.hf.HFPolicy` (``hf:smollm2`` bundled)
-``openai:MODEL@BASE_URL``   :class:`~drgym.rollout.openai_policy.OpenAIPolicy`
-``vllm:MODEL``              :class:`~drgym.rollout.vllm_policy.VLLMPolicy` (GPU)
-``rag:LLM``                 :class:`~drgym.rollout.rag.RagPolicy`; LLM is one of the
+``hf:PATH_OR_NAME``         :class:`~drgym.policies.hf.HFPolicy` (``hf:smollm2`` bundled)
+``openai:MODEL@BASE_URL``   :class:`~drgym.policies.openai.OpenAIPolicy`
+``vllm:MODEL``              :class:`~drgym.policies.vllm.VLLMPolicy` (GPU)
+``rag:LLM``                 :class:`~drgym.policies.rag.RagPolicy`; LLM is one of the
                             specs above or a bare model name (= ``hf:NAME``)
-``scripted``                :class:`~drgym.rollout.scripted.ScriptedPolicy` (tests)
+``scripted``                :class:`~drgym.policies.scripted.ScriptedPolicy` (tests)
 ==========================  =====================================================
 """
 
@@ -19,7 +19,7 @@ import json
 from typing import Any
 
 from drgym.errors import ConfigError, unknown_name
-from drgym.rollout.policy import Policy
+from drgym.policies.base import Policy
 
 KINDS = ("hf", "openai", "vllm", "rag", "scripted")
 RAG_OPTIONS = ("k", "words")
@@ -88,20 +88,20 @@ def make_policy(spec: str, **options: Any) -> Policy:
     """
     kind, arg = split_spec(spec)
     if kind == "hf":
-        from drgym.rollout.hf import HFPolicy
+        from drgym.policies.hf import HFPolicy
 
         p: Policy = HFPolicy(arg, **_accepts(HFPolicy, options))
     elif kind == "openai":
-        from drgym.rollout.openai_policy import OpenAIPolicy, parse_spec
+        from drgym.policies.openai import OpenAIPolicy, parse_spec
 
         model, url = parse_spec(arg)
         p = OpenAIPolicy(model, url, **_accepts(OpenAIPolicy, options))
     elif kind == "vllm":
-        from drgym.rollout.vllm_policy import VLLMPolicy
+        from drgym.policies.vllm import VLLMPolicy
 
         p = VLLMPolicy(arg, **_accepts(VLLMPolicy, options))
     elif kind == "rag":
-        from drgym.rollout.rag import RagPolicy
+        from drgym.policies.rag import RagPolicy
 
         rag_kw = {k: options.pop(k) for k in RAG_OPTIONS if k in options}
         reader_spec = arg if ":" in arg and arg.split(":", 1)[0].lower() in ("hf", "openai", "vllm") else f"hf:{arg}"
@@ -113,9 +113,9 @@ def make_policy(spec: str, **options: Any) -> Policy:
         p = RagPolicy(reader, reader_spec=reader_spec, **rag_kw)
     else:  # scripted
         try:
-            from drgym.rollout.scripted import ScriptedPolicy
+            from drgym.policies.scripted import ScriptedPolicy
         except ImportError as e:  # pragma: no cover - scripted.py ships with envs
-            raise ConfigError("the scripted policy (drgym/rollout/scripted.py) is not available in this install.") from e
+            raise ConfigError("the scripted policy (drgym/policies/scripted.py) is not available in this install.") from e
         p = ScriptedPolicy(**_accepts(ScriptedPolicy, options))
     p.name = spec
     return p

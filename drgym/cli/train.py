@@ -122,7 +122,7 @@ def eval_cmd(
     """Held-out evaluation of a model, exactly as the training-time eval callback (drgym rollout's runner, training token layout)."""
     try:
         from drgym.training.config import load_config
-        from drgym.training.grpo import evaluate_model
+        from drgym.training.evaluation import evaluate_model
 
         res = evaluate_model(load_config(config), model_path=model, num_tasks=num_tasks, out_path=out)
     except Exception as e:  # noqa: BLE001

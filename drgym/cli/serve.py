@@ -15,7 +15,7 @@ def load_backend(settings) -> "object":
     run one warm-up query, so a broken index fails here and not on the first request.
 
     Args:
-        settings: a :class:`drgym.server.models.ServerSettings`.
+        settings: a :class:`drgym.search.wire.ServerSettings`.
 
     Returns:
         A :class:`drgym.search.local.LocalSearchEngine`.
@@ -65,7 +65,7 @@ def serve(
     from pydantic import ValidationError
 
     from drgym.errors import DrgymError
-    from drgym.server.models import ServerSettings
+    from drgym.search.wire import ServerSettings
 
     given = dict(corpus=corpus, method=method, index_dir=index_dir, encoder=encoder, host=host, port=port,
                  max_k=max_k, batch_window_ms=batch_window_ms, max_batch_size=max_batch_size,
