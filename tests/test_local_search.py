@@ -244,3 +244,21 @@ def test_no_repeated_url_in_the_top10_of_real_questions(default_engine):
     assert repeated(default_engine.search_batch(qs, 10, collapse="passage")) == 13
     docs = default_engine.search_batch(qs, 10)
     assert repeated(docs) == 0 and {len(h) for h in docs} == {10}
+
+
+def test_deepresearch_env_numbers_distinct_sources(hotpotqa_engine):
+    """The DeepResearch env numbers sources by URL: passages of one long document were one
+    source shown three times; collapsed to documents, a search shows three sources."""
+    import gymnasium as gym
+
+    import drgym.envs  # noqa: F401
+
+    for engine, labels in ((hotpotqa_engine, ["[1]", "[2]", "[3]"]),
+                           (hotpotqa_engine.with_method("hybrid", collapse="passage"), ["[1]", "[1]", "[1]"])):
+        env = gym.make("drgym/DeepResearch-v0", backend=engine, top_k=3)
+        env.reset(options={"task_index": 0})
+        obs, *_ = env.step("<search>Amri language</search>")
+        shown = [line.split(" ", 1)[0] for line in obs.split("<information>", 1)[1].splitlines() if line.startswith("[")]
+        assert shown == labels, obs[:500]
+        assert len(env.unwrapped.sources) == len(set(labels))
+        env.close()
