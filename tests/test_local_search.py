@@ -262,3 +262,19 @@ def test_deepresearch_env_numbers_distinct_sources(hotpotqa_engine):
         assert shown == labels, obs[:500]
         assert len(env.unwrapped.sources) == len(set(labels))
         env.close()
+
+
+def test_cli_search_collapse(hotpotqa_engine):
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    def urls(*extra):
+        res = CliRunner().invoke(app, ["search", LONG_DOC, "-k", "3", "--index", str(hotpotqa_engine.folder), "--json", *extra])
+        assert res.exit_code == 0, res.output
+        return [r["url"] for r in json.loads(res.output)]
+
+    assert len(set(urls())) == 3
+    assert len(set(urls("--collapse", "passage"))) == 1
+    bad = CliRunner().invoke(app, ["search", LONG_DOC, "--index", str(hotpotqa_engine.folder), "--collapse", "sentence"])
+    assert bad.exit_code == 2 and "collapse must be one of document, passage" in bad.output

@@ -28,7 +28,8 @@ outside 1..max_k (``topk`` 0 or null: the default), too many queries; 401 bad AP
 queries waiting; 500 backend failure. A failed request never stops the server.
 """
 
-
+# No ``from __future__ import annotations`` here: FastAPI must resolve the parameter types
+# that create_app builds per app (limits in the schema) when it registers the routes.
 import asyncio
 import hmac
 import inspect
