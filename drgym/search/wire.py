@@ -27,6 +27,10 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from drgym.types import Document, SearchResult
 
 
+Collapse = Literal["document", "passage"]
+"""Values of ``collapse`` on the wire (:data:`drgym.search.base.COLLAPSE_MODES`)."""
+
+
 class ServerSettings(BaseSettings):
     """Settings of ``drgym serve``; every field can be set by a ``DRGYM_<FIELD>`` env var
     (e.g. ``DRGYM_PORT=9000``, ``DRGYM_API_KEYS=k1,k2``) or a CLI option of the same name.
@@ -81,8 +85,8 @@ class ServerSettings(BaseSettings):
     max_batch_size: int = Field(64, ge=1)
     cache_size: int = Field(4096, ge=0)
     max_pending: int = Field(16384, ge=1)
-    collapse: Literal["document", "passage"] = "document"
-    retrieve_collapse: Literal["document", "passage"] = "passage"
+    collapse: Collapse = "document"
+    retrieve_collapse: Collapse = "passage"
     api_keys: SecretStr = SecretStr("")
     log_level: str = "warning"
 
@@ -180,9 +184,6 @@ class FetchResponse(BaseModel):
     """``GET /fetch`` answer (DeepResearchGym shape)."""
 
     clean_text: str = Field(description="base64 of the JSON of the whole document")
-
-
-Collapse = Literal["document", "passage"]
 
 
 def _json_integer(v: Any) -> Any:
