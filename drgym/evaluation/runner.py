@@ -119,6 +119,15 @@ class RolloutConfig:
             from drgym.errors import unknown_name
 
             raise unknown_name("environment", self.env, [k for k in gym.registry if k.startswith("drgym/")])
+        from drgym.rewards.registry import JUDGED
+
+        judged = [r for r in (self.rewards or []) if isinstance(r, str) and r in JUDGED]
+        if judged and not self.judge:
+            raise ConfigError(
+                f"--reward {','.join(judged)} is scored by an LLM judge and no --judge was given: pass "
+                "--judge openai:MODEL@BASE_URL (a vLLM server of any instruct model works). "
+                "--judge hf:smollm2 also runs, but it is not a valid judge (its scores are flagged)."
+            )
 
 
 def default_run_name(env: str, tasks: str, policy: str) -> str:
@@ -242,7 +251,7 @@ def _reward_objects(cfg: RolloutConfig, kind: str, backend: Any = None) -> list[
         if names is None:
             names = ["race", "citation"] if cfg.judge else []
             if not cfg.judge:
-                log.warning("no --judge: reports are not scored (give --judge openai:MODEL@URL or hf:smollm2).")
+                log.warning("no --judge: reports are not scored (give --judge openai:MODEL@URL).")
         judge = cfg.judge
     return [build_reward(name, judge=judge, backend=backend) for name in names]
 
@@ -464,6 +473,11 @@ def run_rollout(
     metrics["interrupted"] = interrupted
     metrics["tasks_total"] = len(tasks)
     metrics["last_session"] = session_phases
+    if config.judge:
+        from drgym.judges.base import judge_validity
+
+        valid, note = judge_validity(config.judge)
+        metrics["judge_model"] = {"spec": config.judge, "valid": valid, **({"note": note} if note else {})}
     atomic_write_json(out / "metrics.json", metrics)
     if config.plots and trajectories:
         try:
