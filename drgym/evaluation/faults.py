@@ -82,6 +82,9 @@ class ServiceWatch(SearchBackend):
     def fetch(self, url: str) -> Document:
         return self._call(self.inner.fetch, url)
 
+    def credentials(self) -> tuple[str, ...]:
+        return self.inner.credentials()
+
     def check(self) -> None:
         """Raise the recorded service failure, if any."""
         if self.failure is not None:

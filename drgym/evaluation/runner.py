@@ -96,11 +96,14 @@ class RolloutConfig:
     RESUMABLE = ("n", "out", "batch_size", "plots")
 
     def identity(self) -> dict[str, Any]:
-        """The fields that must match for a rerun to resume a run directory."""
+        """The fields that must match for a rerun to resume a run directory (API keys in
+        options are redacted: a key is never stored, and a new key resumes the run)."""
+        from drgym.redact import redact
+
         d = dataclasses.asdict(self)
         for k in self.RESUMABLE:
             d.pop(k, None)
-        return d
+        return redact(d)
 
     def out_dir(self) -> Path:
         """The run directory (``out`` or the default name)."""
@@ -410,8 +413,9 @@ def run_rollout(
         import drgym.envs  # noqa: F401
         from drgym.envs.driver import BatchedDriver
         from drgym.evaluation.faults import ServiceWatch
-        from drgym.search.registry import get_backend
         from drgym.policies.factory import describe_policy, make_policy
+        from drgym.redact import redact
+        from drgym.search.registry import get_backend
 
         be = backend if backend is not None else get_backend(config.backend)
         if pol is None:
@@ -432,12 +436,12 @@ def run_rollout(
         setup_s = time.perf_counter() - t_start
         cfg_record = {
             "identity": config.identity(),
-            "config": dataclasses.asdict(config),
-            "command": sys.argv,
+            "config": redact(dataclasses.asdict(config)),
+            "command": redact(sys.argv),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": versions(),
-            "backend": backend_fingerprint(be),
-            "policy": describe_policy(pol),
+            "backend": redact(backend_fingerprint(be)),
+            "policy": redact(describe_policy(pol)),
             "env": {"id": config.env, "kind": kind, "max_turns": raw0.max_turns, "max_searches": raw0.max_searches,
                     "max_fetches": raw0.max_fetches, "max_obs_tokens": raw0.max_obs_tokens, "top_k": raw0.top_k,
                     "protocol": raw0.protocol, "reward": getattr(raw0.reward, "name", None) if raw0.reward else None,
