@@ -63,6 +63,6 @@ def in_hub_cache(*repo_ids: str) -> bool:
         try:
             if isinstance(try_to_load_from_cache(repo, "config.json"), str):
                 return True
-        except Exception:  # an invalid repo id (e.g. too many slashes): not cached
+        except ValueError:  # huggingface_hub's HFValidationError: not a valid repo id, so not cached
             continue
     return False

@@ -271,7 +271,8 @@ def load_hf_tasks(
     ``datasets.load_dataset(<format>, data_files=path)``).
 
     Rows that cannot be a task are skipped and counted in one warning naming them
-    (``tasks.jsonl: skipped 3 of 40 rows: 2 without an answer (rows 4, 9), ...``):
+    (``tasks.jsonl: skipped 3 of 40 rows, 37 tasks left: 2 without an answer (lines 4,
+    9); ...``; lines of a JSONL file, data rows from 1 of other files):
     no question, no answer (QA), or a question over :data:`MAX_QUESTION_CHARS`
     characters; blank lines of a JSONL file are counted the same way. Task ids are
     ``<source>-<row>`` with rows counted from 0 over the non-blank rows (unchanged by
@@ -302,13 +303,18 @@ def load_hf_tasks(
     blank: list[int] = []
     if path.suffix == ".jsonl":
         rows = load_jsonl_strict(path, error=CorpusError, blank_lines=blank)
+        # messages name file lines: data row i is the i-th non-blank line
+        blank_set = set(blank)
+        line_of = [n for n in range(1, len(rows) + len(blank) + 1) if n not in blank_set]
+        unit, number = "line", (lambda i: line_of[i])
         bad = [i for i, r in enumerate(rows) if not isinstance(r, dict)]
         if bad:
-            raise CorpusError(f"{path}: row {bad[0]} is a JSON {type(rows[bad[0]]).__name__}, not an object "
+            raise CorpusError(f"{path}:{number(bad[0])} is a JSON {type(rows[bad[0]]).__name__}, not an object "
                               f"{{\"{question_key}\": ..., \"{answer_key or 'answer'}\": ...}}.")
         columns = list(dict.fromkeys(k for r in rows for k in r))
     else:
         rows, columns = _read_with_datasets(path, fmt, split)
+        unit, number = "row", (lambda i: i + 1)  # data rows, from 1
     for key in (question_key, id_key):
         if key is not None and key not in columns:
             raise ConfigError(f"{path} has no column {key!r}; columns: {', '.join(map(str, columns)) or 'none'}.")
@@ -343,8 +349,8 @@ def load_hf_tasks(
             continue
         tid = f"{source}-{r[id_key] if id_key else i}"
         if tid in seen_ids:
-            raise ConfigError(f"{path}: rows {seen_ids[tid]} and {i} have the same id {tid!r}; task ids must be unique "
-                              "(a rerun resumes by task id).")
+            raise ConfigError(f"{path}: {unit}s {number(seen_ids[tid])} and {number(i)} have the same id {tid!r}; task "
+                              "ids must be unique (a rerun resumes by task id).")
         seen_ids[tid] = i
         tasks.append(Task(task_id=tid, question=q.strip(), answers=answers, kind=kind, source=source))  # type: ignore[arg-type]
     n_skipped = sum(len(v) for v in skipped.values())
@@ -352,13 +358,7 @@ def load_hf_tasks(
         why = "; ".join(f"{len(v)} {k}" for k, v in skipped.items()) or "the file has no rows"
         raise ConfigError(f"{path} holds no usable task ({why}).")
     if n_skipped or blank:
-        if path.suffix == ".jsonl":  # name file lines: row i is line i + 1 + the blank lines before it
-            unit = "line"
-            where_of = {i: n for i, n in zip(range(len(rows)), (n for n in range(1, len(rows) + len(blank) + 1) if n not in set(blank)))}
-        else:
-            unit = "row"  # 1-based data rows
-            where_of = {i: i + 1 for i in range(len(rows))}
-        parts = [f"{len(v)} {k} ({unit}{'s' if len(v) > 1 else ''} {_rows([where_of[i] for i in v])})"
+        parts = [f"{len(v)} {k} ({unit}{'s' if len(v) > 1 else ''} {_rows([number(i) for i in v])})"
                  for k, v in skipped.items()]
         if blank:
             parts.append(f"{len(blank)} blank line{'s' if len(blank) > 1 else ''} ignored "

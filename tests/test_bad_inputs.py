@@ -57,7 +57,7 @@ def test_task_file_answer_columns_and_missing_ones(tmp_path):
         load_tasks(str(allbad))
     dup = tmp_path / "dup.jsonl"
     dup.write_text("".join(json.dumps({"qid": "a", "question": f"q{i}", "answer": "x"}) + "\n" for i in range(2)), encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"rows 0 and 1 have the same id 'dup-a'"):
+    with pytest.raises(ConfigError, match=r"dup\.jsonl: lines 1 and 2 have the same id 'dup-a'"):
         load_hf_tasks(dup, id_key="qid")
 
 

@@ -80,8 +80,9 @@ def write_failure_message(e: OSError) -> str | None:
     read-only file system, permission denied), naming the file and what to do; None for
     other errors.
 
-    Examples: ``cannot write /data/drgym/indexes/.wiki-default.lock: Read-only file system
-    (DRGYM_HOME is /data/drgym: point DRGYM_HOME at a writable folder)``.
+    Example: ``cannot write /data/drgym/indexes: Read-only file system (DRGYM_HOME is
+    /data/drgym: the file system is read-only, or point DRGYM_HOME at a writable folder
+    with room).``
     """
     import errno
 

@@ -438,10 +438,11 @@ class Judge(abc.ABC):
         Never raises for a bad judge answer or a backend timeout: those become failed
         results. Raises for programming/config errors (a template input missing) and
         :class:`JudgeUnavailableError` when the endpoint stays unreachable (the other
-        requests of the batch then stop at once).
+        requests of the batch then stop at once; the next call tries the endpoint again).
         """
         if not requests:
             return []
+        self._down = None
         workers = min(max_concurrency or self.max_concurrency, len(requests))
         if workers == 1:
             out = []
