@@ -448,7 +448,7 @@ def test_grpo_killed_at_step_k_resumes_with_the_batch_an_uninterrupted_run_draws
     assert not (out / "final").exists() and not (out / f"checkpoint-{k + 1}" / "trainer_state.json").exists()
     resumed = subprocess.run(_train(cfg, out, "--resume"), env=env, capture_output=True, text=True, timeout=1800)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert json.loads(resumed.stdout[resumed.stdout.index("{"):])["resumed_from"].endswith(f"checkpoint-{k}")
+    assert json.loads((out / "summary.json").read_text())["resumed_from"].endswith(f"checkpoint-{k}")
     # the step after the checkpoint drew the same questions, in the same order, as the uninterrupted run
     full_batches, batches = _steps(tmp_path / "full" / "batches.jsonl", "task_ids"), _steps(out / "batches.jsonl", "task_ids")
     assert list(full_batches) == [1, 2, 3, 4] and sorted(batches) == [1, 2, 3, 4]
