@@ -37,7 +37,7 @@ class DrgymRewardFunc:
             # environment_factory path: the answer is the last assistant message's text
             final_answer, trajectory = [], []
             for env, comp in zip(environments, completions):
-                tr = env._finish(_strip_answer_tags(_last_assistant_text(comp)))
+                tr = env._finish(self.inner.parser.parse_answer(comp) or "")
                 final_answer.append((tr.final_answer if tr is not None else None) or "")
                 trajectory.append(tr.to_dict() if tr is not None else None)
         episodes = self.inner.episodes(list(prompts or []), list(completions), **kw)
@@ -56,22 +56,6 @@ class DrgymRewardFunc:
             self.monitor.record(self.__name__, scores, kw.get("task_id") or [""] * n,
                                 [e.answer for e in episodes])
         return scores
-
-
-def _last_assistant_text(completion) -> str:
-    if isinstance(completion, str):
-        return completion
-    for m in reversed(completion or []):
-        if m.get("role") == "assistant" and not m.get("tool_calls"):
-            return str(m.get("content") or "")
-    return ""
-
-
-def _strip_answer_tags(text: str) -> str:
-    import re
-
-    m = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
-    return (m.group(1) if m else text).strip()
 
 
 class GroupMonitor:

@@ -220,27 +220,30 @@ class _RecordingPolicy(Policy):
 def _reward_objects(cfg: RolloutConfig, kind: str, backend: Any = None) -> list[Any]:
     """Extra rewards scored by the runner after each episode.
 
-    QA: the LLM-judge soft match (``llm_match``, reported as ``judge``) when ``--judge``
+    QA: the LLM-judge soft match (``llm_match``; ``metrics.json`` sums it up as ``judge``) when ``--judge``
     is set. Research: ``race`` and ``citation`` (DeepResearch Bench RACE, arXiv
     2506.11763 section 3.1; DeepResearchGym citation precision/recall, arXiv 2505.19253
     section 3.2) when ``--judge`` is set, judged by it; without a judge no judged reward
     runs (the bundled 135M model cannot judge reports: it takes minutes per report and
     rarely returns valid verdicts), and ``--reward`` with ``--judge hf:smollm2`` asks for it
     explicitly. Built with :func:`drgym.rewards.build_reward` (citation pages are fetched
-    from ``backend``).
+    from ``backend``). Every judged reward shares one judge.
     """
     from drgym.rewards import build_reward
 
+    judge = None
+    if cfg.judge:
+        from drgym.judges.factory import make_judge
+
+        judge = make_judge(cfg.judge)  # one judge (one model copy) for every judged reward of the run
     names = list(cfg.rewards) if cfg.rewards is not None else None
     if kind == "qa":
         names = names if names is not None else (["llm_match"] if cfg.judge else [])
-        judge = cfg.judge
     else:
         if names is None:
             names = ["race", "citation"] if cfg.judge else []
             if not cfg.judge:
                 log.warning("no --judge: reports are not scored (give --judge openai:MODEL@URL or hf:smollm2).")
-        judge = cfg.judge
     return [build_reward(name, judge=judge, backend=backend) for name in names]
 
 
@@ -254,6 +257,7 @@ def run_rollout(
     console: Any = None,
     fresh: bool = False,
     tasks: Sequence[Any] | None = None,
+    reward: Any = None,
 ) -> RunResult:
     """Run (or resume) a rollout and write the run directory.
 
@@ -268,6 +272,8 @@ def run_rollout(
         tasks: the :class:`~drgym.records.Task` objects to run, instead of loading
             ``config.tasks`` (which then only names the set in the run record), e.g. a
             held-out slice during training; the first ``config.n`` are run.
+        reward: the env's reward (a :class:`~drgym.records.Reward`), instead of the env's
+            default; the env scores each episode with it once (``reward_components``).
 
     Returns:
         A :class:`RunResult`; ``metrics`` covers every episode of the run directory
@@ -334,6 +340,8 @@ def run_rollout(
                 opts.setdefault("seed", config.seed)  # sampling seed (greedy decoding ignores it)
             pol = make_policy(config.policy, **opts)
         env_kw = dict(config.env_options)
+        if reward is not None:
+            env_kw["reward"] = reward
         if config.max_turns is not None:
             env_kw["max_turns"] = config.max_turns
         n_envs = min(config.batch_size, len(todo))
@@ -512,7 +520,7 @@ def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _Re
                 t.metadata.setdefault("reward_errors", []).append(f"{getattr(r, 'name', r)}: {type(e).__name__}: {e}")
             continue
         dt = (time.perf_counter() - t0r) / len(trajs)
-        name = "judge" if getattr(r, "name", "") == "llm_match" else getattr(r, "name", "reward")
+        name = getattr(r, "name", "reward")
         for k, t in enumerate(trajs):
             t.reward_components[name] = res.scores[k]
             for cname, vals in (res.components or {}).items():
