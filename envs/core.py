@@ -37,7 +37,6 @@ from drgym.errors import ConfigError, unknown_name
 from drgym.records import Episode, Reward, Step, Task, ToolCall, Trajectory
 from drgym.search.base import SearchBackend
 from drgym.search.registry import get_backend
-from drgym.types import Document, SearchResult
 
 logger = logging.getLogger(__name__)
 

@@ -211,6 +211,19 @@ class KeyPointRecall(Reward):
         batched: judge all key points of a report in one call (``kpr_batch`` template;
             drgym's cheaper mode for RL, not the upstream protocol). A batched answer
             that misses a key point is a failure of that key point.
+
+    Example (a scripted judge that finds every key point supported):
+        >>> from drgym.judges.base import Judge
+        >>> from drgym.records import Episode, Task
+        >>> class Supported(Judge):
+        ...     model_id = "scripted:supported"
+        ...     def complete(self, messages, **kw):
+        ...         return '{"label": "Supported", "justification": "stated"}'
+        >>> task = Task(task_id="r", question="Why is the sky blue?", kind="research",
+        ...             key_points=[{"point": "Rayleigh scattering"}, {"point": "shorter wavelengths scatter more"}])
+        >>> out = KeyPointRecall(Supported(cache=False)).score([Episode(task, "Rayleigh scattering..."), Episode(task, "")])
+        >>> out.scores, out.components["kpr"]
+        ([1.0, 0.0], [1.0, 0.0])
     """
 
     name = "kpr"

@@ -23,6 +23,12 @@ class LengthGuard(Reward):
         tokenizer: optional ``str -> list`` (e.g. a HF tokenizer's ``tokenize``); default ``str.split``.
 
     Components: ``length_tokens`` (the count) and ``length_penalty`` (the score).
+
+    Example:
+        >>> from drgym.records import Episode, Task
+        >>> task = Task(task_id="t", question="Write a report.", kind="research")
+        >>> LengthGuard(max_tokens=4).score([Episode(task, "one two three"), Episode(task, "w " * 6)]).scores
+        [0.0, -0.5]
     """
 
     name = "length"

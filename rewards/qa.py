@@ -90,21 +90,46 @@ class _StringMetric(Reward):
 
 
 class ExactMatch(_StringMetric):
-    """Exact match after SQuAD normalisation, max over aliases; None for a task with no gold answers."""
+    """Exact match after SQuAD normalisation, max over aliases; None for a task with no gold answers.
+
+    Source: SQuAD v1.1 ``evaluate-v1.1.py`` (Rajpurkar et al. 2016), as Search-R1 uses it.
+
+    Example:
+        >>> from drgym.records import Episode, Task
+        >>> task = Task(task_id="t", question="Capital of France?", answers=["Paris", "City of Paris"])
+        >>> ExactMatch().score([Episode(task, "the  Paris."), Episode(task, "Lyon")]).scores
+        [1.0, 0.0]
+    """
 
     name = "em"
     fn = staticmethod(exact_match)
 
 
 class CoverExactMatch(_StringMetric):
-    """Cover-EM: a normalised gold alias is contained in the prediction; None without golds."""
+    """Cover-EM: a normalised gold alias is contained in the prediction; None without golds.
+
+    Example:
+        >>> from drgym.records import Episode, Task
+        >>> task = Task(task_id="t", question="Capital of France?", answers=["Paris"])
+        >>> CoverExactMatch().score([Episode(task, "It is Paris, in France"), Episode(task, "")]).scores
+        [1.0, 0.0]
+    """
 
     name = "cover_em"
     fn = staticmethod(cover_exact_match)
 
 
 class F1(_StringMetric):
-    """SQuAD token F1, max over aliases; None for a task with no gold answers."""
+    """SQuAD token F1, max over aliases; None for a task with no gold answers.
+
+    Source: SQuAD v1.1 ``evaluate-v1.1.py`` (``f1_score``).
+
+    Example:
+        >>> from drgym.records import Episode, Task
+        >>> task = Task(task_id="t", question="Who wrote it?", answers=["William Shakespeare"])
+        >>> F1().score([Episode(task, "Shakespeare"), Episode(Task(task_id="r", question="Essay?"), "text")]).scores
+        [0.6666666666666666, None]
+    """
 
     name = "f1"
     fn = staticmethod(token_f1)
@@ -119,6 +144,18 @@ class SoftMatch(Reward):
         shortcut_em: score 1.0 without a judge call when exact match already holds.
 
     Scores are in [0, 1]; a failed judge call gives None and counts in ``failures``.
+
+    Example (a scripted judge that always says "equivalent"):
+        >>> from drgym.judges.base import Judge
+        >>> from drgym.records import Episode, Task
+        >>> class Yes(Judge):
+        ...     model_id = "scripted:yes"
+        ...     def complete(self, messages, **kw):
+        ...         return '{"score": 1, "justification": "same city"}'
+        >>> task = Task(task_id="t", question="Capital of France?", answers=["Paris"])
+        >>> out = SoftMatch(Yes(cache=False)).score([Episode(task, "the French capital"), Episode(task, "")])
+        >>> out.scores, out.failures
+        ([1.0, 0.0], 0)
     """
 
     name = "llm_match"
@@ -166,6 +203,14 @@ class FormatReward(Reward):
 
     Score in [0, 1] (clipped at 0). Compose it with a task reward through the registry
     (``{"weighted": {"f1": 1.0, "format": 0.1}}``).
+
+    Example:
+        >>> from drgym.records import Episode, Step, Task, ToolCall, Trajectory
+        >>> task = Task(task_id="t", question="Q?", answers=["a"])
+        >>> traj = Trajectory(episode_id="e", task_id="t", terminated=True,
+        ...                   steps=[Step("oops", [ToolCall("invalid")]), Step("<answer>a</answer>", [ToolCall("answer")])])
+        >>> FormatReward(invalid_penalty=0.25).score([Episode(task, "a", traj), Episode(task, "")]).scores
+        [0.75, 0.0]
     """
 
     name = "format"

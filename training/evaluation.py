@@ -58,11 +58,9 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
     from drgym.evaluation.runner import RolloutConfig, run_rollout
     from drgym.policies.generation import DEFAULT_STOPS
     from drgym.policies.hf import HFPolicy
-    from drgym.records import Episode, Trajectory
 
     base = cfg.rollout_settings()
     tasks = list(tasks)
-    by_id = {t.task_id: t for t in tasks}
     env_kw = dict(cfg.env.get("kwargs") or {})
     env_kw.pop("max_turns", None)
     env_kw.setdefault("protocol", cfg.protocol)

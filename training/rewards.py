@@ -16,7 +16,9 @@ class DrgymRewardFunc:
     to the rollout's ``final_answer`` (the env's parsed ``<answer>``, '' when none) and
     attaches the episode's ``trajectory``, so rewards that count invalid actions or
     check termination (``format``) see the whole episode and nothing re-parses the
-    decoded completion (which includes the ``<information>`` text).
+    decoded completion (which includes the ``<information>`` text). When the env already
+    scored the episode (GRPO's env scores with the run's rewards), the score is read from
+    the trajectory's ``reward_components`` instead of computed again.
 
     Returns ``list[float | None]``, one per completion. ``__name__`` is the reward
     name TRL logs under (``rewards/<name>/mean`` and ``/std``).
@@ -50,8 +52,18 @@ class DrgymRewardFunc:
             d = trajectory[i] if trajectory is not None else None
             if isinstance(d, dict) and d.get("episode_id"):
                 ep.trajectory = Trajectory.from_dict(d)
-        out = self.reward.score(episodes)
-        scores = [None if s is None or (isinstance(s, float) and math.isnan(s)) else float(s) for s in out.scores]
+        # one scorer: an episode the env already scored (its trajectory carries this reward's
+        # component) is read, not scored again; only completions without an env episode
+        # (a direct call) are scored here
+        comps = [((trajectory[i] or {}).get("reward_components") or {}) if trajectory is not None
+                 and isinstance(trajectory[i], dict) else {} for i in range(n)]
+        todo = [i for i in range(n) if self.__name__ not in comps[i]]
+        raw: list[Any] = [comps[i].get(self.__name__) for i in range(n)]
+        if todo:
+            out = self.reward.score([episodes[i] for i in todo])
+            for i, s in zip(todo, out.scores):
+                raw[i] = s
+        scores = [None if s is None or (isinstance(s, float) and math.isnan(s)) else float(s) for s in raw]
         if self.monitor is not None:
             self.monitor.record(self.__name__, scores, kw.get("task_id") or [""] * n,
                                 [e.answer for e in episodes])
