@@ -16,26 +16,9 @@ import os
 
 import pytest
 
-from drgym.search.base import SearchBackend
+from envs_helpers import Counting
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-
-
-class CountingBackend(SearchBackend):
-    """Delegates to ``inner`` and logs every ``search_batch`` call's queries."""
-
-    def __init__(self, inner: SearchBackend) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.max_k = inner.max_k
-        self.calls: list[list[str]] = []
-
-    def search_batch(self, queries, k=10):
-        self.calls.append(list(queries))
-        return self.inner.search_batch(queries, k)
-
-    def fetch(self, url):
-        return self.inner.fetch(url)
 
 
 def _scripted_step(tokenizer, turns: list[str]):
@@ -75,7 +58,7 @@ def test_grpo_rollouts_issue_one_search_batch_per_turn(tokenizer, bm25_backend):
     from drgym.envs.task_loaders import load_tasks
     from drgym.training.rollout import RolloutSettings, SearchRolloutFunc
 
-    counting = CountingBackend(bm25_backend)
+    counting = Counting(bm25_backend)
     tasks = load_tasks("hotpotqa-dev")[:3]
 
     def factory():
@@ -93,8 +76,8 @@ def test_grpo_rollouts_issue_one_search_batch_per_turn(tokenizer, bm25_backend):
     out = SearchRolloutFunc(factory, table, settings).run(prompts, tokenizer=tokenizer, step=step)
 
     # turn 1 and turn 2 search in all 6 episodes: one merged request per turn, 6 queries each
-    assert [len(c) for c in counting.calls] == [6, 6]
-    assert counting.calls[0][0] == counting.calls[0][1] == tasks[0].question.strip()
+    assert [len(c) for c in counting.batches] == [6, 6]
+    assert counting.batches[0][0] == counting.batches[0][1] == tasks[0].question.strip()
     assert out["num_searches"] == [2] * 6 and out["num_turns"] == [3] * 6
     assert out["truncated"] == [False] * 6 and out["final_answer"] == ["x"] * 6
     # observation tokens are masked; the model's three turns are not; eos closes the answer
