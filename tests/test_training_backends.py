@@ -2,8 +2,9 @@
 
 - one ``search_batch`` per turn for the whole rollout batch (the driver merges every
   episode's queries), counted on a wrapped backend;
-- a config with ``search: {backend: http://127.0.0.1:PORT}`` (a real ``drgym serve``
-  subprocess) and one with ``search: {backend: replay:FILE}`` each run one CPU step.
+- a config with ``search: {backend: http://127.0.0.1:PORT}`` (drgym's server app on a
+  free port; a ``drgym serve`` subprocess in the slow variant) and one with
+  ``search: {backend: replay:FILE}`` each run one CPU step.
 
 The model's first turn is forced to search its question (the base SmolLM2 rarely writes
 the tags), so every step really goes through the configured backend; the later turns
@@ -126,12 +127,24 @@ def _one_step(tmp_path, monkeypatch, search: dict):
     return backend_from_settings(search), trainer
 
 
-def test_grpo_config_with_an_http_backend_runs_one_step(tmp_path, monkeypatch, hotpotqa_engine):
+def test_grpo_config_with_an_http_backend_runs_one_step(tmp_path, monkeypatch, bm25_backend):
+    """The server is drgym's FastAPI app on a free loopback port (uvicorn in a thread)."""
+    from drgym.search.client import HTTPSearchClient
+    from drgym.server.testing import running_server
+
+    with running_server(bm25_backend) as srv:
+        assert srv.url.startswith("http://127.0.0.1:")
+        backend, _ = _one_step(tmp_path, monkeypatch, {"backend": srv.url})
+    assert isinstance(backend, HTTPSearchClient)
+
+
+@pytest.mark.slow
+def test_grpo_config_with_a_drgym_serve_subprocess_runs_one_step(tmp_path, monkeypatch, hotpotqa_engine):
+    """The same with ``drgym serve`` in its own process (about 1.5 min on a loaded 2-core machine)."""
     from drgym.search.client import HTTPSearchClient
     from drgym.server.testing import running_server
 
     with running_server(cli_args=["--corpus", "hotpotqa", "--method", "bm25"]) as srv:
-        assert srv.url.startswith("http://127.0.0.1:")
         backend, _ = _one_step(tmp_path, monkeypatch, {"backend": srv.url})
     assert isinstance(backend, HTTPSearchClient)
 
