@@ -23,7 +23,12 @@ Tool names and arguments: ``search`` (``query``: str, or ``queries``: list[str])
 
 Anything else (empty, over-long, nested tags, unclosed tags, bad JSON, unknown tools,
 two protocols in one turn) parses to a single ``ToolCall(name="invalid", error=...)``
-whose error text is shown to the agent. The parser never raises.
+whose error text is shown to the agent. Malformed input never raises; a bug in the
+parser does (it is not turned into the agent's "invalid action").
+
+:class:`Parser` bundles :func:`parse_action` (one turn) with
+:meth:`Parser.parse_answer` (the final answer of a whole completion); every answer drgym
+scores is read through it.
 """
 
 from __future__ import annotations
@@ -33,23 +38,37 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from drgym.envs.tools import DEFAULT_TOOLS, Tool
 from drgym.records import ToolCall
 
-TOOL_NAMES = ("search", "fetch", "answer")
+TOOL_NAMES = tuple(t.name for t in DEFAULT_TOOLS)
 PROTOCOLS = ("tags", "json", "openai")
+_DEFAULT_BY_NAME: dict[str, Tool] = {t.name: t for t in DEFAULT_TOOLS}
 
 _THINK_RE = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)
-_ACTION_OPEN_RE = re.compile(r"<(search|fetch|answer)>", re.IGNORECASE)
-_ANY_TAG_RE = re.compile(r"</?(search|fetch|answer)>", re.IGNORECASE)
+_ANY_TAG_RE = re.compile(r"</?(search|fetch|answer)>", re.IGNORECASE)  # the default tools (parse_answer)
+_ANSWER_BLOCK_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _TOOL_CALL_RE = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _OTHER_TAG_RE = re.compile(r"<([A-Za-z_][\w-]*)>(.*?)</\1>", re.DOTALL)
-_NOT_ACTIONS = {"think", "information", "tool_response", "result", "answer", "search", "fetch", "tool_call"}
+_NOT_ACTIONS = {"think", "information", "tool_response", "result", "tool_call"}
 
-_ARG_ALIASES = {
-    "search": ("query", "queries", "q", "search_query"),
-    "fetch": ("url", "doc_id", "link"),
-    "answer": ("answer", "report", "text", "final_answer"),
-}
+
+class _Tools:
+    """The tools a parse knows (every tool, for messages) and allows (``allowed`` names)."""
+
+    def __init__(self, tools: dict[str, Tool], allowed: tuple[str, ...]) -> None:
+        self.by_name = tools
+        self.allowed = tuple(allowed)
+        names = "|".join(re.escape(n) for n in tools)
+        self.open_re = re.compile(f"<({names})>", re.IGNORECASE)
+        self.any_re = re.compile(f"</?({names})>", re.IGNORECASE)
+
+
+def _registry(tools: Any, allowed: tuple[str, ...]) -> _Tools:
+    by_name = dict(_DEFAULT_BY_NAME)
+    for t in tools or ():
+        by_name[t.name] = t
+    return _Tools(by_name, allowed)
 
 
 @dataclass
@@ -80,13 +99,14 @@ def _invalid(error: str, protocol: str | None = None) -> ToolCall:
     return ToolCall(name="invalid", arguments={}, protocol=protocol or "tags", error=error)
 
 
-def _normalise_call(name: Any, args: Any, protocol: str, call_id: str | None, allowed: tuple[str, ...]) -> list[ToolCall]:
+def _normalise_call(name: Any, args: Any, protocol: str, call_id: str | None, reg: _Tools) -> list[ToolCall]:
     """Check one JSON/OpenAI call; return one call per query (``queries`` lists expand)."""
     if not isinstance(name, str) or not name.strip():
         return [ToolCall("invalid", {}, protocol, f"a tool call needs a string 'name', got {name!r}.", call_id)]
     name = name.strip().lower()
-    if name not in allowed:
-        return [ToolCall("invalid", {}, protocol, f"unknown tool {name!r}; the tools are {', '.join(allowed)}.", call_id)]
+    if name not in reg.allowed:
+        return [ToolCall("invalid", {}, protocol, f"unknown tool {name!r}; the tools are {', '.join(reg.allowed)}.", call_id)]
+    tool = reg.by_name[name]
     if isinstance(args, str):
         try:
             args = json.loads(args) if args.strip() else {}
@@ -95,13 +115,13 @@ def _normalise_call(name: Any, args: Any, protocol: str, call_id: str | None, al
     if not isinstance(args, dict):
         return [ToolCall("invalid", {}, protocol, f"the arguments of {name!r} must be a JSON object, got {type(args).__name__}.", call_id)]
     value = None
-    for key in _ARG_ALIASES[name]:
+    for key in tool.aliases or (tool.argument,):
         if key in args:
             value = args[key]
             break
     if value is None and len(args) == 1:  # a single argument under another name
         value = next(iter(args.values()))
-    canonical = {"search": "query", "fetch": "url", "answer": "answer"}[name]
+    canonical = tool.argument
     values = value if (name == "search" and isinstance(value, list)) else [value]
     out = []
     for v in values:
@@ -112,8 +132,9 @@ def _normalise_call(name: Any, args: Any, protocol: str, call_id: str | None, al
     return out or [ToolCall("invalid", {}, protocol, f"{name!r} got an empty list of queries.", call_id)]
 
 
-def _parse_tags(text: str, allowed: tuple[str, ...]) -> list[ToolCall]:
-    m = _ACTION_OPEN_RE.search(text)
+def _parse_tags(text: str, reg: _Tools) -> list[ToolCall]:
+    allowed = reg.allowed
+    m = reg.open_re.search(text)
     if m is None:
         return [_invalid("no action found.")]
     name = m.group(1).lower()
@@ -121,19 +142,18 @@ def _parse_tags(text: str, allowed: tuple[str, ...]) -> list[ToolCall]:
     if close is None:
         return [_invalid(f"<{name}> is not closed with </{name}>.")]
     content = text[m.end(): m.end() + close.start()]
-    if _ANY_TAG_RE.search(content):
+    if reg.any_re.search(content):
         return [_invalid(f"tags are nested inside <{name}>...</{name}>; write one action at a time.")]
     if name not in allowed:
         return [_invalid(f"<{name}> is not available here; the actions are {', '.join('<' + a + '>' for a in allowed)}.")]
     content = content.strip()
+    tool = reg.by_name[name]
     if not content:
-        what = {"search": "query", "fetch": "URL", "answer": "answer"}[name]
-        return [_invalid(f"<{name}></{name}> is empty; put the {what} between the tags.")]
-    key = {"search": "query", "fetch": "url", "answer": "answer"}[name]
-    return [ToolCall(name, {key: content}, "tags")]
+        return [_invalid(f"<{name}></{name}> is empty; put the {tool.what or tool.argument} between the tags.")]
+    return [ToolCall(name, {tool.argument: content}, "tags")]
 
 
-def _parse_tool_call_blocks(text: str, allowed: tuple[str, ...]) -> list[ToolCall]:
+def _parse_tool_call_blocks(text: str, reg: _Tools) -> list[ToolCall]:
     blocks = _TOOL_CALL_RE.findall(text)
     opened = text.count("<tool_call>")
     if opened > len(blocks):
@@ -149,11 +169,12 @@ def _parse_tool_call_blocks(text: str, allowed: tuple[str, ...]) -> list[ToolCal
         if not isinstance(obj, dict):
             calls.append(ToolCall("invalid", {}, "json", "the <tool_call> body must be a JSON object with 'name' and 'arguments'.", call_id))
             continue
-        calls.extend(_normalise_call(obj.get("name"), obj.get("arguments", obj.get("parameters", {})), "json", call_id, allowed))
+        calls.extend(_normalise_call(obj.get("name"), obj.get("arguments", obj.get("parameters", {})), "json", call_id, reg))
     return calls
 
 
-def _parse_openai(msg: dict[str, Any], allowed: tuple[str, ...]) -> tuple[list[ToolCall], dict[str, Any]]:
+def _parse_openai(msg: dict[str, Any], reg: _Tools) -> tuple[list[ToolCall], dict[str, Any]]:
+    allowed = reg.allowed
     content = msg.get("content") or ""
     if not isinstance(content, str):
         content = json.dumps(content, ensure_ascii=False)
@@ -163,8 +184,8 @@ def _parse_openai(msg: dict[str, Any], allowed: tuple[str, ...]) -> tuple[list[T
         return [_invalid("'tool_calls' must be a list.", "openai")], message
     if not tool_calls:
         stripped = _THINK_RE.sub("", content)
-        if _ACTION_OPEN_RE.search(stripped) or "<tool_call>" in stripped:
-            calls, _ = _parse_text(content, allowed)
+        if reg.open_re.search(stripped) or "<tool_call>" in stripped:
+            calls, _ = _parse_text(content, reg)
             return calls, message
         if not stripped.strip():
             return [_invalid("the message has neither tool calls nor content.", "openai")], message
@@ -179,27 +200,28 @@ def _parse_openai(msg: dict[str, Any], allowed: tuple[str, ...]) -> tuple[list[T
             continue
         call_id = str(tc.get("id") or f"call_{i}")
         fn = tc.get("function") if isinstance(tc.get("function"), dict) else tc
-        calls.extend(_normalise_call(fn.get("name"), fn.get("arguments", {}), "openai", call_id, allowed))
+        calls.extend(_normalise_call(fn.get("name"), fn.get("arguments", {}), "openai", call_id, reg))
         clean.append({"id": call_id, "type": "function", "function": {"name": fn.get("name"), "arguments": fn.get("arguments", {})}})
     message["tool_calls"] = clean
     return calls, message
 
 
-def _parse_text(text: str, allowed: tuple[str, ...]) -> tuple[list[ToolCall], str | None]:
+def _parse_text(text: str, reg: _Tools) -> tuple[list[ToolCall], str | None]:
+    allowed = reg.allowed
     if "<think>" in text.lower() and "</think>" not in text.lower():
         return [_invalid("<think> is not closed with </think>.")], None
     body = _THINK_RE.sub("", text)
-    has_tags = bool(_ACTION_OPEN_RE.search(body))
+    has_tags = bool(reg.open_re.search(body))
     has_json = "<tool_call>" in body
     if has_tags and has_json:
         # The one legal mix: JSON tool calls never appear *with* an answer tag in the same
         # turn, so this is always ambiguous.
         return [_invalid("the turn mixes <tool_call> JSON with <search>/<fetch>/<answer> tags; use one protocol per turn.")], None
     if has_json:
-        return _parse_tool_call_blocks(body, allowed), "json"
+        return _parse_tool_call_blocks(body, reg), "json"
     if has_tags:
-        return _parse_tags(body, allowed), "tags"
-    other = [t for t, _ in _OTHER_TAG_RE.findall(body) if t.lower() not in _NOT_ACTIONS]
+        return _parse_tags(body, reg), "tags"
+    other = [t for t, _ in _OTHER_TAG_RE.findall(body) if t.lower() not in _NOT_ACTIONS and t.lower() not in reg.by_name]
     if other:
         return [_invalid(f"unknown action <{other[0]}>; the actions are {', '.join('<' + a + '>' for a in allowed)}.")], None
     if not body.strip():
@@ -213,6 +235,7 @@ def parse_action(
     allowed: tuple[str, ...] = TOOL_NAMES,
     protocols: tuple[str, ...] = PROTOCOLS,
     max_chars: int = 32_000,
+    tools: tuple[Tool, ...] | None = None,
 ) -> ParsedAction:
     """Parse one assistant turn into tool calls (see the module docstring).
 
@@ -222,19 +245,89 @@ def parse_action(
         allowed: tool names the env offers.
         protocols: protocols the env accepts; a call in another one is invalid.
         max_chars: longer actions are rejected without parsing (characters).
+        tools: :class:`~drgym.envs.tools.Tool` objects besides the default ones (their
+            names and argument aliases); ``allowed`` still chooses which may be called.
 
     Returns:
-        A :class:`ParsedAction`; never raises.
+        A :class:`ParsedAction`. A malformed action is an ``invalid`` call, never an
+        exception; an exception here is a parser bug and propagates.
     """
-    try:
-        return _parse_action(action, allowed, protocols, max_chars)
-    except Exception as e:  # a parser bug must not crash a rollout batch
-        raw = action if isinstance(action, str) else repr(action)
-        return ParsedAction([_invalid(f"the action could not be parsed ({type(e).__name__}).")], None,
-                            {"role": "assistant", "content": str(raw)}, str(raw))
+    return _parse_action(action, _registry(tools, allowed), protocols, max_chars)
 
 
-def _parse_action(action, allowed, protocols, max_chars) -> ParsedAction:
+def completion_text(completion: Any) -> str:
+    """The text of a completion: a string as is; for a message dict, its ``content``; for a
+    message list, the content of the last assistant message without tool calls (the
+    final answer turn; '' when there is none)."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return str(completion.get("content") or "")
+    final = [m for m in list(completion or []) if isinstance(m, dict) and m.get("role", "assistant") == "assistant"
+             and not m.get("tool_calls")]
+    return str(final[-1].get("content") or "") if final else ""
+
+
+class Parser:
+    """The one parser of drgym: the env's actions and the final answer of a completion.
+
+    The env (:class:`~drgym.envs.core.SearchAgentEnv`), the rewards' TRL adapter
+    (:mod:`drgym.rewards.trl_adapter`) and the GRPO reward wrapper
+    (:mod:`drgym.training.rewards`) all read answers through it, so an answer is the same
+    text wherever it is scored. After verifiers' ``Parser`` (``parse`` for a turn,
+    ``parse_answer`` for a whole completion); subclass it to read another format.
+
+    Args:
+        tools: the :class:`~drgym.envs.tools.Tool` objects offered (default search,
+            fetch, answer).
+        protocols: protocols accepted (``tags``, ``json``, ``openai``).
+        max_chars: longer turns are invalid (characters).
+    """
+
+    def __init__(self, tools: tuple[Tool, ...] = DEFAULT_TOOLS, protocols: tuple[str, ...] = PROTOCOLS,
+                 max_chars: int = 32_000) -> None:
+        self.tools = tuple(tools)
+        self.protocols = tuple(protocols)
+        self.max_chars = max_chars
+        self._reg = _registry(self.tools, tuple(t.name for t in self.tools))
+
+    def parse(self, action: str | dict[str, Any]) -> ParsedAction:
+        """One assistant turn -> its tool calls (:func:`parse_action`)."""
+        return _parse_action(action, self._reg, self.protocols, self.max_chars)
+
+    def parse_answer(self, completion: Any) -> str | None:
+        """The final answer of a completion (a string, a message dict or a message list).
+
+        The rule (the README, "Answers"): the text is :func:`completion_text`, with
+        ``<think>`` blocks removed. The answer is the content of its **first** complete
+        ``<answer>...</answer>`` block (stripped), as in the env, where the first action
+        tag of a turn counts and an episode ends at its first answer; later blocks are
+        ignored. Without an ``<answer>`` block, a text with no action tag and no
+        ``<tool_call>`` is itself the answer (an OpenAI-style message without tool calls
+        is the final answer); a text that only searches or fetches has none (None).
+        A string and a one-message list with the same text give the same answer.
+
+        Example:
+            >>> p = Parser()
+            >>> p.parse_answer("<search>q</search><information>..</information><answer> Paris </answer><answer>Rome</answer>")
+            'Paris'
+            >>> p.parse_answer([{"role": "assistant", "content": "<think>hm</think><answer>Paris</answer>"}])
+            'Paris'
+            >>> p.parse_answer("Paris") == p.parse_answer([{"role": "assistant", "content": "Paris"}]) == "Paris"
+            True
+            >>> p.parse_answer("<search>capital of France</search>") is None
+            True
+        """
+        text = _THINK_RE.sub("", completion_text(completion))
+        m = _ANSWER_BLOCK_RE.search(text)
+        if m is not None:
+            return m.group(1).strip()
+        if _ANY_TAG_RE.search(text) or "<tool_call>" in text:
+            return None
+        return text.strip() or None
+
+
+def _parse_action(action, reg: _Tools, protocols, max_chars) -> ParsedAction:
     if isinstance(action, dict):
         raw = json.dumps(action, ensure_ascii=False)
         msg_obj: dict[str, Any] | None = action
@@ -259,10 +352,10 @@ def _parse_action(action, allowed, protocols, max_chars) -> ParsedAction:
                             {"role": "assistant", "content": raw[:max_chars]}, raw)
 
     if msg_obj is not None:
-        calls, message = _parse_openai(msg_obj, allowed)
+        calls, message = _parse_openai(msg_obj, reg)
         protocol = "openai"
     else:
-        calls, protocol = _parse_text(raw, allowed)
+        calls, protocol = _parse_text(raw, reg)
         message = {"role": "assistant", "content": raw}
         if protocol == "json" and any(c.name != "invalid" for c in calls):
             message["tool_calls"] = [

@@ -155,3 +155,57 @@ def test_fuzz_never_raises():
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 60)))
         p = parse_action(text)
         assert p.calls and all(c.name in ("search", "fetch", "answer", "invalid") for c in p.calls)
+
+
+def test_a_parser_bug_surfaces_instead_of_becoming_an_invalid_action(monkeypatch):
+    """The fuzz test above can fail: an exception inside the parser propagates."""
+    import drgym.envs.parsing as P
+
+    def broken(text, allowed):
+        raise IndexError("bug")
+
+    monkeypatch.setattr(P, "_parse_tags", broken)
+    with pytest.raises(IndexError):
+        parse_action("<search>x</search>")
+
+
+@pytest.mark.parametrize("text, answer", [
+    ("<answer> Paris </answer>", "Paris"),
+    ("<think>maybe <answer>Rome</answer></think><answer>Paris</answer>", "Paris"),
+    ("<answer>Paris</answer> then <answer>Rome</answer>", "Paris"),  # the first block counts
+    ("<search>q</search>\n<information>Doc 1</information>\n<answer>Paris</answer>", "Paris"),
+    ("Paris", "Paris"),  # no tags, no tool call: the text is the answer
+    ("<search>capital of France</search>", None),
+    ('<tool_call>{"name": "search", "arguments": {"query": "x"}}</tool_call>', None),
+    ("", None),
+])
+def test_one_answer_rule_for_strings_and_message_lists(text, answer):
+    from drgym.envs.parsing import Parser
+
+    p = Parser()
+    assert p.parse_answer(text) == answer
+    assert p.parse_answer([{"role": "user", "content": "Q?"}, {"role": "assistant", "content": text}]) == answer
+    assert p.parse_answer({"role": "assistant", "content": text}) == answer
+
+
+def test_env_trl_adapter_and_grpo_wrapper_read_the_same_answer(bm25_backend):
+    """Three readers of one completion with two <answer> blocks agree (they used not to:
+    the adapter took the last block, the GRPO wrapper the first)."""
+    import gymnasium as gym
+
+    import drgym.envs  # noqa: F401
+    from drgym.records import Task
+    from drgym.rewards.qa import ExactMatch
+    from drgym.rewards.trl_adapter import TRLReward
+    from drgym.training.rewards import DrgymRewardFunc
+
+    completion = "<answer>Paris</answer> no wait <answer>Rome</answer>"
+    task = Task(task_id="t", question="Capital of France?", answers=["Paris"])
+    env = gym.make("drgym/SearchQA-v0", backend=bm25_backend, tasks=[task], reward="em").unwrapped
+    env.reset(options={"task": task})
+    _, reward, term, _, info = env.step(completion)
+    assert term and info["final_answer"] == "Paris" and reward == 1.0
+    trl = TRLReward(ExactMatch())
+    assert trl([[{"role": "user", "content": "Q"}]], [completion], answers=[["Paris"]]) == [1.0]
+    wrapped = DrgymRewardFunc(trl, {"t": task})
+    assert wrapped(["Q"], [completion], task_id=["t"]) == [1.0]

@@ -11,7 +11,7 @@ import pytest
 
 from drgym.errors import ConfigError, DependencyNotInstalled
 from drgym.policies.factory import make_policy, parse_options, split_spec
-from drgym.policies.generation import close_open_tag, cut_at_stop
+from drgym.policies.generation import close_open_tag, cut_text_at_stop
 from drgym.policies.rag import RagPolicy, clean_answer
 
 
@@ -19,12 +19,12 @@ from drgym.policies.rag import RagPolicy, clean_answer
 def test_cut_at_stop_keeps_first_stop_and_drops_pad_eos():
     # A batched row that stopped on </search> is padded with SmolLM2's pad == eos token.
     raw = " <search> Lilu demon </search><|im_end|><|im_end|><|im_end|>"
-    assert cut_at_stop(raw, eos=("<|im_end|>",)) == (" <search> Lilu demon </search>", "stop")
+    assert cut_text_at_stop(raw, eos=("<|im_end|>",)) == (" <search> Lilu demon </search>", "stop")
     # The earliest stop string wins, even when a later one is listed first.
-    assert cut_at_stop("<answer> 1889 </answer> <search> x </search>") == ("<answer> 1889 </answer>", "stop")
+    assert cut_text_at_stop("<answer> 1889 </answer> <search> x </search>") == ("<answer> 1889 </answer>", "stop")
     # A real eos before any stop string ends the turn there.
-    assert cut_at_stop("Paris is the capital.<|im_end|><|im_end|>", eos=("<|im_end|>",)) == ("Paris is the capital.", "eos")
-    assert cut_at_stop("no end in sight", eos=("<|im_end|>",)) == ("no end in sight", "length")
+    assert cut_text_at_stop("Paris is the capital.<|im_end|><|im_end|>", eos=("<|im_end|>",)) == ("Paris is the capital.", "eos")
+    assert cut_text_at_stop("no end in sight", eos=("<|im_end|>",)) == ("no end in sight", "length")
 
 
 def test_close_open_tag_restores_stripped_stop():

@@ -21,7 +21,7 @@ def action_chars(prompts, completions, trajectory=None, **kw):
     Sampled 8-token turns differ in character count almost surely, so every group gets a
     reward spread (unlike a token count, which is 16 whenever both turns hit the cap)."""
     if trajectory is None:  # environment_factory path: no rollout fields, use the assistant texts
-        from drgym.rewards.trl_adapter import completion_text
+        from drgym.envs.parsing import completion_text
 
         return [len(completion_text(c)) / 100 for c in completions]
     return [sum(len(s["action"]) for s in t["steps"]) / 100 for t in trajectory]

@@ -26,12 +26,14 @@ def load_task_slice(ts, *, whole: bool = False) -> list:
     return out
 
 
-def make_env_factory(cfg, tasks: list, *, backend=None, max_turns: int | None = None):
+def make_env_factory(cfg, tasks: list, *, backend=None, max_turns: int | None = None, reward=None):
     """A zero-argument factory of configured envs (``gymnasium.make(cfg.env.id, ...)``).
 
     The env's ``max_turns`` follows ``rollout.max_turns`` unless ``env.kwargs`` sets it.
     The search backend (``backend``, else the process-wide backend of ``cfg.search``,
     :func:`drgym.search.registry.backend_from_settings`) is shared by every env.
+    ``reward`` (a :class:`~drgym.records.Reward`) replaces the env's default reward: the
+    env then scores each episode once with it (GRPO passes the run's weighted rewards).
     """
     import drgym.envs  # noqa: F401  (registers the env ids)
     import gymnasium as gym
@@ -39,6 +41,8 @@ def make_env_factory(cfg, tasks: list, *, backend=None, max_turns: int | None = 
     kwargs = dict(cfg.env.get("kwargs") or {})
     kwargs.setdefault("max_turns", max_turns or cfg.rollout_settings().max_turns)
     kwargs.setdefault("protocol", cfg.protocol)
+    if reward is not None:
+        kwargs["reward"] = reward
     state: dict[str, Any] = {"backend": backend}
 
     def factory():

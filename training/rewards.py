@@ -16,7 +16,9 @@ class DrgymRewardFunc:
     to the rollout's ``final_answer`` (the env's parsed ``<answer>``, '' when none) and
     attaches the episode's ``trajectory``, so rewards that count invalid actions or
     check termination (``format``) see the whole episode and nothing re-parses the
-    decoded completion (which includes the ``<information>`` text).
+    decoded completion (which includes the ``<information>`` text). When the env already
+    scored the episode (GRPO's env scores with the run's rewards), the score is read from
+    the trajectory's ``reward_components`` instead of computed again.
 
     Returns ``list[float | None]``, one per completion. ``__name__`` is the reward
     name TRL logs under (``rewards/<name>/mean`` and ``/std``).
@@ -37,7 +39,7 @@ class DrgymRewardFunc:
             # environment_factory path: the answer is the last assistant message's text
             final_answer, trajectory = [], []
             for env, comp in zip(environments, completions):
-                tr = env._finish(_strip_answer_tags(_last_assistant_text(comp)))
+                tr = env._finish(self.inner.parser.parse_answer(comp) or "")
                 final_answer.append((tr.final_answer if tr is not None else None) or "")
                 trajectory.append(tr.to_dict() if tr is not None else None)
         episodes = self.inner.episodes(list(prompts or []), list(completions), **kw)
@@ -50,28 +52,22 @@ class DrgymRewardFunc:
             d = trajectory[i] if trajectory is not None else None
             if isinstance(d, dict) and d.get("episode_id"):
                 ep.trajectory = Trajectory.from_dict(d)
-        out = self.reward.score(episodes)
-        scores = [None if s is None or (isinstance(s, float) and math.isnan(s)) else float(s) for s in out.scores]
+        # one scorer: an episode the env already scored (its trajectory carries this reward's
+        # component) is read, not scored again; only completions without an env episode
+        # (a direct call) are scored here
+        comps = [((trajectory[i] or {}).get("reward_components") or {}) if trajectory is not None
+                 and isinstance(trajectory[i], dict) else {} for i in range(n)]
+        todo = [i for i in range(n) if self.__name__ not in comps[i]]
+        raw: list[Any] = [comps[i].get(self.__name__) for i in range(n)]
+        if todo:
+            out = self.reward.score([episodes[i] for i in todo])
+            for i, s in zip(todo, out.scores):
+                raw[i] = s
+        scores = [None if s is None or (isinstance(s, float) and math.isnan(s)) else float(s) for s in raw]
         if self.monitor is not None:
             self.monitor.record(self.__name__, scores, kw.get("task_id") or [""] * n,
                                 [e.answer for e in episodes])
         return scores
-
-
-def _last_assistant_text(completion) -> str:
-    if isinstance(completion, str):
-        return completion
-    for m in reversed(completion or []):
-        if m.get("role") == "assistant" and not m.get("tool_calls"):
-            return str(m.get("content") or "")
-    return ""
-
-
-def _strip_answer_tags(text: str) -> str:
-    import re
-
-    m = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
-    return (m.group(1) if m else text).strip()
 
 
 class GroupMonitor:

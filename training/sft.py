@@ -12,7 +12,6 @@ are -100 on the prompt and on observation tokens, as in Search-R1's loss masking
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -268,18 +267,6 @@ def _tasks_for(cfg, ids: set[str]) -> dict[str, Any]:
                 if t.task_id in ids:
                     found[t.task_id] = t
     return found
-
-
-def dump_examples(ds, tokenizer, path: str | Path, n: int = 3) -> None:
-    """Write the first ``n`` examples decoded, with masked spans shown, for inspection."""
-    from drgym.atomic import atomic_write_text
-
-    lines = []
-    for r in ds.select(range(min(n, len(ds)))):
-        trained = [t for t, lab in zip(r["input_ids"], r["labels"]) if lab != IGNORE_INDEX]
-        lines.append(json.dumps({"text": tokenizer.decode(r["input_ids"]), "trained": tokenizer.decode(trained)},
-                                ensure_ascii=False))
-    atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def make_scripted_trajectories(cfg, out_path: str | Path, *, split: str = "train", start: int | None = None,

@@ -19,7 +19,7 @@ DEFAULT_STOPS: tuple[str, ...] = ("</search>", "</fetch>", "</answer>", "</tool_
 _OPEN_FOR_CLOSE = {"</search>": "<search>", "</fetch>": "<fetch>", "</answer>": "<answer>", "</tool_call>": "<tool_call>"}
 
 
-def cut_at_stop(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS, eos: tuple[str, ...] | list[str] = ()) -> tuple[str, str]:
+def cut_text_at_stop(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS, eos: tuple[str, ...] | list[str] = ()) -> tuple[str, str]:
     """Cut ``text`` right after the earliest stop string, else before the earliest eos.
 
     Batched ``generate`` pads finished rows with the pad token, which for SmolLM2 is the
@@ -57,7 +57,7 @@ def cut_ids_at_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...] | lis
                     eos_ids: tuple[int, ...] | list[int] | set[int] = ()) -> tuple[list[int], str]:
     """Cut generated token ids after the token that completes the first stop string.
 
-    The token-level twin of :func:`cut_at_stop`, used where the kept ids go back into
+    The token-level twin of :func:`cut_text_at_stop`, used where the kept ids go back into
     the context (``drgym train``'s rollouts, and ``hf:`` policies, whose evaluations
     must see the same tokens): the cut is at a token boundary, so a token that completes
     ``</search>`` and carries more text (SmolLM2 has ``>.``, ``>,``, ``><``...) is kept
@@ -144,7 +144,7 @@ def normalise_messages(conversation: list[dict[str, Any]], *, keep_tool_role: bo
 
 
 @dataclass
-class Usage:
+class TokenUsage:
     """Token and time accounting of one generated turn.
 
     Attributes:

@@ -17,7 +17,7 @@ from drgym.policies.base import Conversation, Policy
 from drgym.policies.generation import (
     DEFAULT_STOPS,
     Timer,
-    Usage,
+    TokenUsage,
     cut_ids_at_stop,
     normalise_messages,
 )
@@ -79,7 +79,7 @@ class HFPolicy(Policy):
             :meth:`render`; the effective value is in :meth:`describe`.
 
     Attributes:
-        last_usage: one :class:`~drgym.policies.generation.Usage` per conversation of the
+        last_usage: one :class:`~drgym.policies.generation.TokenUsage` per conversation of the
             latest :meth:`act` call.
 
     Raises:
@@ -179,7 +179,7 @@ class HFPolicy(Policy):
         self._generator_seeded = False
         tok = self.tokenizer
         self._eos_ids = tuple({t for t in (tok.eos_token_id, tok.pad_token_id) if t is not None})
-        self.last_usage: list[Usage] = []
+        self.last_usage: list[TokenUsage] = []
 
     # -- public -------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -214,7 +214,7 @@ class HFPolicy(Policy):
             seen_info = any("<information>" in str(m.get("content") or "") for m in c if m.get("role") != "system")
             groups["answer" if seen_info else "search"].append(i)
         outs: list[str] = [""] * len(conversations)
-        usage: list[Usage] = [Usage() for _ in conversations]
+        usage: list[TokenUsage] = [TokenUsage() for _ in conversations]
         for tag, rows in groups.items():
             if not rows:
                 continue
@@ -278,7 +278,7 @@ class HFPolicy(Policy):
         ids = [tok(p, add_special_tokens=False)["input_ids"][-self.max_prompt_tokens :] for p in prompts]
         order = sorted(range(len(prompts)), key=lambda i: len(ids[i]))
         outs: list[str] = [""] * len(prompts)
-        usage: list[Usage] = [Usage() for _ in prompts]
+        usage: list[TokenUsage] = [TokenUsage() for _ in prompts]
         if self.temperature > 0 and not self._generator_seeded:
             torch.manual_seed(self.seed)
             self._generator_seeded = True
@@ -310,7 +310,7 @@ class HFPolicy(Policy):
             for j, i in enumerate(rows):
                 kept, reason = cut_ids_at_stop(tok, new[j].tolist(), stops, self._eos_ids)
                 outs[i] = self.prefill + tok.decode(kept, skip_special_tokens=True)
-                usage[i] = Usage(prompt_tokens=len(ids[i]), completion_tokens=len(kept),
+                usage[i] = TokenUsage(prompt_tokens=len(ids[i]), completion_tokens=len(kept),
                                  generation_s=t.s / len(rows), finish=reason)
         self.last_usage = usage
         return outs

@@ -27,25 +27,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from drgym.envs.tools import DEFAULT_TOOLS, tool_schemas
 from drgym.errors import BackendUnavailableError, ConfigError, ServiceUnavailableError
 from drgym.policies.base import Conversation, Policy
-from drgym.policies.generation import DEFAULT_STOPS, Timer, Usage, close_open_tag
+from drgym.policies.generation import DEFAULT_STOPS, Timer, TokenUsage, close_open_tag
 
 log = logging.getLogger(__name__)
 
-TOOL_SCHEMAS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the document collection; returns the top passages with their URLs.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string", "description": "search query"}},
-                       "required": ["query"]}}},
-    {"type": "function", "function": {
-        "name": "fetch", "description": "Fetch the whole document at a URL returned by search.",
-        "parameters": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}}},
-    {"type": "function", "function": {
-        "name": "answer", "description": "Give the final answer and end the episode.",
-        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}},
-]
-"""Function schemas of the three env actions, in the OpenAI ``tools`` format."""
 
 
 class _Retryable(Exception):
@@ -92,7 +80,7 @@ class OpenAIPolicy(Policy):
             ``{"top_k": 1}``).
 
     Attributes:
-        last_usage: one :class:`~drgym.policies.generation.Usage` per conversation of the
+        last_usage: one :class:`~drgym.policies.generation.TokenUsage` per conversation of the
             latest call (server-reported token counts when given).
         native_tools: whether function calling is in use now.
     """
@@ -148,7 +136,7 @@ class OpenAIPolicy(Policy):
         )
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="drgym-openai")
         self._lock = threading.Lock()
-        self.last_usage: list[Usage] = []
+        self.last_usage: list[TokenUsage] = []
         self.n_errors = 0
 
     def describe(self) -> dict[str, Any]:
@@ -258,12 +246,12 @@ class OpenAIPolicy(Policy):
                     self._down = err
             raise err from e
 
-    def _one(self, conversation: Conversation) -> tuple[str, Usage]:
+    def _one(self, conversation: Conversation) -> tuple[str, TokenUsage]:
         with Timer() as t:
             body: dict[str, Any] = {"model": self.model, "messages": self.to_api_messages(conversation),
                                     "max_tokens": self.max_tokens, "temperature": self.temperature}
             if self.native_tools:
-                body["tools"] = TOOL_SCHEMAS
+                body["tools"] = tool_schemas(DEFAULT_TOOLS)
                 body["tool_choice"] = "auto"
             elif self.stops:
                 body["stop"] = list(self.stops)[:4]  # OpenAI accepts at most 4 stop strings
@@ -287,7 +275,7 @@ class OpenAIPolicy(Policy):
         except (KeyError, IndexError, TypeError):
             return self._fail(ValueError(f"malformed chat completion: {str(data)[:200]}"))
         u = data.get("usage") or {}
-        usage = Usage(prompt_tokens=int(u.get("prompt_tokens") or 0), completion_tokens=int(u.get("completion_tokens") or 0),
+        usage = TokenUsage(prompt_tokens=int(u.get("prompt_tokens") or 0), completion_tokens=int(u.get("completion_tokens") or 0),
                       generation_s=t.s, finish=str(choice.get("finish_reason") or ""))
         calls = msg.get("tool_calls")
         if calls:
@@ -299,11 +287,11 @@ class OpenAIPolicy(Policy):
             text = close_open_tag(text, self.stops)
         return text, usage
 
-    def _fail(self, e: Exception) -> tuple[str, Usage]:
+    def _fail(self, e: Exception) -> tuple[str, TokenUsage]:
         with self._lock:
             self.n_errors += 1
         log.warning("chat completion failed: %s: %s", type(e).__name__, e)
-        return "", Usage(finish="error", extra={"error": str(e)[:300]})
+        return "", TokenUsage(finish="error", extra={"error": str(e)[:300]})
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
         """One concurrent request per conversation; order preserved.

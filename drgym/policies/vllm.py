@@ -12,8 +12,8 @@ from drgym.policies.base import Conversation, Policy
 from drgym.policies.generation import (
     DEFAULT_STOPS,
     Timer,
-    Usage,
-    cut_at_stop,
+    TokenUsage,
+    cut_text_at_stop,
     normalise_messages,
 )
 
@@ -87,7 +87,7 @@ class VLLMPolicy(Policy):
             max_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
             stop=list(self.stops), include_stop_str_in_output=True, seed=self.seed,
         )
-        self.last_usage: list[Usage] = []
+        self.last_usage: list[TokenUsage] = []
 
     def describe(self) -> dict[str, Any]:
         """Settings recorded in run configs."""
@@ -106,9 +106,9 @@ class VLLMPolicy(Policy):
         texts, usage = [], []
         for o in outs:
             c = o.outputs[0]
-            text, reason = cut_at_stop(c.text, self.stops, ())
+            text, reason = cut_text_at_stop(c.text, self.stops, ())
             texts.append(text)
-            usage.append(Usage(prompt_tokens=len(o.prompt_token_ids or []), completion_tokens=len(c.token_ids or []),
+            usage.append(TokenUsage(prompt_tokens=len(o.prompt_token_ids or []), completion_tokens=len(c.token_ids or []),
                                generation_s=t.s / len(prompts), finish=reason if reason != "length" else str(c.finish_reason)))
         self.last_usage = usage
         return texts
