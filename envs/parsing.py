@@ -374,7 +374,9 @@ class Parser:
         """The final answer of a completion (a string, a message dict or a message list).
 
         The rule (the README, "Answers"): the text is :func:`completion_text`, with
-        ``<think>`` blocks removed. The answer is the content of its **first** complete
+        reasoning removed (:func:`drgym.reasoning.strip_reasoning`: ``<think>`` blocks,
+        text before an unopened ``</think>``, the rest after an unclosed ``<think>``).
+        The answer is the content of its **first** complete
         ``<answer>...</answer>`` block (stripped), as in the env, where the first action
         tag of a turn counts and an episode ends at its first answer; later blocks are
         ignored. Without an ``<answer>`` block, a text with no action tag and no
@@ -392,6 +394,8 @@ class Parser:
             True
             >>> p.parse_answer("<search>capital of France</search>") is None
             True
+            >>> p.parse_answer("Maybe <answer></answer>? It is Paris.</think>\\n<answer>Paris</answer>")
+            'Paris'
         """
         text = strip_reasoning(completion_text(completion))
         m = _ANSWER_BLOCK_RE.search(text)
