@@ -92,7 +92,7 @@ TRAINING_RECORD = "drgym_training.json"
 checkpoints): ``{"protocol", "layout", "stage", "config", "env", "drgym_version"}``.
 ``layout`` is how the model saw multi-turn conversations in training
 (``"continuation"`` for the tag protocol: observations inside the assistant turn);
-:class:`drgym.rollout.hf.HFPolicy` reads it when ``layout="auto"``."""
+:class:`drgym.policies.hf.HFPolicy` reads it when ``layout="auto"``."""
 
 
 def training_record(name_or_path: str) -> dict | None:

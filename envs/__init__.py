@@ -14,8 +14,8 @@ The env classes live in submodules and load on first use, so ``import drgym.envs
 """
 
 from drgym.envs.registration import make_env, register_envs
-from drgym.envs.tasks import Task
-from drgym.envs.trajectory import Step, ToolCall, Trajectory
+
+from drgym.records import Step, Task, ToolCall, Trajectory
 
 register_envs()
 

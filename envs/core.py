@@ -15,14 +15,11 @@ runs both with the env's own backend.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import gymnasium as gym
-from gymnasium.error import ResetNeeded
-
 from drgym.envs.parsing import PROTOCOLS, TOOL_NAMES, ParsedAction, parse_action
 from drgym.envs.prompts import (
     build_messages,
@@ -31,38 +28,23 @@ from drgym.envs.prompts import (
     render_messages,
     tags_observation,
 )
-from drgym.envs.tasks import Task
 from drgym.envs.text import UnicodeText, count_tokens
-from drgym.envs.trajectory import Step, ToolCall, Trajectory
+from gymnasium.envs.registration import load_env_creator
+from gymnasium.error import ResetNeeded
+
 from drgym.errors import ConfigError, unknown_name
+from drgym.records import Episode, Reward, Step, Task, ToolCall, Trajectory
 from drgym.search.base import SearchBackend
+from drgym.search.registry import get_backend
 from drgym.types import Document, SearchResult
 
 logger = logging.getLogger(__name__)
 
+#: Where a reward given by name is built (``get_reward(name) -> Reward``).
+REWARD_REGISTRY_ENTRY_POINT = "drgym.rewards.registry:get_reward"
+
 #: Longest observation, in characters (the observation space's ``max_length``).
 MAX_OBS_CHARS = 1_000_000
-
-_DEFAULT_BACKENDS: dict[str, SearchBackend] = {}
-_DEFAULT_LOCK = threading.Lock()
-
-
-def default_backend(corpus: str = "wiki-default") -> SearchBackend:
-    """The process-wide :class:`~drgym.search.local.LocalSearchEngine` over ``corpus``.
-
-    Built on first use (loads the corpus and its index; see :mod:`drgym.search.local`)
-    and shared by every env of the process that was given no backend.
-
-    Raises:
-        ConfigError: unknown corpus name.
-    """
-    with _DEFAULT_LOCK:
-        if corpus not in _DEFAULT_BACKENDS:
-            from drgym.search.local import LocalSearchEngine
-
-            _DEFAULT_BACKENDS[corpus] = LocalSearchEngine.from_corpus(corpus)
-        return _DEFAULT_BACKENDS[corpus]
-
 
 @dataclass
 class PendingStep:
@@ -90,11 +72,12 @@ class SearchAgentEnv(gym.Env[str, str]):
 
     Args:
         backend: a :class:`~drgym.search.base.SearchBackend`; None builds the default
-            local engine over ``wiki-default`` on first reset (:func:`default_backend`).
+            local engine over ``wiki-default`` on first reset (the process-wide
+            ``drgym.search.registry.get_backend("local")``).
         tasks: a task-set name (``"hotpotqa-dev"``, see
             :func:`drgym.envs.task_loaders.load_tasks`) or a sequence of
-            :class:`~drgym.envs.tasks.Task`; None uses the subclass default.
-        reward: a :class:`~drgym.rewards.base.Reward`, a reward name, or None for the
+            :class:`~drgym.records.Task`; None uses the subclass default.
+        reward: a :class:`~drgym.records.Reward`, a reward name, or None for the
             subclass default.
         protocol: ``"tags"`` or ``"json"``: the default system prompt and how corrective
             messages are worded. Actions in every protocol of ``accept`` are parsed.
@@ -183,7 +166,7 @@ class SearchAgentEnv(gym.Env[str, str]):
     def backend(self) -> SearchBackend:
         """The search backend (the default local engine is built on first access)."""
         if self._backend is None:
-            self._backend = default_backend()  # wiki-default, built once per process
+            self._backend = get_backend("local")  # wiki-default, built once per process
         return self._backend
 
     @staticmethod
@@ -204,20 +187,13 @@ class SearchAgentEnv(gym.Env[str, str]):
     @staticmethod
     def _resolve_reward(reward: Any):
         if isinstance(reward, str):
-            from drgym import rewards as rewards_pkg
-
-            make = getattr(rewards_pkg, "get_reward", None)
-            if make is not None:
-                return make(reward)
-            from drgym.rewards import qa
-
-            simple = {"em": qa.ExactMatch, "cover_em": qa.CoverExactMatch, "f1": qa.F1}
-            if reward not in simple:
-                raise unknown_name("reward", reward, simple)
-            return simple[reward]()
+            # The reward layer sits above the envs (README, "Layers"): a reward named by a
+            # string is looked up through its registry's entry point, the way Gymnasium
+            # resolves "module:attr" env entry points, not imported statically.
+            return load_env_creator(REWARD_REGISTRY_ENTRY_POINT)(reward)
         if reward is False:
             return None
-        if not callable(reward) and not hasattr(reward, "score"):
+        if not isinstance(reward, Reward) and not callable(reward):
             raise ConfigError(f"reward must be a drgym Reward, a reward name or False, got {type(reward).__name__}.")
         return reward
 
@@ -473,8 +449,6 @@ class SearchAgentEnv(gym.Env[str, str]):
         total = 0.0
         t0 = time.perf_counter()
         if self.reward is not None:
-            from drgym.rewards.base import Episode
-
             try:
                 out = self.reward.score([Episode(task=self._task, answer=self._answer_for_reward(), trajectory=traj)])
                 score = out.scores[0]

@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from drgym.corpus.urls import URL_RE
 from drgym.envs.core import SearchAgentEnv
 from drgym.envs.prompts import format_docs
-from drgym.envs.tasks import Task
-from drgym.envs.trajectory import ToolCall, Trajectory
+
+from drgym.corpus.urls import URL_RE
+from drgym.records import Task, ToolCall, Trajectory
 
 _MARKER_RE = re.compile(r"\[(\d+(?:\s*[,;–-]\s*\d+)*)\]")
 _SPACE_PUNCT_RE = re.compile(r"\s+([.,;:!?。，！？])")

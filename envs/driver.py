@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import gymnasium as gym
+from drgym.envs.core import PendingStep, SearchAgentEnv
 
 from drgym.atomic import append_jsonl, atomic_write_text, read_jsonl
-from drgym.envs.core import PendingStep, SearchAgentEnv
-from drgym.envs.trajectory import Trajectory
 from drgym.errors import ConfigError
+from drgym.records import ActingPolicy, Trajectory
 
 
 class BatchedDriver:
@@ -190,7 +190,7 @@ class BatchedDriver:
     # -- whole rollouts ----------------------------------------------------------------
     def run(
         self,
-        policy: Any,
+        policy: ActingPolicy,
         jobs: Iterable[dict[str, Any] | None] | int,
         *,
         seed: int | None = 0,
@@ -199,7 +199,8 @@ class BatchedDriver:
         """Roll out episodes with ``policy``, keeping every env busy until the jobs run out.
 
         Args:
-            policy: a :class:`drgym.rollout.policy.Policy` (``act(conversations, infos)``).
+            policy: anything with ``act(conversations, infos) -> list[str]``
+                (:class:`~drgym.records.ActingPolicy`; e.g. a :class:`drgym.policies.base.Policy`).
             jobs: reset ``options`` per episode (e.g. ``{"task_id": ...}``), or a number of
                 episodes whose tasks are drawn by the envs' seeded RNGs.
             seed: episode ``j`` is reset with ``seed + j`` (None: unseeded).

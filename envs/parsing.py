@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from drgym.envs.trajectory import ToolCall
+from drgym.records import ToolCall
 
 TOOL_NAMES = ("search", "fetch", "answer")
 PROTOCOLS = ("tags", "json", "openai")

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from drgym.envs.tasks import Task
 from drgym.envs.text import count_tokens, truncate_tokens
+
+from drgym.records import Task
 
 TOOLS: list[dict[str, Any]] = [
     {

@@ -8,7 +8,7 @@ from drgym.envs.core import SearchAgentEnv
 class SearchQAEnv(SearchAgentEnv):
     """Short-answer QA with a search engine: the Search-R1 setting (Jin et al. 2025, §3).
 
-    **Description.** Each episode poses one question (a :class:`~drgym.envs.tasks.Task`,
+    **Description.** Each episode poses one question (a :class:`~drgym.records.Task`,
     by default from ``hotpotqa-dev``: HippoRAG's 79 HotpotQA questions, whose supporting
     paragraphs are in the default corpus ``wiki-default``). The agent may search and fetch
     for several turns and ends by answering.
@@ -30,8 +30,8 @@ class SearchQAEnv(SearchAgentEnv):
     ``{"task_index": i}`` or ``{"task": Task(...)}``.
 
     **Rewards.** 0.0 on every step but the last. At the end (answer or truncation) the
-    configured reward scores an :class:`~drgym.rewards.base.Episode` (answer ``""`` if
-    none was given); default ``"f1"`` (SQuAD token F1 over the gold aliases, via
+    configured reward scores an :class:`~drgym.records.Episode` (answer ``""`` if
+    none was given); default ``"f1"`` (HotpotQA token F1 over the gold aliases, via
     :func:`drgym.rewards.get_reward`). Minus ``format_penalty`` per invalid action.
 
     **Episode End.** Terminated when the agent answers. Truncated after ``max_turns``
@@ -45,7 +45,7 @@ class SearchQAEnv(SearchAgentEnv):
     failure text or None), ``turn``, ``turns_left``, ``searches_left``,
     ``fetches_left``, ``obs_tokens``, ``invalid_actions``; at the end also
     ``final_answer``, ``reward_components`` and ``trajectory``
-    (:class:`~drgym.envs.trajectory.Trajectory`).
+    (:class:`~drgym.records.Trajectory`).
 
     **Arguments.** See :class:`~drgym.envs.core.SearchAgentEnv`. Defaults here:
     ``max_turns=4``, ``max_searches=3``, ``max_fetches=2``, ``max_obs_tokens=500``,

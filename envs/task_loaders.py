@@ -44,10 +44,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from drgym.envs.tasks import Task
 from drgym.atomic import load_jsonl_strict
 from drgym.errors import ConfigError, CorpusError, unknown_name
 from drgym.paths import DATA_DIR
+from drgym.records import Task
 
 TASKS_DIR = DATA_DIR / "tasks"
 ANSWER_SPLIT = "<|answer_split|>"

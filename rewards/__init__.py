@@ -6,7 +6,14 @@ Every metric is a :class:`Reward` (a batch of :class:`Episode` in, a
 Heavy modules (judges, models) load lazily.
 """
 
-from drgym.rewards.base import Episode, Reward, RewardOutput
-from drgym.rewards.registry import WeightedReward, ascore, build_reward, get_reward, reward_names
+from drgym.rewards.registry import (
+    WeightedReward,
+    ascore,
+    build_reward,
+    get_reward,
+    reward_names,
+)
+
+from drgym.records import Episode, Reward, RewardOutput
 
 __all__ = ["Episode", "Reward", "RewardOutput", "WeightedReward", "ascore", "build_reward", "get_reward", "reward_names"]

@@ -2,8 +2,7 @@
 
 Source: DeepResearch Bench (Du et al., arXiv 2506.11763, §3.1 "RACE"); upstream
 ``Ayanami0730/deep_research_bench`` @ 214741e: ``deepresearch_bench_race.py``,
-``utils/score_calculator.py``, ``utils/generate_criteria.py`` (see
-``shared/notes/deepresearchgym_and_bench.md`` §2b).
+``utils/score_calculator.py``, ``utils/generate_criteria.py``.
 
 Per task: four dimensions (comprehensiveness, insight, instruction_following,
 readability) with task-specific weights, and weighted criteria within each dimension
@@ -32,7 +31,8 @@ from typing import Any
 
 from drgym.atomic import load_jsonl_strict
 from drgym.errors import ConfigError
-from drgym.judges.base import Judge, JudgeRequest, make_judge
+from drgym.judges.base import Judge, JudgeRequest
+from drgym.judges.factory import make_judge, require_judge
 from drgym.judges.prompts import (
     RACE,
     RACE_CRITERIA,
@@ -42,7 +42,7 @@ from drgym.judges.prompts import (
     RACE_WEIGHTS,
 )
 from drgym.paths import DATA_DIR
-from drgym.rewards.base import Episode, Reward, RewardOutput
+from drgym.records import Episode, Reward, RewardOutput
 
 DRB_DIR = DATA_DIR / "drb"
 """Shipped DeepResearch Bench files (Apache-2.0): criteria, queries, reference results."""
@@ -261,14 +261,14 @@ class RaceReward(Reward):
 
     def __init__(
         self,
-        judge: Judge | str = "hf:smollm2",
+        judge: Judge | str | None = None,
         *,
         criteria: dict[str, dict[str, Any]] | str | Path | None = None,
         references: dict[str, str] | None = None,
         generate_missing: bool = False,
         max_article_chars: int = 40000,
     ) -> None:
-        self.judge = make_judge(judge)
+        self.judge = require_judge(judge, self.name)
         self.criteria = criteria if isinstance(criteria, dict) else load_criteria(criteria)
         self.references = {str(k): v for k, v in (references or {}).items()}
         self.generate_missing = generate_missing

@@ -1,4 +1,4 @@
-"""Reward registry: resolve names and configs to :class:`~drgym.rewards.base.Reward` objects.
+"""Reward registry: resolve names and configs to :class:`~drgym.records.Reward` objects.
 
 Accepted specs (:func:`build_reward`):
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from drgym.errors import ConfigError, unknown_name
-from drgym.rewards.base import Episode, Reward, RewardOutput
+from drgym.records import Episode, Reward, RewardOutput
 
 
 def _factories() -> dict[str, Callable[..., Reward]]:
@@ -103,7 +103,7 @@ def get_reward(name: str, **kwargs: Any) -> Reward:
     """Build the reward called ``name`` with constructor ``kwargs``.
 
     String ``judge`` and ``backend`` values are resolved with
-    :func:`drgym.judges.base.make_judge` and :func:`drgym.search.registry.make_backend`.
+    :func:`drgym.judges.factory.make_judge` and :func:`drgym.search.registry.make_backend`.
 
     Raises:
         ConfigError: unknown name (with a "did you mean"), or bad kwargs.
@@ -140,7 +140,7 @@ def build_reward(spec: Any, *, judge: Any = None, backend: Any = None) -> Reward
     if isinstance(spec, Reward):
         return spec
     if judge is not None and isinstance(judge, str):
-        from drgym.judges.base import make_judge
+        from drgym.judges.factory import make_judge
 
         judge = make_judge(judge)
     if backend is not None and isinstance(backend, str):

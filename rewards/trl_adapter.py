@@ -1,4 +1,4 @@
-"""Use any drgym :class:`~drgym.rewards.base.Reward` as a TRL ``reward_funcs`` entry.
+"""Use any drgym :class:`~drgym.records.Reward` as a TRL ``reward_funcs`` entry.
 
 TRL (GRPOTrainer) calls each reward function as
 ``f(prompts=..., completions=..., completion_ids=..., **dataset_columns)`` and expects
@@ -12,7 +12,7 @@ Dataset columns read by :class:`TRLReward` (all optional except the golds a metr
 ``question``         the question / research prompt (else the last user message of the prompt)
 ``task_id``          the task id (else ``"trl-<i>"``)
 ``key_points``       DeepResearchGym key points (for ``kpr``)
-``task``             a full :class:`~drgym.envs.tasks.Task` dict, overriding the above
+``task``             a full :class:`~drgym.records.Task` dict, overriding the above
 ==================== ==================================================================
 
 Completions may be strings or chat message lists (the last assistant message's text is
@@ -20,7 +20,7 @@ used). The answer is the last ``<answer>...</answer>`` block when present, else 
 whole text (``extract`` overrides this).
 
 The environment path needs no adapter: the Gymnasium env calls ``reward.score`` on
-its one finished :class:`~drgym.rewards.base.Episode` itself.
+its one finished :class:`~drgym.records.Episode` itself.
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ import math
 import re
 from typing import Any, Callable
 
-from drgym.envs.tasks import Task
-from drgym.rewards.base import Episode, Reward
+from drgym.records import Episode, Reward, Task
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 GOLD_KEYS = ("answers", "golds", "golden_answers", "answer")

@@ -56,9 +56,8 @@ class Stub:
 
 
 def bench_overhead(inner, tasks, n: int) -> dict:
-    import gymnasium as gym
-
     import drgym.envs  # noqa: F401
+    import gymnasium as gym
 
     stub = Stub(inner, [t.question for t in tasks[:20]])
     env = gym.make("drgym/SearchQA-v0", backend=stub.backend, tasks=tasks, max_turns=10, max_searches=10, max_fetches=10).unwrapped
@@ -79,7 +78,7 @@ def bench_overhead(inner, tasks, n: int) -> dict:
             times.append(time.perf_counter() - t0)
         out[kind] = _median_ms(times)
     # a whole scripted episode (search, fetch, answer), per step
-    from drgym.rollout.scripted import ScriptedPolicy
+    from drgym.policies.scripted import ScriptedPolicy
 
     pol = ScriptedPolicy()
     times = []
@@ -97,9 +96,8 @@ def bench_overhead(inner, tasks, n: int) -> dict:
 
 
 def bench_local(backend, tasks, n_single: int, batch: int, n_batches: int) -> dict:
-    import gymnasium as gym
-
     import drgym.envs  # noqa: F401
+    import gymnasium as gym
     from drgym.envs.driver import BatchedDriver
 
     env = gym.make("drgym/SearchQA-v0", backend=backend, tasks=tasks).unwrapped

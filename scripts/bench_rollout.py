@@ -1,7 +1,7 @@
 """Benchmark rollouts: episodes per minute and where the wall time goes, per policy.
 
 For each policy (default ``scripted``, ``rag:smollm2``, ``hf:smollm2``) this runs
-:func:`drgym.rollout.runner.run_rollout` on the same first ``--n`` questions of
+:func:`drgym.evaluation.runner.run_rollout` on the same first ``--n`` questions of
 ``hotpotqa-dev`` over the local ``wiki-default`` backend (shared, loaded once) and
 writes JSON with:
 
@@ -48,11 +48,12 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from drgym.rollout.factory import make_policy
-    from drgym.rollout.runner import RolloutConfig, make_backend_from_spec, run_rollout
+    from drgym.evaluation.runner import RolloutConfig, run_rollout
+    from drgym.policies.factory import make_policy
+    from drgym.search.registry import get_backend
 
     t0 = time.perf_counter()
-    backend = make_backend_from_spec("local")
+    backend = get_backend("local")
     backend.search("warm up the encoder", k=3)
     backend_s = time.perf_counter() - t0
     rows = [(p, {}) for p in args.policies.split(",") if p]

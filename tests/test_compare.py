@@ -10,10 +10,10 @@ import json
 
 import httpx
 import pytest
+from _fake_providers import API_KEY, FakeProviders
 from typer.testing import CliRunner
 
-from _fake_providers import API_KEY, FakeProviders
-from drgym.rollout.compare import (
+from drgym.evaluation.compare import (
     CompareRow,
     backend_mode,
     kendall_taus,

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
+import drgym.envs  # noqa: F401
 import gymnasium as gym
 import pytest
-from envs_helpers import FailingBackend
-
-import drgym.envs  # noqa: F401
 from drgym.envs.driver import BatchedDriver, read_trajectories, write_trajectories
 from drgym.envs.task_loaders import load_tasks
 from drgym.rewards.qa import ExactMatch, exact_match, token_f1
-from drgym.rollout.scripted import ScriptedPolicy, answer_span
+from envs_helpers import FailingBackend
+
+from drgym.policies.scripted import ScriptedPolicy, answer_span
 from drgym.search.base import SearchBackend
 
 
@@ -198,7 +198,6 @@ def test_sync_vector_env(bm25_backend):
 
 def _make_subprocess_env():
     import gymnasium as gym
-
     from envs_helpers import BM25Backend
 
     return gym.make("drgym/SearchQA-v0", backend=BM25Backend("hotpotqa"), max_turns=3)

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 
+import drgym.envs  # noqa: F401  (registers the ids)
 import gymnasium as gym
 import pytest
+from drgym.envs.deepresearch import DeepResearchEnv, extract_citations
+from drgym.envs.searchqa import SearchQAEnv
+from drgym.envs.text import UnicodeText, count_tokens
+from drgym.rewards.qa import F1, ExactMatch
 from envs_helpers import FailingBackend
 from gymnasium.utils.env_checker import check_env
 
-import drgym.envs  # noqa: F401  (registers the ids)
-from drgym.envs.deepresearch import DeepResearchEnv, extract_citations
-from drgym.envs.searchqa import SearchQAEnv
-from drgym.envs.tasks import Task
-from drgym.envs.text import UnicodeText, count_tokens
 from drgym.errors import ConfigError
-from drgym.rewards.qa import F1, ExactMatch
+from drgym.records import Task
 
 LILU = "hotpotqa-5a77ec115542992a6e59dff7"  # "If Gallu is a demon Lilu is what?" -> "a spirit"
 
@@ -285,7 +285,8 @@ def test_deepresearch_sources_and_citations(bm25_backend):
 
 def test_reward_sees_resolved_markers(bm25_backend):
     from drgym.envs.deepresearch import resolve_markers
-    from drgym.rewards.base import Reward, RewardOutput
+
+    from drgym.records import Reward, RewardOutput
 
     class Seen(Reward):
         name = "seen"

@@ -8,8 +8,14 @@ import time
 import pytest
 
 from drgym.errors import AuthError, ConfigError
-from drgym.judges.base import JudgeOutputError, JudgeRequest, extract_json, make_judge, parse_verdict
+from drgym.judges.base import (
+    JudgeOutputError,
+    JudgeRequest,
+    extract_json,
+    parse_verdict,
+)
 from drgym.judges.cache import VerdictCache
+from drgym.judges.factory import make_judge
 from drgym.judges.openai import OpenAIJudge
 from drgym.judges.prompts import KPR, QUALITY, KeyPointVerdict, QualityVerdict
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-
-from drgym.envs.tasks import Task
-from drgym.judges.prompts import CLAIM_EXTRACT, KPR
 from drgym.rewards import Episode
 from drgym.rewards.keypoints import KeyPointRecall
 from drgym.rewards.qa import SoftMatch
+
+from drgym.judges.prompts import CLAIM_EXTRACT, KPR
+from drgym.records import Task
 
 pytestmark = pytest.mark.slow
 

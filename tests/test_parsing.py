@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from drgym.envs.parsing import parse_action
 from drgym.envs.prompts import build_messages, render_messages
-from drgym.envs.tasks import Task
+
+from drgym.records import Task
 
 
 def one(action, **kw):

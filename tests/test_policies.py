@@ -10,9 +10,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from drgym.errors import ConfigError, DependencyNotInstalled
-from drgym.rollout.factory import make_policy, parse_options, split_spec
-from drgym.rollout.generation import close_open_tag, cut_at_stop
-from drgym.rollout.rag import RagPolicy, clean_answer
+from drgym.policies.factory import make_policy, parse_options, split_spec
+from drgym.policies.generation import close_open_tag, cut_at_stop
+from drgym.policies.rag import RagPolicy, clean_answer
 
 
 # -- text helpers ------------------------------------------------------------------------
@@ -236,7 +236,7 @@ class _ChatMLTokenizer:
 
 
 def test_render_layouts():
-    from drgym.rollout.hf import HFPolicy
+    from drgym.policies.hf import HFPolicy
 
     conv = [{"role": "system", "content": "S"}, {"role": "user", "content": "Question: Q"},
             {"role": "assistant", "content": "<search> q </search>"},
@@ -256,7 +256,7 @@ def test_render_layouts():
 
 
 def test_unknown_layout_is_refused_before_loading():
-    from drgym.rollout.hf import HFPolicy
+    from drgym.policies.hf import HFPolicy
 
     with pytest.raises(ConfigError, match=r"layout must be one of \('auto', 'chat', 'continuation'\), got 'flat'"):
         HFPolicy("no-such-model", layout="flat")

@@ -10,10 +10,9 @@ from datetime import datetime, timezone
 
 import httpx
 import pytest
-
 from _fake_providers import API_KEY, FakeProviders
 from drgym.envs.searchqa import SearchQAEnv
-from drgym.envs.tasks import Task
+
 from drgym.errors import (
     AuthError,
     BackendUnavailableError,
@@ -21,6 +20,7 @@ from drgym.errors import (
     DocumentNotFoundError,
     ReplayMissError,
 )
+from drgym.records import Task
 from drgym.search.record import RecordReplayBackend, RecordStore, normalize_query
 from drgym.search.registry import make_backend, parse_backend_list, record_name
 

@@ -11,7 +11,7 @@ import pytest
 
 from drgym.atomic import append_jsonl, atomic_write_json
 from drgym.errors import ConfigError
-from drgym.rollout.report import build_report
+from drgym.evaluation.report import build_report
 
 
 def _write_run(folder, policy, answers, golds):

@@ -7,12 +7,6 @@ import json
 from pathlib import Path
 
 import pytest
-
-from drgym.envs.tasks import Task
-from drgym.errors import ConfigError, DocumentNotFoundError
-from drgym.judges.openai import OpenAIJudge
-from drgym.judges.prompts import RACE_DIMENSIONS
-from drgym.paths import DATA_DIR
 from drgym.rewards import Episode
 from drgym.rewards.fact import FactReward, FactTask, dedupe_per_url, fact_stats
 from drgym.rewards.race import (
@@ -24,6 +18,12 @@ from drgym.rewards.race import (
     race_pointwise_scores,
     race_scores,
 )
+
+from drgym.errors import ConfigError, DocumentNotFoundError
+from drgym.judges.openai import OpenAIJudge
+from drgym.judges.prompts import RACE_DIMENSIONS
+from drgym.paths import DATA_DIR
+from drgym.records import Task
 from drgym.search.base import SearchBackend
 from drgym.types import Document
 

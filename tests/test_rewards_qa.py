@@ -3,16 +3,29 @@
 from __future__ import annotations
 
 import pytest
-
-from drgym.envs.tasks import Task
-from drgym.envs.trajectory import Step, ToolCall, Trajectory
-from drgym.errors import ConfigError
-from drgym.judges.openai import OpenAIJudge
 from drgym.rewards import Episode, build_reward, get_reward
 from drgym.rewards.length import LengthGuard
-from drgym.rewards.qa import F1, FormatReward, SoftMatch, cover_exact_match, exact_match, normalize_answer, token_f1
+from drgym.rewards.qa import (
+    F1,
+    FormatReward,
+    SoftMatch,
+    cover_exact_match,
+    exact_match,
+    normalize_answer,
+    token_f1,
+)
 from drgym.rewards.registry import WeightedReward
-from drgym.rewards.trl_adapter import TRLReward, completion_text, extract_answer, trl_reward_funcs, trl_reward_weights
+from drgym.rewards.trl_adapter import (
+    TRLReward,
+    completion_text,
+    extract_answer,
+    trl_reward_funcs,
+    trl_reward_weights,
+)
+
+from drgym.errors import ConfigError
+from drgym.judges.openai import OpenAIJudge
+from drgym.records import Step, Task, ToolCall, Trajectory
 
 
 def ep(answer, golds, **kw):
@@ -48,7 +61,7 @@ def test_token_f1_hand_checked():
     # multiset overlap: "x x y" vs "x y y": common {x:1, y:1}=2, P=R=2/3
     assert token_f1("x x y", ["x y y"]) == pytest.approx(2 / 3)
     assert token_f1("red", ["blue"]) == 0.0
-    assert token_f1("", ["the"]) == 1.0  # both normalise to empty (SQuAD v2 rule)
+    assert token_f1("", ["the"]) == 0.0  # both normalise to empty: no common token (HotpotQA script)
     assert token_f1("", ["x"]) == 0.0
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from drgym.envs.task_loaders import (
     load_deepresearcher,
     load_drb,
@@ -15,8 +14,9 @@ from drgym.envs.task_loaders import (
     load_tasks,
     task_set_names,
 )
-from drgym.envs.tasks import Task
+
 from drgym.errors import ConfigError, CorpusError
+from drgym.records import Task
 
 SHIPPED = {  # name: rows, as counted in the shipped files
     "hotpotqa-dev": 79, "musique-dev": 80, "hipporag-dev": 159, "nq-open": 200, "bamboogle": 66,

@@ -32,7 +32,12 @@ def tok():
 def test_bundled_configs_build_trainer_arguments(name):
     import sys
 
-    from drgym.training.config import build_grpo_args, build_sft_args, bundled_configs, load_config
+    from drgym.training.config import (
+        build_grpo_args,
+        build_sft_args,
+        bundled_configs,
+        load_config,
+    )
 
     assert name in bundled_configs()
     cfg = load_config(name)
@@ -62,7 +67,6 @@ def test_cpu_config_values():
 
 def test_gpu_config_refused_for_real_training_on_cpu():
     import torch
-
     from drgym.training.config import build_grpo_args, load_config
 
     if torch.cuda.is_available():
@@ -73,7 +77,6 @@ def test_gpu_config_refused_for_real_training_on_cpu():
 
 def test_accelerate_launch_config_parses():
     from accelerate.commands.config.config_args import ClusterConfig
-
     from drgym.training.config import CONFIG_DIR
 
     c = ClusterConfig.from_yaml_file(str(CONFIG_DIR / "accelerate_zero2.yaml"))
@@ -92,7 +95,6 @@ def test_accelerate_launch_config_parses():
 ])
 def test_bad_configs_are_named(tmp_path, patch, match):
     import yaml
-
     from drgym.training.config import CONFIG_DIR, build_grpo_args, load_config
 
     data = yaml.safe_load((CONFIG_DIR / "searchqa_smollm2_cpu.yaml").read_text())
@@ -127,7 +129,7 @@ def test_cut_at_stop_drops_pad_eos_after_stop_string(tok):
 def test_cut_ids_at_stop_keeps_the_completing_token_whole(tok):
     """SmolLM2 writes "</search>." as '</', 'search', '>.': the cut keeps '>.' (the token the
     model sampled); the cut is the same for drgym train and hf: policies."""
-    from drgym.rollout.generation import cut_ids_at_stop
+    from drgym.policies.generation import cut_ids_at_stop
 
     dotted = tok("<search> Lilu demon </search>.", add_special_tokens=False)["input_ids"]
     assert tok.convert_ids_to_tokens(dotted[-1]) == ">."
@@ -143,8 +145,9 @@ def test_cut_ids_at_stop_keeps_the_completing_token_whole(tok):
 
 
 def test_sft_labels_mask_prompt_and_observations(tok):
-    from drgym.envs.trajectory import Step, Trajectory
     from drgym.training.sft import IGNORE_INDEX, encode_trajectory
+
+    from drgym.records import Step, Trajectory
 
     obs = "\n\n<information>Doc 1 (Title: Lilu, URL: u) A lilu is an Akkadian spirit.</information>\n\n"
     traj = Trajectory(
@@ -168,7 +171,7 @@ def test_sft_labels_mask_prompt_and_observations(tok):
 
 # -- collapse guard ---------------------------------------------------------------------------
 def test_group_monitor_flags_degenerate_groups(tmp_path):
-    from drgym.training.grpo import GroupMonitor
+    from drgym.training.rewards import GroupMonitor
 
     m = GroupMonitor(["f1", "format"], [1.0, 0.2], num_generations=2, out_path=tmp_path / "deg.jsonl")
     # group 1 (t1): totals 1.2 and 1.2 -> degenerate; group 2 (t2): 0.0 and 0.7 -> fine
@@ -182,8 +185,9 @@ def test_group_monitor_flags_degenerate_groups(tmp_path):
 
 
 def test_plot_run_writes_pngs(tmp_path):
-    from drgym.atomic import append_jsonl
     from drgym.training.plot import plot_run
+
+    from drgym.atomic import append_jsonl
 
     for step, r in [(1, 0.1), (2, 0.3), (3, 0.2)]:
         append_jsonl(tmp_path / "metrics.jsonl", {"step": step, "reward": r, "rewards/f1/mean": r,

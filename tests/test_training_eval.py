@@ -1,4 +1,4 @@
-"""The training-time evaluation runs 4/6's rollout runner in the token layout GRPO trains on.
+"""The training-time evaluation runs ``drgym rollout``'s runner in the token layout GRPO trains on.
 
 A scripted stand-in for the language model (it searches for the question, then answers
 with the gold answer) records every context it is asked to continue. The GRPO rollout
@@ -97,7 +97,8 @@ def tokenizer():
 
 
 def _parts(tmp_path, tokenizer):
-    from drgym.training.grpo import build_reward_funcs, load_task_slice
+    from drgym.training.data import load_task_slice
+    from drgym.training.rewards import build_reward_funcs
 
     cfg = _config(tmp_path)
     tasks = load_task_slice(cfg.tasks["eval"])
@@ -109,7 +110,8 @@ def _parts(tmp_path, tokenizer):
 
 
 def test_eval_contexts_match_the_grpo_rollout_token_for_token(tmp_path, tokenizer, bm25_backend):
-    from drgym.training.grpo import build_dataset, make_env_factory, make_evaluator
+    from drgym.training.data import build_dataset, make_env_factory
+    from drgym.training.evaluation import make_evaluator
     from drgym.training.rollout import SearchRolloutFunc
 
     cfg, tasks, funcs, weights, lm = _parts(tmp_path, tokenizer)
@@ -145,8 +147,8 @@ def test_eval_contexts_match_the_grpo_rollout_token_for_token(tmp_path, tokenize
 
 def test_chat_layout_would_differ(tmp_path, tokenizer, bm25_backend):
     """The check above can fail: in the chat layout the observation is a user turn."""
-    from drgym.rollout.hf import HFPolicy
-    from drgym.rollout.runner import RolloutConfig, run_rollout
+    from drgym.evaluation.runner import RolloutConfig, run_rollout
+    from drgym.policies.hf import HFPolicy
 
     cfg, tasks, _funcs, _w, lm = _parts(tmp_path, tokenizer)
     res = {}
@@ -164,7 +166,7 @@ def test_chat_layout_would_differ(tmp_path, tokenizer, bm25_backend):
 
 def test_hf_policy_with_a_loaded_model_needs_its_tokenizer(tokenizer):
     from drgym.errors import ConfigError
-    from drgym.rollout.hf import HFPolicy
+    from drgym.policies.hf import HFPolicy
 
     lm = ScriptedLM(tokenizer, {})
     with pytest.raises(ConfigError, match="needs tokenizer="):
@@ -179,7 +181,7 @@ def test_train_eval_command_writes_metrics_and_a_rollout_run(tmp_path, bm25_back
     import json
 
     from drgym.rewards.qa import token_f1
-    from drgym.training.grpo import evaluate_model
+    from drgym.training.evaluation import evaluate_model
 
     cfg = _config(tmp_path)
     cfg.rollout["max_new_tokens"] = 8
@@ -198,10 +200,11 @@ def test_train_eval_command_writes_metrics_and_a_rollout_run(tmp_path, bm25_back
 
 def test_hf_policy_reads_the_layout_a_drgym_model_was_trained_in(tmp_path, caplog):
     """``layout="auto"`` (the default) follows the folder's drgym_training.json."""
-    from drgym.models import TRAINING_RECORD, resolve_lm
-    from drgym.rollout.hf import HFPolicy
     from drgym.training.callbacks import write_training_record
     from drgym.training.config import load_config
+
+    from drgym.models import TRAINING_RECORD, resolve_lm
+    from drgym.policies.hf import HFPolicy
 
     src = resolve_lm("smollm2")
     folder = tmp_path / "model"
@@ -210,7 +213,7 @@ def test_hf_policy_reads_the_layout_a_drgym_model_was_trained_in(tmp_path, caplo
         (folder / f).symlink_to(os.path.join(src, f))
     assert HFPolicy(str(folder), dtype="float32").describe()["layout"] == "chat"  # no record: a plain chat model
     (folder / "training_args.bin").write_bytes(b"")  # a Trainer output without a record: warned
-    with caplog.at_level("WARNING", logger="drgym.rollout.hf"):
+    with caplog.at_level("WARNING", logger="drgym.policies.hf"):
         assert HFPolicy(str(folder), dtype="float32").layout == "chat"
     assert "-p layout=continuation" in caplog.text
 
@@ -275,8 +278,9 @@ def test_train_eval_cli_refuses_bad_n_and_out_before_loading(tmp_path):
 
 
 def test_config_refuses_a_list_and_a_negative_start(tmp_path):
-    from drgym.errors import ConfigError
     from drgym.training.config import load_config
+
+    from drgym.errors import ConfigError
 
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="expected a YAML mapping at the top level"):
@@ -286,8 +290,9 @@ def test_config_refuses_a_list_and_a_negative_start(tmp_path):
 
 
 def test_a_fresh_run_refuses_an_output_dir_with_an_earlier_run(tmp_path):
-    from drgym.errors import ConfigError
     from drgym.training.grpo import refuse_earlier_run
+
+    from drgym.errors import ConfigError
 
     refuse_earlier_run(tmp_path / "new")  # absent: fine
     (tmp_path / "run" / "sft").mkdir(parents=True)
@@ -299,8 +304,8 @@ def test_a_fresh_run_refuses_an_output_dir_with_an_earlier_run(tmp_path):
 
 def test_resume_refuses_a_policy_that_resolves_to_another_layout(tmp_path, tokenizer, bm25_backend):
     from drgym.errors import ConfigError
-    from drgym.rollout.hf import HFPolicy
-    from drgym.rollout.runner import RolloutConfig, run_rollout
+    from drgym.evaluation.runner import RolloutConfig, run_rollout
+    from drgym.policies.hf import HFPolicy
 
     cfg, tasks, _f, _w, lm = _parts(tmp_path, tokenizer)
     rc = RolloutConfig(tasks="held-out", policy="hf:scripted-lm", n=1, out=str(tmp_path / "r"), max_turns=2,
@@ -320,12 +325,12 @@ def test_kv_cache_reuse_between_turns_gives_the_same_rollouts(tmp_path, tokenize
     """The bundled model, greedy, 3 turns on real questions: reusing the previous turn's KV
     cache (masking the eos a rollout drops, and padding after stops) writes the same tokens
     as re-encoding every context."""
+    import drgym.training.rollout as R
     import torch
+    from drgym.training.data import build_dataset, make_env_factory
     from transformers import AutoModelForCausalLM
 
-    import drgym.training.rollout as R
     from drgym.models import resolve_lm
-    from drgym.training.grpo import build_dataset, make_env_factory
 
     cfg, tasks, *_ = _parts(tmp_path, tokenizer)
     cfg.rollout.update({"max_turns": 3, "max_new_tokens": 64, "gen_batch_size": 8})  # turns end at different lengths
@@ -348,12 +353,12 @@ def test_kv_cache_reuse_between_turns_gives_the_same_rollouts(tmp_path, tokenize
 
 def test_kv_cache_reuse_for_a_subset_of_rows(tokenizer, monkeypatch):
     """Rows that finished drop out of the batch: the cache keeps the others, in order."""
+    import drgym.training.rollout as R
     import torch
+    from drgym.training.rollout import hf_generate_turn
     from transformers import AutoModelForCausalLM
 
-    import drgym.training.rollout as R
     from drgym.models import resolve_lm
-    from drgym.training.rollout import hf_generate_turn
 
     reused_inputs = []
     inner = R._reuse_inputs

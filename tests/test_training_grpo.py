@@ -99,7 +99,7 @@ def test_grpo_two_steps_change_weights_and_mask_observations(tmp_path, bm25):
     eval_steps = [r["step"] for r in rows if "eval/reward" in r]
     assert train_steps == [1, 2] and eval_steps == [0, 2]
     assert all("rewards/f1/std" in r and "entropy" in r for r in rows if "reward" in r)
-    # each evaluation is a rollout run directory (4/6 runner): 2 held-out episodes at step 2
+    # each evaluation is a rollout run directory (drgym rollout's runner): 2 held-out episodes at step 2
     assert (tmp_path / "run" / "eval" / "step_2" / "trajectories.jsonl").read_text().count("\n") == 2
     import json
 

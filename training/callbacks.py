@@ -74,7 +74,7 @@ def write_training_record(folder: str | Path, cfg, stage: str) -> Path:
     ``layout`` (``"continuation"`` for the tag protocol, where observations continue the
     assistant turn, and for SFT, which trains tag-protocol trajectories; ``"chat"`` for
     GRPO with the JSON tool protocol), which
-    :class:`drgym.rollout.hf.HFPolicy` applies by default (``layout="auto"``).
+    :class:`drgym.policies.hf.HFPolicy` applies by default (``layout="auto"``).
 
     Args:
         folder: the model folder (``final`` or ``checkpoint-N``); must exist.
@@ -113,8 +113,8 @@ class TrainingRecordCallback(TrainerCallback):
 class EvalCallback(TrainerCallback):
     """Evaluate the policy on held-out tasks every ``every_steps`` optimizer steps.
 
-    Runs held-out episodes with the current weights through 4/6's rollout runner (in the
-    token layout training uses; see :func:`drgym.training.grpo.make_evaluator`) and
+    Runs held-out episodes with the current weights through ``drgym rollout``'s runner (in the
+    token layout training uses; see :func:`drgym.training.evaluation.make_evaluator`) and
     scores them with the run's reward functions. Logs ``eval/reward``,
     ``eval/<component>``, ``eval/answered_frac``, ``eval/searches_mean`` and
     ``eval/seconds`` into the trainer log (TensorBoard and ``metrics.jsonl``); each
@@ -124,7 +124,7 @@ class EvalCallback(TrainerCallback):
 
     Args:
         evaluate: ``f(model, tokenizer, out_dir, name=...) -> (metrics: dict[str, float],
-            trajectories: list[dict])``, built by :func:`drgym.training.grpo.make_evaluator`.
+            trajectories: list[dict])``, built by :func:`drgym.training.evaluation.make_evaluator`.
         every_steps: evaluation period in optimizer steps (>= 1).
         output_dir: run folder.
         at_start: also evaluate before the first step (step 0).

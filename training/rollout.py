@@ -80,7 +80,7 @@ def cut_at_stop(tokenizer, new_ids: list[int], stop_strings=STOP_STRINGS) -> tup
     SmolLM2 pads with its eos id (``<|im_end|>`` = 2), so a row that stopped on a stop
     string inside a batched ``generate`` is followed by pad ids that look like eos; they
     must not be kept (they would be trained as model tokens). The cut is
-    :func:`drgym.rollout.generation.cut_ids_at_stop`, the one ``hf:`` policies use, so
+    :func:`drgym.policies.generation.cut_ids_at_stop`, the one ``hf:`` policies use, so
     evaluation with ``drgym rollout`` keeps the same tokens.
 
     Args:
@@ -90,7 +90,7 @@ def cut_at_stop(tokenizer, new_ids: list[int], stop_strings=STOP_STRINGS) -> tup
     Returns:
         ``(ids, ended_with_eos)``: the kept ids and whether they end with a real eos.
     """
-    from drgym.rollout.generation import cut_ids_at_stop
+    from drgym.policies.generation import cut_ids_at_stop
 
     kept, reason = cut_ids_at_stop(tokenizer, new_ids, stop_strings, (tokenizer.eos_token_id,))
     return kept, reason == "eos"
@@ -335,7 +335,7 @@ class EpisodeState:
 
 
 def _reset_env(env, task) -> tuple[str, dict[str, Any]]:
-    """Reset ``env`` on ``task`` (a :class:`~drgym.envs.tasks.Task`)."""
+    """Reset ``env`` on ``task`` (a :class:`~drgym.records.Task`)."""
     obs, info = env.reset(options={"task": task})
     return obs, info
 
@@ -355,7 +355,7 @@ class SearchRolloutFunc:
     ``num_generations`` times consecutively; one completion is returned per element.
 
     The dataset's ``prompt`` column must be the rendered chat prompt of a task, as made
-    by :func:`drgym.training.grpo.build_dataset`; the prompt text is mapped back to its
+    by :func:`drgym.training.data.build_dataset`; the prompt text is mapped back to its
     task through ``prompt_to_task``.
 
     Returns (per element of ``prompts``):
@@ -403,7 +403,7 @@ class SearchRolloutFunc:
             key = p if isinstance(p, str) else str(p)
             if key not in self.prompt_to_task:
                 raise ConfigError("rollout_func got a prompt that is not in its task table; build the dataset with "
-                                  "drgym.training.grpo.build_dataset so prompts map to tasks.")
+                                  "drgym.training.data.build_dataset so prompts map to tasks.")
             env = self._env(i)
             if i == 0:
                 self.history.append([])

@@ -1,7 +1,6 @@
 """SFT warm start from trajectories (TRL ``SFTTrainer``), observations masked.
 
-SmolLM2-135M never emits ``<search>``/``<answer>`` zero-shot (0/40 episodes, see
-``shared/notes/tiny_agent_feasibility.md`` §2); a short SFT on trajectories of the
+SmolLM2-135M never emits ``<search>``/``<answer>`` zero-shot (0 of 40 trial episodes); a short SFT on trajectories of the
 scripted policy (or any ``drgym rollout`` JSONL) teaches the protocol before GRPO.
 
 Each trajectory becomes one example whose token layout is exactly the GRPO rollout's
@@ -34,7 +33,7 @@ def load_trajectories(paths: list[str | Path]):
         ConfigError: a file is missing or holds no valid trajectory.
     """
     from drgym.atomic import read_jsonl
-    from drgym.envs.trajectory import Trajectory
+    from drgym.records import Trajectory
 
     out = []
     for p in paths:
@@ -204,13 +203,17 @@ def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None =
         The folder of the final model (loadable as ``model:`` in a GRPO config).
     """
     import torch
+    from drgym.training.callbacks import (
+        JsonlLoggerCallback,
+        TrainingRecordCallback,
+        write_training_record,
+    )
+    from drgym.training.config import build_sft_args
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTTrainer
 
     from drgym.atomic import atomic_write_json
     from drgym.models import load_pretrained, resolve_lm
-    from drgym.training.callbacks import JsonlLoggerCallback, TrainingRecordCallback, write_training_record
-    from drgym.training.config import build_sft_args
 
     args = build_sft_args(cfg, output_dir)
     cfg.apply_threads()
@@ -258,7 +261,7 @@ def _last_checkpoint(out: Path) -> str | None:
 
 
 def _tasks_for(cfg, ids: set[str]) -> dict[str, Any]:
-    from drgym.training.grpo import load_task_slice
+    from drgym.training.data import load_task_slice
 
     found: dict[str, Any] = {}
     for split in ("train", "eval"):
@@ -285,7 +288,7 @@ def make_scripted_trajectories(cfg, out_path: str | Path, *, split: str = "train
                                limit: int | None = None, max_turns: int | None = None) -> list:
     """Roll out the scripted policy (search the question, answer a span of the top hit).
 
-    Uses :class:`drgym.rollout.scripted.ScriptedPolicy` (``fetch=False``) in the run's
+    Uses :class:`drgym.policies.scripted.ScriptedPolicy` (``fetch=False``) in the run's
     env over the config's ``tasks.<split>`` slice, stepped by
     :class:`drgym.envs.driver.BatchedDriver`, and writes the trajectories as JSONL.
     With ``--gold-answers`` at SFT time these become expert demonstrations of the
@@ -295,9 +298,10 @@ def make_scripted_trajectories(cfg, out_path: str | Path, *, split: str = "train
         The trajectories.
     """
     from drgym.envs.driver import BatchedDriver, write_trajectories
-    from drgym.rollout.scripted import ScriptedPolicy
     from drgym.training.config import TaskSlice
-    from drgym.training.grpo import load_task_slice, make_env_factory
+    from drgym.training.data import load_task_slice, make_env_factory
+
+    from drgym.policies.scripted import ScriptedPolicy
 
     ts = cfg.tasks[split]
     ts = TaskSlice(ts.set, ts.start if start is None else start, ts.limit if limit is None else limit)

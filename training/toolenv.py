@@ -5,7 +5,7 @@ tool schemas with the tokenizer's chat template, parses ``<tool_call>{json}</too
 replies with ``tokenizer.parse_response`` and masks tool-result tokens from the loss.
 It only does so for chat templates it recognises byte for byte; SmolLM2's is not one,
 so :func:`use_tool_template` installs TRL's ``qwen2_5.jinja``, which uses the same
-ChatML tokens (``<|im_start|>``/``<|im_end|>``); see ``shared/notes/stack_check.md`` §5.
+ChatML tokens (``<|im_start|>``/``<|im_end|>``).
 
 The class built by :func:`make_tool_env_class` wraps one ``drgym/SearchQA-v0`` env, so
 budgets, observation formatting, trajectories and rewards are the env's own.
@@ -40,7 +40,7 @@ def make_tool_env_class(env_factory):
     Tools exposed to the model: ``search(query)``. The final answer is the assistant's
     last message without a tool call; reward functions receive the instances as
     ``environments`` and call ``_finish(answer)`` with that text (see
-    :class:`drgym.training.grpo.DrgymRewardFunc`).
+    :class:`drgym.training.rewards.DrgymRewardFunc`).
     """
 
     class SearchTools:

@@ -2,10 +2,11 @@
 OpenAI-compatible backend, a local transformers backend, and a SQLite verdict cache.
 
 Build one from a spec with :func:`make_judge` (``"hf:smollm2"``,
-``"openai:MODEL@BASE_URL"``). ``drgym evaluate`` lives in :mod:`drgym.judges.cli`.
+``"openai:MODEL@BASE_URL"``). ``drgym evaluate`` lives in :mod:`drgym.cli.evaluate`.
 """
 
-from drgym.judges.base import Judge, JudgeRequest, JudgeResult, PromptTemplate, make_judge
+from drgym.judges.base import Judge, JudgeRequest, JudgeResult, PromptTemplate
 from drgym.judges.cache import VerdictCache
+from drgym.judges.factory import make_judge
 
 __all__ = ["Judge", "JudgeRequest", "JudgeResult", "PromptTemplate", "VerdictCache", "make_judge"]

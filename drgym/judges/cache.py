@@ -41,7 +41,6 @@ class VerdictCache:
 
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         if path is None:
-            from drgym.judges.base import default_cache_path
 
             path = default_cache_path()
         self.path = str(path)
@@ -88,3 +87,10 @@ class VerdictCache:
                 self._conn.close()
             except sqlite3.ProgrammingError:
                 pass
+
+
+def default_cache_path() -> Path:
+    """``$DRGYM_HOME/judge_cache.sqlite``."""
+    from drgym.paths import drgym_home
+
+    return drgym_home() / "judge_cache.sqlite"

@@ -3,8 +3,8 @@
 The prompts are written for drgym; they follow the *structure* of the DeepResearchGym
 evaluation prompts (arXiv 2505.19253, §3.2 and appendix; upstream
 ``cxcscmu/deepresearch_benchmarking``) and of DeepResearch Bench (arXiv 2506.11763,
-§3; ``Ayanami0730/deep_research_bench``) as described in
-``shared/notes/deepresearchgym_and_bench.md``; the upstream wording is not copied.
+§3; ``Ayanami0730/deep_research_bench``) as their papers describe
+them; the upstream wording is not copied.
 Bump a template's ``version`` whenever its text or schema changes: the version is part
 of the verdict-cache key and is recorded with every score.
 """

@@ -16,7 +16,15 @@ Specs:
                      (:class:`~drgym.search.client.HTTPSearchClient`, ``DEEPRESEARCHGYM_API_KEY``;
                      ``base_url=`` or ``DEEPRESEARCHGYM_BASE_URL`` point it elsewhere)
 ``http://host:port`` a ``drgym serve`` server or any DeepResearchGym-compatible API
+``record:FILE#SPEC`` ``SPEC`` live, every call written to the SQLite recording ``FILE``
+``cache:FILE#SPEC``  ``SPEC``, answering from ``FILE`` when it can and recording misses
+``replay:FILE[#SPEC]`` only from ``FILE`` (offline); ``#SPEC`` names the recorded backend,
+                     and may be left out when the recording holds one backend
 ==================== ====================================================================
+
+:func:`get_backend` is the process cache over :func:`make_backend`: one backend per
+spec (and keyword arguments) per process, shared by every env, the rollout runner and
+the trainer; :func:`make_backend` always builds a new one.
 
 Modes (:mod:`drgym.search.record`): ``live`` (the bare backend), ``record``, ``cache``
 (both wrap it in a :class:`~drgym.search.record.RecordReplayBackend` writing ``store``),
@@ -28,7 +36,9 @@ of the spec, so ``make_backend("serper", mode="replay", store=...)`` finds what
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +49,33 @@ from drgym.search.record import MODES, RecordReplayBackend
 #: Named specs (besides ``local:<name>`` and ``http(s)://`` URLs).
 NAMES: tuple[str, ...] = ("local", "serper", "tavily", "brave", "deepresearchgym")
 DEEPRESEARCHGYM_ENV = "DEEPRESEARCHGYM_API_KEY"
+
+
+#: Mode prefixes of a spec (``replay:FILE[#SPEC]``...), see the module docstring.
+MODE_PREFIXES: tuple[str, ...] = ("record", "cache", "replay")
+
+
+def split_mode(spec: str) -> tuple[str, str | None, str | None]:
+    """``"replay:web.sqlite#serper"`` -> ``("replay", "web.sqlite", "serper")``.
+
+    Returns:
+        ``(mode, store, inner_spec)``: ``("live", None, spec)`` for a spec without a mode
+        prefix; ``inner_spec`` is None for ``replay:FILE``.
+
+    Raises:
+        ConfigError: a mode prefix without a file, or ``record:``/``cache:`` without ``#SPEC``.
+    """
+    s = spec.strip()
+    head, sep, rest = s.partition(":")
+    if not sep or head.lower() not in MODE_PREFIXES:
+        return "live", None, s
+    mode = head.lower()
+    store, _, inner = rest.partition("#")
+    if not store.strip():
+        raise ConfigError(f"{spec!r}: give the recording file, e.g. '{mode}:runs/web.sqlite#serper'.")
+    if mode != "replay" and not inner.strip():
+        raise ConfigError(f"{spec!r}: {mode} needs the backend to record, e.g. '{mode}:{store}#serper'.")
+    return mode, store.strip(), (inner.strip() or None)
 
 
 def _kind(spec: str) -> str:
@@ -120,7 +157,8 @@ def make_backend(
     """Build the backend named by ``spec`` in ``mode``.
 
     Args:
-        spec: see the module docstring, or an already built backend (wrapped as asked).
+        spec: see the module docstring (mode prefixes included), or an already built
+            backend (wrapped as asked).
         mode: ``"live"``, ``"record"``, ``"cache"`` or ``"replay"``.
         store: the SQLite recording (required unless ``mode == "live"``).
         name: the recording key (default :func:`record_name` of ``spec``, or the
@@ -139,6 +177,14 @@ def make_backend(
     """
     if mode not in MODES:
         raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {mode!r}.")
+    if isinstance(spec, str) and split_mode(spec)[0] != "live":
+        if mode != "live" or store is not None:
+            raise ConfigError(f"{spec!r} names its own mode and recording; do not pass mode= or store= as well.")
+        mode, store, inner = split_mode(spec)
+        if inner is None:
+            inner = _only_recorded_backend(store)
+            name = name or inner
+        return make_backend(inner, mode=mode, store=store, name=name, **kwargs)
     if mode != "live" and store is None:
         raise ConfigError(f"mode {mode!r} needs store=<path to a .sqlite recording>.")
     if isinstance(spec, SearchBackend):
@@ -153,6 +199,69 @@ def make_backend(
     if mode == "live":
         return live
     return RecordReplayBackend(live, store, mode=mode, name=key)  # type: ignore[arg-type]
+
+
+def _only_recorded_backend(store: str | Path) -> str:
+    """The one backend name recorded in ``store`` (for ``replay:FILE`` without ``#SPEC``)."""
+    from drgym.search.record import RecordStore
+
+    if not Path(store).exists():
+        raise ConfigError(f"replay: no recording at {store}.")
+    rs = RecordStore(store, readonly=True)
+    try:
+        names = rs.backends()
+    finally:
+        rs.close()
+    if len(names) != 1:
+        raise ConfigError(f"replay:{store} holds {len(names)} backends ({', '.join(names) or 'none'}); "
+                          f"name one: 'replay:{store}#NAME'.")
+    return names[0]
+
+
+_CACHE: dict[str, SearchBackend] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def get_backend(spec: str | SearchBackend, **kwargs: Any) -> SearchBackend:
+    """The process-wide backend of ``spec``: built by :func:`make_backend` on first use, then shared.
+
+    Keyed by the spec and the keyword arguments (``get_backend("local:hotpotqa",
+    method="bm25")`` and ``get_backend("local:hotpotqa")`` are two backends). A backend
+    passed in is returned as is. Callers share the result: do not close it.
+
+    Raises:
+        ConfigError, AuthError: as :func:`make_backend`.
+    """
+    if isinstance(spec, SearchBackend):
+        return spec
+    key = json.dumps([spec.strip(), kwargs], sort_keys=True, default=str)
+    with _CACHE_LOCK:
+        if key not in _CACHE:
+            _CACHE[key] = make_backend(spec, **kwargs)
+        return _CACHE[key]
+
+
+def backend_from_settings(settings: dict[str, Any] | None) -> SearchBackend:
+    """The (cached) backend of a config's ``search:`` section.
+
+    ``{backend: SPEC, **kwargs}`` takes any spec of the module docstring (what
+    ``drgym rollout --backend`` takes); ``{corpus: NAME, **kwargs}`` is short for
+    ``{backend: "local:NAME", ...}``; ``{}`` is ``local`` (``wiki-default``). The other
+    keys are keyword arguments of :func:`make_backend` (``method: bm25``, ``timeout``...).
+
+    Raises:
+        ConfigError: both ``backend`` and ``corpus``, an unknown spec or a bad argument.
+    """
+    kw = dict(settings or {})
+    if "backend" in kw and "corpus" in kw:
+        raise ConfigError(f"search: give 'backend' or 'corpus', not both (got {settings!r}).")
+    spec = str(kw.pop("backend", None) or "local:" + str(kw.pop("corpus", "wiki-default")))
+    if spec == "local:wiki-default":
+        spec = "local"
+    try:
+        return get_backend(spec, **kw)
+    except TypeError as e:
+        raise ConfigError(f"bad search settings {settings!r}: {e}") from e
 
 
 def parse_backend_list(text: str) -> list[str]:

@@ -33,8 +33,9 @@ from pathlib import Path
 import httpx
 
 from drgym.search.base import SearchBackend
+from drgym.search.wire import ServerSettings
 from drgym.server.app import UVICORN_H11_MAX_EVENT
-from drgym.server.models import ServerSettings
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on ``host`` a moment ago (bind to port 0, then close)."""

@@ -1,0 +1,116 @@
+"""``drgym rollout`` and ``drgym report``, registered on the root app by :func:`register`."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from drgym.evaluation.runner import DEFAULT_N
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to ``app``."""
+
+    @app.command()
+    def rollout(
+        env: str = typer.Option("drgym/SearchQA-v0", "--env", help="Gymnasium id: drgym/SearchQA-v0 or drgym/DeepResearch-v0."),
+        tasks: Optional[str] = typer.Option(None, "--tasks", help="Task set (default hotpotqa-dev for SearchQA, drb-en for DeepResearch) or a file."),
+        policy: str = typer.Option("hf:smollm2", "--policy", help="hf:MODEL | openai:MODEL@URL | vllm:MODEL | rag:LLM | scripted."),
+        backend: str = typer.Option("local", "--backend", help="Search backend: local (in-process index of wiki-default) or a registry spec."),
+        n: int = typer.Option(DEFAULT_N, "--n", help="Number of tasks (the first N of the set); 0 = all."),
+        out: Optional[str] = typer.Option(None, "--out", help="Run directory (default runs/<env>-<tasks>-<policy>)."),
+        seed: int = typer.Option(0, "--seed"),
+        batch_size: int = typer.Option(8, "--batch-size", help="Episodes stepped together."),
+        max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Turn budget (default: the env's)."),
+        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Tokens per turn for hf/vllm (openai: max_tokens)."),
+        judge: Optional[str] = typer.Option(None, "--judge", help="Judge for LLM soft match (QA) or report rewards (research): openai:MODEL@URL; required by judged --reward; hf:smollm2 runs but is flagged as not a valid judge."),
+        reward: Optional[str] = typer.Option(None, "--reward", help="Comma-separated extra rewards (e.g. race,citation,quality,kpr)."),
+        policy_opt: list[str] = typer.Option([], "--policy-opt", "-p", help="Policy option KEY=VALUE (repeatable), e.g. -p dtype=float32."),
+        env_opt: list[str] = typer.Option([], "--env-opt", "-e", help="Env option KEY=VALUE (repeatable), e.g. -e top_k=5."),
+        fresh: bool = typer.Option(False, "--fresh", help="Discard an existing run in --out instead of resuming it."),
+        no_plots: bool = typer.Option(False, "--no-plots", help="Do not write PNG plots."),
+        progress: bool = typer.Option(True, "--progress/--no-progress"),
+    ) -> None:
+        """Run a policy through a drgym env on real tasks; write config, trajectories, metrics and plots.
+
+        Rerunning the same command resumes: finished task ids are skipped.
+        """
+        from rich.console import Console
+
+        from drgym.errors import DrgymError
+        from drgym.evaluation.metrics import rich_table
+        from drgym.evaluation.runner import RolloutConfig, run_rollout
+        from drgym.policies.factory import parse_options
+
+        console = Console()
+        try:
+            popts = parse_options(policy_opt)
+            if max_new_tokens is not None:
+                popts["max_tokens" if policy.startswith("openai:") else "max_new_tokens"] = max_new_tokens
+            if tasks is None:
+                tasks_name = "drb-en" if "DeepResearch" in env else "hotpotqa-dev"
+            else:
+                tasks_name = tasks
+            cfg = RolloutConfig(
+                env=env, tasks=tasks_name, policy=policy, backend=backend, n=n or None, out=out, seed=seed,
+                batch_size=batch_size, max_turns=max_turns, judge=judge,
+                rewards=[r.strip() for r in reward.split(",") if r.strip()] if reward else None,
+                policy_options=popts, env_options=parse_options(env_opt), plots=not no_plots,
+            )
+            if judge:
+                from drgym.judges.base import judge_validity
+
+                valid, note = judge_validity(judge)
+                if not valid:
+                    console.print(f"[bold yellow]warning:[/] judge {judge} is {note}.")
+            res = run_rollout(cfg, progress=progress, console=Console(stderr=True), fresh=fresh)
+        except KeyboardInterrupt as e:
+            res = e.args[0] if e.args else None
+            if res is not None:
+                console.print(rich_table(res.metrics, title=f"{policy} (interrupted)"))
+            console.print("[yellow]Interrupted: finished episodes are saved; rerun the same command to resume.[/]")
+            raise typer.Exit(130)
+        except DrgymError as e:
+            console.print(f"[red]error:[/] {e}")
+            raise typer.Exit(2)
+        m = res.metrics
+        jm = m.get("judge_model") or {}
+        flag = f"; judge {jm['spec']}: NOT A VALID JUDGE, judged scores are not results" if jm.get("valid") is False else ""
+        console.print(rich_table(m, title=f"{cfg.policy} on {cfg.tasks} ({cfg.env}){flag}"))
+        console.print(
+            f"{res.new_episodes} new episodes, {res.skipped} resumed; this session {res.wall_s:.1f}s "
+            f"(setup {res.setup_s:.1f}s). Run directory: {res.out_dir}"
+        )
+
+    @app.command()
+    def report(
+        runs: list[str] = typer.Argument(..., help="Run directories (or folders of them), e.g. runs/*."),
+        out: str = typer.Option("runs/leaderboard", "--out", help="Path stem: writes STEM.md and STEM.html."),
+    ) -> None:
+        """Compare rollout runs side by side: prints a leaderboard, writes markdown and standalone HTML."""
+        from rich.console import Console
+        from rich.table import Table
+
+        from drgym.errors import DrgymError
+        from drgym.evaluation.metrics import LABELS, format_value
+        from drgym.evaluation.report import COLUMNS, build_report
+
+        console = Console()
+        try:
+            loaded, _, _ = build_report(runs, out)
+        except DrgymError as e:
+            console.print(f"[red]error:[/] {e}")
+            raise typer.Exit(2)
+        cols = [c for c in COLUMNS if any(r.metrics.get(c) is not None for r in loaded)]
+        t = Table(title="drgym rollout leaderboard")
+        for h in ["run", "policy", "tasks", "episodes"] + [LABELS.get(c, c) for c in cols]:
+            t.add_column(h, justify="left" if h in ("run", "policy", "tasks") else "right")
+        from drgym.evaluation.report import _sort_key
+
+        for r in sorted(loaded, key=_sort_key):
+            t.add_row(r.name, r.setting["policy"], r.setting["tasks"],
+                      f"{r.metrics.get('episodes', 0)}/{r.metrics.get('tasks_total') or '?'}",
+                      *[format_value(c, r.metrics.get(c)) for c in cols])
+        console.print(t)
+        console.print(f"wrote {out}.md and {out}.html")

@@ -1,0 +1,88 @@
+"""``drgym search`` and ``drgym fetch``: query a local index (or a drgym server)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def _backend(corpus: str, index: str | None, method: str, server: str | None, collapse: str | None = None):
+    if server:
+        from drgym.search.client import HTTPSearchClient
+
+        return HTTPSearchClient(server, collapse=collapse)
+    from drgym.search.local import LocalSearchEngine
+
+    kw = {"collapse": collapse} if collapse else {}
+    if index:
+        return LocalSearchEngine.open(index, method=method, **kw)
+    return LocalSearchEngine.from_corpus(corpus, method=method, progress=True, **kw)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``drgym search`` and ``drgym fetch`` to ``app``."""
+
+    @app.command("search")
+    def search(
+        query: str = typer.Argument(..., help="The query text."),
+        k: int = typer.Option(5, "-k", "--k", help="Number of results (1..100)."),
+        method: str = typer.Option(None, "--method", "-m", help="dense, bm25 or hybrid (default: the engine's default)."),
+        corpus: str = typer.Option("wiki-default", "--corpus", "-c", help="Named corpus or path; its index is built if missing."),
+        index: str = typer.Option(None, "--index", help="An existing index: folder, name, or corpus name when one built index matches (instead of --corpus)."),
+        server: str = typer.Option(None, "--server", help="Query a drgym server at this base URL instead."),
+        as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+        width: int = typer.Option(160, "--width", help="Characters of passage text shown."),
+        collapse: str = typer.Option(None, "--collapse", help="document (k distinct documents, each its best passage; the default) or passage (k best passages)."),
+    ) -> None:
+        """Search and print the top-k documents (or passages) as a table."""
+        import json
+
+        from rich.console import Console
+        from rich.table import Table
+
+        from drgym.errors import DrgymError
+        from drgym.search.local import DEFAULT_METHOD
+
+        try:
+            backend = _backend(corpus, index, method or DEFAULT_METHOD, server, collapse)
+            results = backend.search(query, k)
+        except DrgymError as e:
+            typer.secho(f"error: {e}", fg="red", err=True)
+            raise typer.Exit(2) from e
+        if as_json:
+            typer.echo(json.dumps([r.to_dict() for r in results], indent=2, ensure_ascii=False))
+            return
+        table = Table(title=f"{query!r}: top {len(results)} ({getattr(backend, 'method', backend.name)})")
+        for col, kw in (("#", {"justify": "right"}), ("score", {"justify": "right"}), ("doc_id", {}), ("title", {}),
+                        ("passage", {"overflow": "fold"}), ("url", {"overflow": "fold"})):
+            table.add_column(col, **kw)
+        for r in results:
+            text = r.text if len(r.text) <= width else r.text[: width - 1] + "…"
+            table.add_row(str(r.rank), f"{r.score:.4f}", r.doc_id, r.title, text, r.url)
+        Console().print(table)
+
+    @app.command("fetch")
+    def fetch(
+        url: str = typer.Argument(..., help="Document URL (exact or normalised)."),
+        corpus: str = typer.Option("wiki-default", "--corpus", "-c", help="Named corpus or path."),
+        index: str = typer.Option(None, "--index", help="An existing index: folder, name, or corpus name when one built index matches."),
+        server: str = typer.Option(None, "--server", help="Fetch from a drgym server at this base URL."),
+        as_json: bool = typer.Option(False, "--json", help="Print the document as JSON."),
+    ) -> None:
+        """Print the whole document at URL."""
+        import json
+
+        from drgym.errors import DocumentNotFoundError, DrgymError
+
+        try:
+            doc = _backend(corpus, index, "bm25", server).fetch(url)
+        except DocumentNotFoundError as e:
+            typer.secho(f"error: {e}", fg="red", err=True)
+            raise typer.Exit(1) from e
+        except DrgymError as e:
+            typer.secho(f"error: {e}", fg="red", err=True)
+            raise typer.Exit(2) from e
+        if as_json:
+            typer.echo(json.dumps(doc.to_dict(), indent=2, ensure_ascii=False))
+        else:
+            typer.echo(f"{doc.title}\n{doc.url}  ({doc.doc_id}, {doc.source})\n\n{doc.text}")
+

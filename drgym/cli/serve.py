@@ -1,0 +1,125 @@
+"""``drgym serve``: the search service on uvicorn. Registered on the root app by :func:`register`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import typer
+
+log = logging.getLogger(__name__)
+
+
+def load_backend(settings) -> "object":
+    """Open the local engine the settings describe (building the index if needed) and
+    run one warm-up query, so a broken index fails here and not on the first request.
+
+    Args:
+        settings: a :class:`drgym.search.wire.ServerSettings`.
+
+    Returns:
+        A :class:`drgym.search.local.LocalSearchEngine`.
+
+    Raises:
+        IndexNotFoundError, CorruptIndexError, IndexMismatchError, ConfigError: as the engine.
+    """
+    from drgym.search.local import DEFAULT_METHOD, LocalSearchEngine
+
+    method = settings.method or DEFAULT_METHOD
+    if settings.index_dir:
+        kw = {"encoder": settings.encoder} if settings.encoder else {}
+        engine = LocalSearchEngine.open(settings.index_dir, method=method, max_k=settings.max_k, **kw)
+    else:
+        kw = {"encoder": settings.encoder} if settings.encoder else {}
+        engine = LocalSearchEngine.from_corpus(settings.corpus, method=method, max_k=settings.max_k,
+                                               progress=True, **kw)
+    try:
+        engine.search("warm up", k=1)
+    except BaseException:
+        engine.close()
+        raise
+    return engine
+
+
+def serve(
+    corpus: Optional[str] = typer.Option(None, help="Named corpus or corpus path to serve (env DRGYM_CORPUS; default wiki-default)."),
+    method: Optional[str] = typer.Option(None, help="dense, bm25 or hybrid (env DRGYM_METHOD; default: the engine's)."),
+    index_dir: Optional[str] = typer.Option(None, "--index-dir", help="Serve this built index folder (or index name) instead of --corpus."),
+    encoder: Optional[str] = typer.Option(None, help="Encoder name or path; must match the index (default: the index's)."),
+    host: Optional[str] = typer.Option(None, help="Address to bind (env DRGYM_HOST; default 127.0.0.1)."),
+    port: Optional[int] = typer.Option(None, help="TCP port (env DRGYM_PORT; default 8000)."),
+    max_k: Optional[int] = typer.Option(None, "--max-k", help="Largest k accepted (default 100)."),
+    batch_window_ms: Optional[float] = typer.Option(None, "--batch-window-ms", help="Micro-batch wait after the first query, ms (default 1)."),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Most queries per search_batch call (default 64)."),
+    cache_size: Optional[int] = typer.Option(None, "--cache-size", help="LRU result cache entries, 0 = off (default 4096)."),
+    max_pending: Optional[int] = typer.Option(None, "--max-pending", help="Queries allowed to wait for a batch before answering 429 (default 16384)."),
+    collapse: Optional[str] = typer.Option(None, "--collapse", help="What /search returns: document (k distinct documents, best passage each; default) or passage (k best passages)."),
+    retrieve_collapse: Optional[str] = typer.Option(None, "--retrieve-collapse", help="The same for POST /retrieve (default passage, as Search-R1)."),
+    api_keys: Optional[str] = typer.Option(None, "--api-keys", help="Comma-separated keys required in x-api-key (env DRGYM_API_KEYS; default: no auth)."),
+    log_level: Optional[str] = typer.Option(None, "--log-level", help="uvicorn log level (default warning)."),
+) -> None:
+    """Serve a local index over HTTP: DeepResearchGym /search, /fineweb/search and /fetch, Search-R1 POST /retrieve, /health and /docs.
+
+    Every option can also come from a DRGYM_<OPTION> environment variable (e.g. DRGYM_PORT=9000). Exits with status 2 and a one-line message when the index is missing, corrupt or was built with another encoder.
+    """
+    from pydantic import ValidationError
+
+    from drgym.errors import DrgymError
+    from drgym.search.wire import ServerSettings
+
+    given = dict(corpus=corpus, method=method, index_dir=index_dir, encoder=encoder, host=host, port=port,
+                 max_k=max_k, batch_window_ms=batch_window_ms, max_batch_size=max_batch_size,
+                 cache_size=cache_size, max_pending=max_pending, collapse=collapse, retrieve_collapse=retrieve_collapse,
+                 api_keys=api_keys, log_level=log_level)
+    try:
+        settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
+    except ValidationError as e:
+        msgs = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
+        typer.echo(f"drgym serve: error: invalid settings: {msgs}", err=True)
+        raise typer.Exit(2) from None
+    try:
+        _check_bindable(settings.host, settings.port)
+    except OSError as e:
+        typer.echo(f"drgym serve: error: cannot listen on {settings.host}:{settings.port}: {e.strerror or e} "
+                   "(is another server running there? pick another --port)", err=True)
+        raise typer.Exit(2) from None
+    try:
+        backend = load_backend(settings)
+    except DrgymError as e:
+        typer.echo(f"drgym serve: error: {e}", err=True)
+        raise typer.Exit(2) from None
+    except Exception as e:  # a library error the engine did not wrap: still one line
+        log.debug("backend load failed", exc_info=True)
+        typer.echo(f"drgym serve: error: could not load the index ({type(e).__name__}: {e})", err=True)
+        raise typer.Exit(2) from None
+
+    import uvicorn
+
+    from drgym.server.app import UVICORN_H11_MAX_EVENT, create_app
+
+    app = create_app(backend, settings, close_backend=True)
+    typer.echo(f"drgym serve: {backend!r} on http://{settings.host}:{settings.port} "
+               f"(max_k={settings.max_k}, auth={'on' if settings.key_set() else 'off'})", err=True)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                h11_max_incomplete_event_size=UVICORN_H11_MAX_EVENT, access_log=False)
+
+
+def _check_bindable(host: str, port: int) -> None:
+    """Bind ``(host, port)`` once and release it, so a busy port fails before the index loads.
+
+    Raises:
+        OSError: the address cannot be resolved or bound (e.g. ``EADDRINUSE``).
+    """
+    import socket
+
+    if not port:  # port 0: the OS picks a free one
+        return
+    family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: TIME_WAIT is not "busy"
+        s.bind(addr)
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``drgym serve`` to ``app``."""
+    app.command("serve")(serve)

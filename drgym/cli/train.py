@@ -1,0 +1,151 @@
+"""Commands of this area, registered on the root ``drgym`` app by :func:`register`.
+
+``drgym train grpo|sft|check`` and ``drgym plot``. Heavy imports stay inside the
+command bodies so ``drgym --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+train_app = typer.Typer(help="GRPO and SFT training on TRL (configs in training/configs).", no_args_is_help=True)
+
+
+def _overrides(output_dir: Optional[str], model: Optional[str]) -> dict:
+    o = {}
+    if output_dir:
+        o["output_dir"] = output_dir
+    if model:
+        o["model"] = model
+    return o
+
+
+def _fail(e: Exception) -> None:
+    from drgym.errors import DrgymError
+
+    if isinstance(e, DrgymError):
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2)
+    raise e
+
+
+@train_app.command("grpo")
+def grpo_cmd(
+    config: str = typer.Option(..., "--config", "-c", help="YAML file or bundled config name (searchqa_smollm2_cpu)."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint in the output folder."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Override grpo.max_steps."),
+    output_dir: Optional[str] = typer.Option(None, "--output-dir", "-o", help="Override output_dir (default runs/NAME)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Override model (e.g. an SFT output folder)."),
+) -> None:
+    """Train a search agent with GRPO (multi-turn rollouts of drgym/SearchQA-v0)."""
+    try:
+        from drgym.training.config import load_config
+        from drgym.training.grpo import run_grpo
+
+        cfg = load_config(config, _overrides(output_dir, model))
+        summary = run_grpo(cfg, resume=resume, max_steps=max_steps)
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+    summary.pop("guard_history", None)
+    typer.echo(json.dumps(summary, indent=2))
+
+
+@train_app.command("sft")
+def sft_cmd(
+    config: str = typer.Option(..., "--config", "-c", help="YAML file or bundled config name (its sft: section is used)."),
+    trajectories: list[str] = typer.Option([], "--trajectories", "-t", help="Trajectory JSONL (from `drgym rollout`); repeatable."),
+    scripted: Optional[str] = typer.Option(None, "--scripted", help="First write scripted-policy trajectories of tasks.train to this JSONL and train on them."),
+    scripted_limit: Optional[int] = typer.Option(None, "--scripted-limit", help="Tasks for --scripted (default the tasks.train limit)."),
+    output_dir: Optional[str] = typer.Option(None, "--output-dir", "-o", help="Default <output_dir>/sft."),
+    gold_answers: bool = typer.Option(False, "--gold-answers", help="Replace each final answer by the task's gold answer."),
+    min_reward: Optional[float] = typer.Option(None, "--min-reward", help="Keep trajectories with reward >= this."),
+    resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint."),
+    model: Optional[str] = typer.Option(None, "--model", help="Override model."),
+) -> None:
+    """Warm-start a policy on trajectories with TRL's SFTTrainer (observation tokens masked)."""
+    try:
+        from drgym.training.config import load_config
+        from drgym.training.sft import run_sft
+
+        cfg = load_config(config, _overrides(None, model))
+        if scripted:
+            from drgym.training.sft import make_scripted_trajectories
+
+            trajs = make_scripted_trajectories(cfg, scripted, limit=scripted_limit)
+            typer.echo(f"wrote {len(trajs)} scripted trajectories to {scripted}", err=True)
+            trajectories = [*trajectories, scripted]
+        if not trajectories:
+            from drgym.errors import ConfigError
+
+            raise ConfigError("give --trajectories FILE (repeatable) or --scripted OUT.jsonl.")
+        final = run_sft(cfg, trajectories, output_dir=output_dir, gold_answers=gold_answers, min_reward=min_reward,
+                        resume=resume)
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+    typer.echo(str(final))
+
+
+@train_app.command("check")
+def check_cmd(
+    config: list[str] = typer.Argument(..., help="Config files or bundled names."),
+) -> None:
+    """Parse configs and build their TRL arguments without training (no GPU needed)."""
+    from drgym.training.config import build_grpo_args, build_sft_args, load_config
+
+    ok = True
+    for c in config:
+        try:
+            cfg = load_config(c)
+            g = build_grpo_args(cfg, validate_only=True)
+            build_sft_args(cfg, validate_only=True)
+            adj = getattr(g, "_drgym_adjusted", {})
+            typer.echo(f"ok  {c}: generation_batch_size={g.generation_batch_size} num_generations={g.num_generations} "
+                       f"use_vllm={g.use_vllm}" + (f" (checked without GPU: {adj})" if adj else ""))
+        except Exception as e:  # noqa: BLE001
+            ok = False
+            typer.secho(f"bad {c}: {e}", fg="red", err=True)
+    if not ok:
+        raise typer.Exit(2)
+
+
+@train_app.command("eval")
+def eval_cmd(
+    config: str = typer.Option(..., "--config", "-c", help="YAML file or bundled config name (tasks.eval is used)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Model folder (default the config's model)."),
+    num_tasks: Optional[int] = typer.Option(None, "--num-tasks", "-n", help="First N held-out tasks (default eval.num_tasks)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Write the metrics JSON here (the rollout run directory goes beside it, as <out>.rollout/; default <output_dir>/eval/<model folder>)."),
+) -> None:
+    """Held-out evaluation of a model, exactly as the training-time eval callback (drgym rollout's runner, training token layout)."""
+    try:
+        from drgym.training.config import load_config
+        from drgym.training.evaluation import evaluate_model
+
+        res = evaluate_model(load_config(config), model_path=model, num_tasks=num_tasks, out_path=out)
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+    typer.echo(json.dumps(res, indent=2))
+
+
+def plot_cmd(
+    run_dir: Path = typer.Argument(..., help="A run folder holding metrics.jsonl (runs/NAME)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Default <run_dir>/plots."),
+) -> None:
+    """Draw a run's training curves (reward, components, KL/entropy, lengths...) as PNG."""
+    try:
+        from drgym.training.plot import plot_run
+
+        paths = plot_run(run_dir, out_dir)
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+    for p in paths:
+        typer.echo(str(p))
+
+
+def register(app: typer.Typer) -> None:
+    """Add this area's commands to ``app``: ``train grpo|sft|check`` and ``plot``."""
+    app.add_typer(train_app, name="train")
+    app.command("plot")(plot_cmd)

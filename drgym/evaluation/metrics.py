@@ -1,0 +1,182 @@
+"""Aggregate episode records (trajectory dicts) into run metrics.
+
+Definitions (every mean is over the episodes of the run, each episode weighted 1):
+
+- ``em`` / ``f1`` / ``cover_em``: exact match, token F1 and cover-EM of the final answer
+  against the gold aliases, as the official HotpotQA evaluation computes them
+  (``hotpot_evaluate_v1.py``: SQuAD normalisation, F1 0 when a yes/no/noanswer side
+  differs; max over aliases as FlashRAG; see :mod:`drgym.rewards.qa`), with no answer
+  guard. A truncated episode (no answer) scores 0.
+- ``judge``: the LLM-judge soft match (DeepResearchGym arXiv 2505.19253 section 3.2,
+  "LLM-as-a-judge" for short answers), mean over episodes the judge scored.
+- ``judge_failures``: episode scores of judged rewards (``judge``, ``race``,
+  ``citation``, ``kpr``, ``quality``, ``fact``) that are None because the judge failed
+  after its retries; they are excluded from the means.
+- ``kpr_undefined``: episodes whose task has no key points: KPR is undefined (None, not
+  a judge failure), excluded from the KPR mean.
+- ``judge_model`` (written by the runner): ``{"spec", "valid", "note"}``; ``valid`` is
+  False for a judge drgym measured as no judge (``hf:smollm2``).
+- other reward components (``kpr``, ``kpc``, ``citation_precision``, ``quality``,
+  ``race``...): mean over episodes where they are not None.
+- ``answer_rate``: share of episodes that ended with an answer (``terminated``).
+- ``invalid_action_rate``: invalid actions / all actions (turns).
+- ``turns``, ``searches``, ``fetches``: per episode.
+- ``completion_tokens`` / ``prompt_tokens``: per episode, summed over its turns (prompt
+  tokens are re-counted every turn, as a server bills them).
+- ``wall_s_per_episode``: run wall time / episodes (episodes run in parallel batches,
+  so this is the throughput figure, not one episode's latency); ``episode_latency_s``:
+  mean time from an episode's reset to its end.
+- ``time_share``: shares of the summed per-episode timings (generation is split evenly
+  over a batch's rows, but each env records the whole latency of its batched search, so
+  search is over-weighted by the batch size); the runner's ``last_session`` entry holds
+  the exact shares of the episode loop's wall time.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+PHASES = ("generation", "search", "env", "reward")
+HEADLINE = ("em", "f1", "judge", "answer_rate", "invalid_action_rate", "turns", "searches", "fetches",
+            "completion_tokens", "wall_s_per_episode")
+_NON_SCORE_COMPONENTS = {"format_penalty"}
+
+
+def _mean(xs: list[float]) -> float | None:
+    xs = [float(x) for x in xs if x is not None and not (isinstance(x, float) and math.isnan(x))]
+    return sum(xs) / len(xs) if xs else None
+
+
+def episode_counts(t: dict[str, Any]) -> dict[str, int]:
+    """Turns, searches, fetches and invalid actions of one trajectory dict."""
+    steps = t.get("steps") or []
+    names = [c.get("name") for s in steps for c in (s.get("tool_calls") or [])]
+    return {
+        "turns": len(steps),
+        "searches": names.count("search"),
+        "fetches": names.count("fetch"),
+        "invalid": names.count("invalid"),
+    }
+
+
+def episode_tokens(t: dict[str, Any]) -> tuple[int, int]:
+    """``(prompt_tokens, completion_tokens)`` summed over the episode's turns."""
+    usage = (t.get("metadata") or {}).get("usage") or []
+    return (sum(int(u.get("prompt_tokens") or 0) for u in usage), sum(int(u.get("completion_tokens") or 0) for u in usage))
+
+
+JUDGED = ("judge", "llm_match", "race", "citation", "kpr", "quality", "fact")
+"""Reward names scored by an LLM judge (a None score is a judge failure)."""
+
+
+def _judge_failed(rc: dict[str, Any], k: str) -> bool:
+    """A judged reward's None that is a judge failure (not a KPR left undefined by a task without key points)."""
+    return k in rc and rc[k] is None and not (k == "kpr" and rc.get("kp_undefined"))
+
+
+def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None = None) -> dict[str, Any]:
+    """Run metrics from trajectory dicts (see the module docstring for definitions).
+
+    Args:
+        trajectories: :meth:`~drgym.records.Trajectory.to_dict` records, with
+            ``reward_components`` and ``metadata["usage"]`` as the runner writes them.
+        wall_s: total wall time of the run (sum over resumed sessions); None leaves
+            ``wall_s_per_episode`` out.
+
+    Returns:
+        A flat dict of floats/ints plus ``"scores"`` (every reward component's mean),
+        ``"time_share"`` and ``"timings_s"`` dicts. Empty input gives ``{"episodes": 0}``.
+    """
+    n = len(trajectories)
+    if n == 0:
+        return {"episodes": 0}
+    comps: dict[str, list[float | None]] = {}
+    for t in trajectories:
+        for k, v in (t.get("reward_components") or {}).items():
+            if k in _NON_SCORE_COMPONENTS:
+                continue
+            comps.setdefault(k, []).append(v if isinstance(v, (int, float)) and not isinstance(v, bool) else None)
+    scores = {k: _mean(v) for k, v in sorted(comps.items())}
+    counts = [episode_counts(t) for t in trajectories]
+    toks = [episode_tokens(t) for t in trajectories]
+    turns = sum(c["turns"] for c in counts)
+    timings = {p: sum(float((t.get("timings") or {}).get(p) or 0.0) for t in trajectories) for p in PHASES}
+    total_t = sum(timings.values())
+    lat = [float((t.get("metadata") or {}).get("latency_s") or 0.0) for t in trajectories]
+    judge_vals = comps.get("judge") or comps.get("llm_match")
+    m: dict[str, Any] = {
+        "episodes": n,
+        "em": scores.get("em"),
+        "f1": scores.get("f1"),
+        "cover_em": scores.get("cover_em"),
+        "judge": _mean(judge_vals) if judge_vals else None,
+        "judge_failures": sum(1 for t in trajectories for k in JUDGED if _judge_failed(t.get("reward_components") or {}, k)),
+        "kpr_undefined": sum(1 for t in trajectories if (t.get("reward_components") or {}).get("kp_undefined")),
+        "answer_rate": sum(1 for t in trajectories if t.get("terminated") and t.get("final_answer") is not None) / n,
+        "invalid_action_rate": (sum(c["invalid"] for c in counts) / turns) if turns else 0.0,
+        "turns": turns / n,
+        "searches": sum(c["searches"] for c in counts) / n,
+        "fetches": sum(c["fetches"] for c in counts) / n,
+        "prompt_tokens": sum(p for p, _ in toks) / n,
+        "completion_tokens": sum(c for _, c in toks) / n,
+        "episode_latency_s": statistics.fmean(lat) if any(lat) else None,
+        "reward": _mean([t.get("reward") for t in trajectories]),
+        "scores": scores,
+        "timings_s": {k: round(v, 4) for k, v in timings.items()},
+        "time_share": {k: (v / total_t if total_t else 0.0) for k, v in timings.items()},
+        "errors": sum(1 for t in trajectories if any(s.get("error") for s in t.get("steps") or [])),
+    }
+    if wall_s is not None:
+        m["wall_s"] = round(wall_s, 3)
+        m["wall_s_per_episode"] = wall_s / n
+        m["episodes_per_min"] = 60.0 * n / wall_s if wall_s > 0 else None
+    return m
+
+
+def format_value(key: str, v: Any) -> str:
+    """Human formatting of one metric value for tables (3 decimals, percents for rates)."""
+    if v is None:
+        return "-"
+    if key in ("answer_rate", "invalid_action_rate"):
+        return f"{100 * v:.1f}%"
+    if key in ("completion_tokens", "prompt_tokens"):
+        return f"{v:.0f}"
+    if key.endswith("_s") or key.startswith("wall_s") or key == "episode_latency_s":
+        return f"{v:.2f}s"
+    if key in ("turns", "searches", "fetches"):
+        return f"{v:.2f}"
+    if isinstance(v, float):
+        return f"{v:.3f}"
+    return str(v)
+
+
+LABELS = {
+    "em": "EM", "f1": "F1", "cover_em": "cover-EM", "judge": "judge", "answer_rate": "answer rate",
+    "invalid_action_rate": "invalid actions", "turns": "turns/ep", "searches": "searches/ep",
+    "fetches": "fetches/ep", "completion_tokens": "gen tokens/ep", "prompt_tokens": "prompt tokens/ep",
+    "wall_s_per_episode": "wall s/ep", "episode_latency_s": "latency s/ep", "episodes": "episodes",
+}
+
+
+def rich_table(metrics: dict[str, Any], title: str = "rollout"):
+    """A ``rich.table.Table`` of the headline metrics plus any other reward component."""
+    from rich.table import Table
+
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_row("episodes", str(metrics.get("episodes", 0)))
+    for k in HEADLINE:
+        if k == "judge" and metrics.get("judge") is None:
+            continue
+        table.add_row(LABELS.get(k, k), format_value(k, metrics.get(k)))
+    for k, v in (metrics.get("scores") or {}).items():
+        if k in ("em", "f1", "judge", "llm_match"):
+            continue
+        table.add_row(k, format_value(k, v))
+    share = (metrics.get("last_session") or {}).get("share") or metrics.get("time_share") or {}
+    if share:
+        table.add_row("wall time share", " ".join(f"{k} {100 * v:.0f}%" for k, v in share.items()))
+    return table

@@ -1,0 +1,604 @@
+"""Run a policy through a drgym env over a task set and record everything: :func:`run_rollout`.
+
+A run directory holds:
+
+- ``config.json``: everything needed to rerun (the :class:`RolloutConfig`, package
+  versions, the index manifest fingerprint, the policy's resolved settings, seeds,
+  the task ids);
+- ``trajectories.jsonl``: one finished episode per line, appended atomically
+  (:func:`drgym.atomic.append_jsonl`) as soon as the episode ends;
+- ``metrics.json``: :func:`drgym.evaluation.metrics.compute_metrics` over the run's episodes;
+- ``scores.png``, ``turns.png``, ``searches.png``: plots (:mod:`drgym.evaluation.plots`).
+
+Rerunning the same command resumes: task ids already in ``trajectories.jsonl`` are
+skipped, so an interrupted run (Ctrl-C, kill) loses only unfinished episodes. Episodes
+are stepped in batches through :class:`drgym.envs.driver.BatchedDriver` (one
+``search_batch`` per turn).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import platform
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from drgym.atomic import append_jsonl, atomic_write_json, read_jsonl
+from drgym.errors import ConfigError
+from drgym.policies.base import Conversation, Policy
+
+log = logging.getLogger(__name__)
+
+DEFAULT_N = 20
+"""Default number of tasks: the first 20 of the task set (the main job's budget: >= 20
+questions in <= 5 minutes on 2 CPU cores once the model and index are cached)."""
+
+QA_METRICS = ("em", "f1", "cover_em")
+
+RESOLVED_POLICY_KEYS = ("layout", "scaffold", "dtype")
+"""Policy settings resolved at build time (``auto`` values), checked when a run resumes."""
+
+
+@dataclass
+class RolloutConfig:
+    """Everything that defines a rollout run.
+
+    Attributes:
+        env: Gymnasium id (``"drgym/SearchQA-v0"`` or ``"drgym/DeepResearch-v0"``).
+        tasks: task-set name for :func:`drgym.envs.task_loaders.load_tasks` or a file path.
+        policy: policy spec (:func:`drgym.policies.factory.make_policy`).
+        backend: search backend spec: ``"local"`` (in-process index of ``wiki-default``),
+            or anything :func:`drgym.search.registry.make_backend` accepts.
+        n: number of tasks (the first ``n`` of the set, in file order); None = all.
+        out: run directory; None = ``runs/<env>-<tasks>-<policy>``.
+        seed: base seed of env resets (episode ids) and of sampling policies.
+        batch_size: episodes stepped together (one policy batch, one search batch per turn).
+        max_turns: env turn budget; None = the env's default.
+        judge: judge spec (``"hf:smollm2"``, ``"openai:MODEL@URL"``) for the LLM soft
+            match (QA) or the report rewards (research); None = no judge.
+        rewards: extra reward names scored after each episode (research default:
+            ``["citation"]`` without a judge; ``["race", "citation", "quality"]`` with one).
+        policy_options: constructor options of the policy (``max_new_tokens``...).
+        env_options: extra env keyword arguments (``max_searches``, ``top_k``...).
+        plots: write PNG plots.
+    """
+
+    env: str = "drgym/SearchQA-v0"
+    tasks: str = "hotpotqa-dev"
+    policy: str = "hf:smollm2"
+    backend: str = "local"
+    n: int | None = DEFAULT_N
+    out: str | None = None
+    seed: int = 0
+    batch_size: int = 8
+    max_turns: int | None = None
+    judge: str | None = None
+    rewards: list[str] | None = None
+    policy_options: dict[str, Any] = field(default_factory=dict)
+    env_options: dict[str, Any] = field(default_factory=dict)
+    plots: bool = True
+
+    # fields that may change between a run and its resumption
+    RESUMABLE = ("n", "out", "batch_size", "plots")
+
+    def identity(self) -> dict[str, Any]:
+        """The fields that must match for a rerun to resume a run directory (API keys in
+        options are redacted: a key is never stored, and a new key resumes the run)."""
+        from drgym.redact import redact
+
+        d = dataclasses.asdict(self)
+        for k in self.RESUMABLE:
+            d.pop(k, None)
+        return redact(d)
+
+    def out_dir(self) -> Path:
+        """The run directory (``out`` or the default name)."""
+        return Path(self.out) if self.out else Path("runs") / default_run_name(self.env, self.tasks, self.policy)
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad field."""
+        if self.n is not None and (not isinstance(self.n, int) or self.n < 1):
+            raise ConfigError(f"n must be a positive number of tasks (on the command line, --n 0 means all tasks), got {self.n!r}.")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
+        if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
+            raise ConfigError(f"max_turns must be a positive integer, got {self.max_turns!r}.")
+        import gymnasium as gym
+
+        import drgym.envs  # noqa: F401  (registers the ids)
+
+        if self.env not in gym.registry:
+            from drgym.errors import unknown_name
+
+            raise unknown_name("environment", self.env, [k for k in gym.registry if k.startswith("drgym/")])
+        from drgym.rewards.registry import JUDGED
+
+        judged = [r for r in (self.rewards or []) if isinstance(r, str) and r in JUDGED]
+        if judged and not self.judge:
+            raise ConfigError(
+                f"--reward {','.join(judged)} is scored by an LLM judge and no --judge was given: pass "
+                "--judge openai:MODEL@BASE_URL (a vLLM server of any instruct model works). "
+                "--judge hf:smollm2 also runs, but it is not a valid judge (its scores are flagged)."
+            )
+
+
+def default_run_name(env: str, tasks: str, policy: str) -> str:
+    """``("drgym/SearchQA-v0", "hotpotqa-dev", "hf:smollm2")`` -> ``"searchqa-hotpotqa-dev-hf-smollm2"``."""
+    e = env.split("/")[-1].lower()
+    e = re.sub(r"-v\d+$", "", e)
+    t = Path(tasks).stem if os.sep in tasks or "." in Path(tasks).name else tasks
+    p = re.sub(r"https?://", "", policy)
+    name = f"{e}-{t}-{p}"
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", name).strip("-")[:120]
+
+
+@dataclass
+class RunResult:
+    """What :func:`run_rollout` returns.
+
+    Attributes:
+        out_dir: the run directory.
+        metrics: the metrics written to ``metrics.json``.
+        trajectories: every episode of the run (resumed ones included), as dicts, in task order.
+        new_episodes: episodes run by this call.
+        skipped: task ids skipped because they were already done.
+        wall_s: wall time of this call (setup included).
+        setup_s: seconds spent loading the policy, the backend and the envs.
+        interrupted: True when stopped by Ctrl-C (finished episodes are saved).
+    """
+
+    out_dir: Path
+    metrics: dict[str, Any]
+    trajectories: list[dict[str, Any]]
+    new_episodes: int = 0
+    skipped: int = 0
+    wall_s: float = 0.0
+    setup_s: float = 0.0
+    interrupted: bool = False
+
+
+# -- helpers ---------------------------------------------------------------------------
+def versions() -> dict[str, str]:
+    """Versions of Python, drgym and the libraries that shape results."""
+    from importlib import metadata
+
+    out = {"python": platform.python_version(), "platform": platform.platform()}
+    for pkg in ("drgym", "torch", "transformers", "gymnasium", "faiss-cpu", "bm25s", "sentence-transformers", "vllm", "trl"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            pass
+    out["cpu_count"] = str(os.cpu_count())
+    return out
+
+
+def backend_fingerprint(backend: Any) -> dict[str, Any]:
+    """Identity of the backend for the run config: name, method and index manifest."""
+    d: dict[str, Any] = {"name": getattr(backend, "name", type(backend).__name__), "class": type(backend).__name__,
+                         "deterministic": getattr(backend, "deterministic", None)}
+    if hasattr(backend, "method"):
+        d["method"] = backend.method
+    m = getattr(backend, "manifest", None)
+    if m is not None:
+        ident = m.identity() if hasattr(m, "identity") else {}
+        d["index"] = {"name": getattr(m, "name", None), "corpus": getattr(m, "corpus", None),
+                      "corpus_fingerprint": getattr(m, "corpus_fingerprint", None),
+                      "n_passages": getattr(m, "n_passages", None), "encoder": getattr(m, "encoder", None),
+                      "encoder_revision": getattr(m, "encoder_revision", None), "factory": getattr(m, "factory", None),
+                      "manifest_fingerprint": hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]}
+    return d
+
+
+class _RecordingPolicy(Policy):
+    """Wraps a policy: records per-episode token usage and generation time."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.usage: dict[str, list[dict[str, Any]]] = {}
+        self.gen_s: dict[str, float] = {}
+        self.first_seen: dict[str, float] = {}
+        self.total_act_s = 0.0
+
+    def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
+        now = time.perf_counter()
+        ids = [str((i or {}).get("episode_id", f"?{k}")) for k, i in enumerate(infos or [{}] * len(conversations))]
+        for e in ids:
+            self.first_seen.setdefault(e, now)
+        t0 = time.perf_counter()
+        actions = self.inner.act(conversations, infos)
+        dt = time.perf_counter() - t0
+        self.total_act_s += dt
+        usage = getattr(self.inner, "last_usage", None) or []
+        for k, e in enumerate(ids):
+            u = usage[k] if k < len(usage) else None
+            d = u.to_dict() if hasattr(u, "to_dict") else (dict(u) if isinstance(u, dict) else {})
+            self.usage.setdefault(e, []).append(d)
+            self.gen_s[e] = self.gen_s.get(e, 0.0) + dt / max(1, len(ids))
+        return actions
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _reward_objects(cfg: RolloutConfig, kind: str, backend: Any = None) -> list[Any]:
+    """Extra rewards scored by the runner after each episode.
+
+    QA: the LLM-judge soft match (``llm_match``, reported as ``judge``) when ``--judge``
+    is set. Research: ``race`` and ``citation`` (DeepResearch Bench RACE, arXiv
+    2506.11763 section 3.1; DeepResearchGym citation precision/recall, arXiv 2505.19253
+    section 3.2) when ``--judge`` is set, judged by it; without a judge no judged reward
+    runs (the bundled 135M model cannot judge reports: it takes minutes per report and
+    rarely returns valid verdicts), and ``--reward`` with ``--judge hf:smollm2`` asks for it
+    explicitly. Built with :func:`drgym.rewards.build_reward` (citation pages are fetched
+    from ``backend``).
+    """
+    from drgym.rewards import build_reward
+
+    names = list(cfg.rewards) if cfg.rewards is not None else None
+    if kind == "qa":
+        names = names if names is not None else (["llm_match"] if cfg.judge else [])
+        judge = cfg.judge
+    else:
+        if names is None:
+            names = ["race", "citation"] if cfg.judge else []
+            if not cfg.judge:
+                log.warning("no --judge: reports are not scored (give --judge openai:MODEL@URL).")
+        judge = cfg.judge
+    return [build_reward(name, judge=judge, backend=backend) for name in names]
+
+
+# -- the run -----------------------------------------------------------------------------
+def run_rollout(
+    config: RolloutConfig,
+    *,
+    policy: Policy | None = None,
+    backend: Any = None,
+    progress: bool = True,
+    console: Any = None,
+    fresh: bool = False,
+    tasks: Sequence[Any] | None = None,
+) -> RunResult:
+    """Run (or resume) a rollout and write the run directory.
+
+    Args:
+        config: the run definition.
+        policy: an already built policy (its ``name`` should match ``config.policy``);
+            None builds it from ``config.policy``. A policy passed in is not closed.
+        backend: an already built search backend; None builds ``config.backend``.
+        progress: show a rich progress bar with ETA.
+        console: a ``rich.console.Console`` for the progress bar (None: stderr).
+        fresh: discard an existing run in ``out`` (its trajectories and metrics).
+        tasks: the :class:`~drgym.records.Task` objects to run, instead of loading
+            ``config.tasks`` (which then only names the set in the run record), e.g. a
+            held-out slice during training; the first ``config.n`` are run.
+
+    Returns:
+        A :class:`RunResult`; ``metrics`` covers every episode of the run directory
+        whose task is among the first ``n``.
+
+    Raises:
+        ConfigError: bad config, or ``out`` holds a different run (same directory,
+            different env/tasks/policy/backend/seed/options); pass ``fresh=True`` or
+            another ``out``.
+        KeyboardInterrupt: re-raised after the finished episodes and the metrics of the
+            run so far are saved.
+    """
+    t_start = time.perf_counter()
+    config.validate()
+    out = config.out_dir()
+    traj_path = out / "trajectories.jsonl"
+    cfg_path = out / "config.json"
+    if fresh:
+        for p in (traj_path, cfg_path, out / "metrics.json"):
+            if p.exists():
+                p.unlink()
+    if cfg_path.exists():
+        try:
+            old = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            old = None
+        if old is not None and old.get("identity") != json.loads(json.dumps(config.identity())):
+            diff = sorted(k for k in set(old.get("identity", {})) | set(config.identity())
+                          if (old.get("identity") or {}).get(k) != json.loads(json.dumps(config.identity())).get(k))
+            raise ConfigError(
+                f"{out} holds a different run (differs in: {', '.join(diff)}). Use another --out, or --fresh to discard it."
+            )
+
+    from drgym.envs.task_loaders import load_tasks
+
+    all_tasks = list(tasks) if tasks is not None else load_tasks(config.tasks)
+    tasks = all_tasks[: config.n] if config.n is not None else all_tasks
+    if not tasks:
+        raise ConfigError(f"task set {config.tasks!r} is empty.")
+    index_of = {t.task_id: i for i, t in enumerate(tasks)}
+    done_ids = {d.get("task_id") for d in read_jsonl(traj_path)} if traj_path.exists() else set()
+    todo = [t for t in tasks if t.task_id not in done_ids]
+    skipped = len(tasks) - len(todo)
+
+    interrupted = False
+    session_phases: dict[str, Any] = {}
+    new = 0
+    setup_s = 0.0
+    own_policy = policy is None
+    pol = policy
+    cfg_record: dict[str, Any] = {}
+    if todo:
+        import gymnasium as gym
+
+        import drgym.envs  # noqa: F401
+        from drgym.envs.driver import BatchedDriver
+        from drgym.policies.factory import describe_policy, make_policy
+        from drgym.redact import redact
+        from drgym.search.registry import get_backend
+
+        be = backend if backend is not None else get_backend(config.backend)
+        if pol is None:
+            opts = dict(config.policy_options)
+            if config.policy.split(":", 1)[0].lower() in ("hf", "vllm"):
+                opts.setdefault("seed", config.seed)  # sampling seed (greedy decoding ignores it)
+            pol = make_policy(config.policy, **opts)
+        env_kw = dict(config.env_options)
+        if config.max_turns is not None:
+            env_kw["max_turns"] = config.max_turns
+        n_envs = min(config.batch_size, len(todo))
+        try:
+            envs = [gym.make(config.env, backend=be, tasks=tasks, **env_kw) for _ in range(n_envs)]
+        except TypeError as e:
+            # An unknown env option (-e KEY=VALUE) reaches the env constructor; name it
+            # and the valid ones instead of dumping the kwargs.
+            import inspect
+
+            entry = gym.spec(config.env).entry_point
+            cls = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+            valid = sorted(p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "backend", "tasks"))
+            bad = sorted(set(env_kw) - set(valid))
+            raise ConfigError(f"{config.env} has no option {', '.join(map(repr, bad)) or '?'}; env options: {', '.join(valid)}.") from e
+        raw0 = envs[0].unwrapped
+        kind = getattr(raw0, "kind", "qa")
+        extra_rewards = _reward_objects(config, kind, be)
+        setup_s = time.perf_counter() - t_start
+        cfg_record = {
+            "identity": config.identity(),
+            "config": redact(dataclasses.asdict(config)),
+            "command": redact(sys.argv),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "versions": versions(),
+            "backend": redact(backend_fingerprint(be)),
+            "policy": redact(describe_policy(pol)),
+            "env": {"id": config.env, "kind": kind, "max_turns": raw0.max_turns, "max_searches": raw0.max_searches,
+                    "max_fetches": raw0.max_fetches, "max_obs_tokens": raw0.max_obs_tokens, "top_k": raw0.top_k,
+                    "protocol": raw0.protocol, "reward": getattr(raw0.reward, "name", None) if raw0.reward else None,
+                    **{k: v for k, v in env_kw.items() if isinstance(v, (int, float, str, bool, type(None)))}},
+            "extra_rewards": [getattr(r, "name", type(r).__name__) for r in extra_rewards],
+            "tasks": {"name": config.tasks, "n": len(tasks), "n_in_set": len(all_tasks),
+                      "task_ids_sha256": hashlib.sha256("\n".join(t.task_id for t in tasks).encode()).hexdigest()[:16]},
+            "seeds": {"base": config.seed, "episode_seed": "base + position of the episode in its driver batch (affects episode ids only; greedy decoding)"},
+            "setup_s": round(setup_s, 3),
+        }
+        if cfg_path.exists() and done_ids:
+            # settings a policy resolves itself (layout=auto from the model folder, scaffold=auto)
+            # are not in the identity; a resumed run must not mix them
+            try:
+                prev_pol = json.loads(cfg_path.read_text(encoding="utf-8")).get("policy") or {}
+            except (OSError, json.JSONDecodeError):
+                prev_pol = {}
+            now_pol = cfg_record["policy"]
+            changed = [k for k in RESOLVED_POLICY_KEYS if k in prev_pol and prev_pol.get(k) != now_pol.get(k)]
+            if changed:
+                if own_policy and pol is not None:
+                    pol.close()
+                raise ConfigError(
+                    f"{out} was run with policy {', '.join(f'{k}={prev_pol.get(k)!r}' for k in changed)}, this policy "
+                    f"resolves to {', '.join(f'{k}={now_pol.get(k)!r}' for k in changed)}; resuming would mix them. "
+                    "Pass the old value with -p, or use --fresh / another --out.")
+        if cfg_path.exists():
+            try:
+                prev = json.loads(cfg_path.read_text(encoding="utf-8"))
+                cfg_record["created"] = prev.get("created", cfg_record["created"])
+                cfg_record["sessions"] = prev.get("sessions", [])
+            except (OSError, json.JSONDecodeError):
+                pass
+        cfg_record.setdefault("sessions", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                                      "todo": len(todo), "setup_s": round(setup_s, 3)})
+        atomic_write_json(cfg_path, cfg_record)
+
+        tasks_by_id = {t.task_id: t for t in tasks}
+        written: set[str] = set()
+        last_flush = [time.perf_counter()]
+        bar = _Progress(len(tasks), skipped, enabled=progress, console=console, label=config.policy)
+        driver = BatchedDriver(envs)
+        rec = _RecordingPolicy(pol)
+
+        def flush(trajs: list[Any]) -> None:
+            trajs = [t for t in trajs if t is not None and t.episode_id not in written and t.task_id in tasks_by_id]
+            if not trajs:
+                return
+            _finish_trajectories(trajs, tasks_by_id, rec, extra_rewards, config)
+            now = time.perf_counter()
+            share = (now - last_flush[0]) / len(trajs)
+            last_flush[0] = now
+            for t in trajs:
+                new_rewards_s[0] += float(t.timings.get("reward") or 0.0)
+                t.metadata["wall_share_s"] = share
+                t.metadata["task_index"] = index_of.get(t.task_id)
+                append_jsonl(traj_path, t.to_dict())
+                written.add(t.episode_id)
+                bar.advance(t)
+
+        def flush_done_envs() -> None:
+            flush([e.trajectory for e in driver.raw if e.done and e.trajectory is not None and e.trajectory.steps])
+
+        new_rewards_s = [0.0]
+        t_loop = time.perf_counter()
+        try:
+            bar.start()
+            # Each episode is appended to trajectories.jsonl the moment it ends (on_episode),
+            # so an interrupt loses no finished episode.
+            jobs = [{"task_id": t.task_id} for t in todo]
+            driver.run(rec, jobs, seed=config.seed, on_episode=lambda t: flush([t]))
+        except KeyboardInterrupt:
+            interrupted = True
+            try:
+                flush_done_envs()
+            except Exception:  # saving what is finished must not mask the interrupt
+                log.exception("could not save finished episodes after the interrupt")
+        finally:
+            bar.stop()
+            loop_s = time.perf_counter() - t_loop
+            backend_s = float(driver.stats.get("search_s", 0.0)) + float(driver.stats.get("fetch_s", 0.0))
+            phases = {"generation": rec.total_act_s, "search": backend_s, "reward": new_rewards_s[0]}
+            phases["env"] = max(0.0, loop_s - sum(phases.values()))
+            session_phases = {"loop_s": round(loop_s, 4), **{k: round(v, 4) for k, v in phases.items()},
+                              "share": {k: (v / loop_s if loop_s else 0.0) for k, v in phases.items()},
+                              "episodes": len(written)}
+            driver.close()
+            new = len(written)
+            if own_policy and pol is not None:
+                pol.close()
+
+    wall = time.perf_counter() - t_start
+    trajectories = _run_trajectories(traj_path, index_of)
+    metrics = compute_metrics_for_run(trajectories)
+    metrics["setup_s_last_session"] = round(setup_s, 3)
+    metrics["wall_s_last_session"] = round(wall, 3)
+    metrics["interrupted"] = interrupted
+    metrics["tasks_total"] = len(tasks)
+    metrics["last_session"] = session_phases
+    if config.judge:
+        from drgym.judges.base import judge_validity
+
+        valid, note = judge_validity(config.judge)
+        metrics["judge_model"] = {"spec": config.judge, "valid": valid, **({"note": note} if note else {})}
+    atomic_write_json(out / "metrics.json", metrics)
+    if config.plots and trajectories:
+        try:
+            from drgym.evaluation.plots import write_plots
+
+            write_plots(trajectories, out)
+        except Exception:  # plots are a convenience; never fail a run on them
+            log.exception("could not write plots")
+    if not cfg_path.exists():
+        atomic_write_json(cfg_path, {"identity": config.identity(), "config": dataclasses.asdict(config), "versions": versions()})
+    result = RunResult(out_dir=out, metrics=metrics, trajectories=trajectories, new_episodes=new, skipped=skipped,
+                       wall_s=wall, setup_s=setup_s, interrupted=interrupted)
+    if interrupted:
+        raise KeyboardInterrupt(result)
+    return result
+
+
+def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _RecordingPolicy,
+                         extra_rewards: list[Any], config: RolloutConfig) -> None:
+    """Attach usage, generation time, QA metrics and extra reward scores to finished episodes."""
+    from drgym.records import Episode
+
+    now = time.perf_counter()
+    for t in trajs:
+        task = tasks_by_id[t.task_id]
+        t.metadata["usage"] = rec.usage.pop(t.episode_id, [])
+        t.timings["generation"] = rec.gen_s.pop(t.episode_id, t.timings.get("generation", 0.0))
+        t0 = rec.first_seen.pop(t.episode_id, None)
+        t.metadata["latency_s"] = (now - t0) if t0 is not None else None
+        t.metadata["policy"] = config.policy
+        t.metadata["answers"] = list(task.answers)
+        if task.kind == "qa" and task.answers:
+            t0r = time.perf_counter()
+            from drgym.rewards.qa import cover_exact_match, exact_match, token_f1
+
+            ans = t.final_answer or ""
+            t.reward_components.setdefault("em", exact_match(ans, task.answers))
+            t.reward_components.setdefault("f1", token_f1(ans, task.answers))
+            t.reward_components.setdefault("cover_em", cover_exact_match(ans, task.answers))
+            t.timings["reward"] = t.timings.get("reward", 0.0) + time.perf_counter() - t0r
+    for r in extra_rewards:
+        eps = [Episode(task=tasks_by_id[t.task_id], answer=t.final_answer or "", trajectory=t) for t in trajs]
+        t0r = time.perf_counter()
+        try:
+            res = r.score(eps)
+        except Exception as e:  # a failing reward is recorded, the run goes on
+            log.warning("reward %s failed: %s", getattr(r, "name", r), e)
+            for t in trajs:
+                t.reward_components[getattr(r, "name", "reward")] = None
+                t.metadata.setdefault("reward_errors", []).append(f"{getattr(r, 'name', r)}: {type(e).__name__}: {e}")
+            continue
+        dt = (time.perf_counter() - t0r) / len(trajs)
+        name = "judge" if getattr(r, "name", "") == "llm_match" else getattr(r, "name", "reward")
+        for k, t in enumerate(trajs):
+            t.reward_components[name] = res.scores[k]
+            for cname, vals in (res.components or {}).items():
+                if cname != getattr(r, "name", "") and k < len(vals):
+                    t.reward_components[cname] = vals[k]
+            t.timings["reward"] = t.timings.get("reward", 0.0) + dt
+
+
+def _run_trajectories(traj_path: Path, index_of: dict[str, int]) -> list[dict[str, Any]]:
+    """The run's episodes: first record per task id among the selected tasks, in task order."""
+    if not traj_path.exists():
+        return []
+    seen: dict[str, dict[str, Any]] = {}
+    for d in read_jsonl(traj_path):
+        tid = d.get("task_id")
+        if tid in index_of and tid not in seen:
+            seen[tid] = d
+    return sorted(seen.values(), key=lambda d: index_of[d["task_id"]])
+
+
+def compute_metrics_for_run(trajectories: list[dict[str, Any]]) -> dict[str, Any]:
+    """:func:`~drgym.evaluation.metrics.compute_metrics` with wall time summed from the episodes."""
+    from drgym.evaluation.metrics import compute_metrics
+
+    wall = sum(float((t.get("metadata") or {}).get("wall_share_s") or 0.0) for t in trajectories)
+    return compute_metrics(trajectories, wall_s=wall if wall > 0 else None)
+
+
+class _Progress:
+    """A rich progress bar (with ETA) over the run's tasks; silent when disabled."""
+
+    def __init__(self, total: int, done: int, *, enabled: bool, console: Any, label: str) -> None:
+        self.enabled = enabled
+        self.total, self.done0 = total, done
+        self.label = label
+        self.console = console
+        self._p = None
+        self._em: list[float] = []
+
+    def start(self) -> None:
+        if not self.enabled:
+            return
+        from rich.console import Console
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+
+        self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                           TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),
+                           console=self.console or Console(stderr=True), transient=False)
+        self._p.start()
+        self._task = self._p.add_task(self.label, total=self.total, completed=self.done0, info="")
+
+    def advance(self, traj: Any) -> None:
+        if self._p is None:
+            return
+        f1 = (traj.reward_components or {}).get("f1")
+        if f1 is not None:
+            self._em.append(float(f1))
+        info = f"F1 {sum(self._em) / len(self._em):.3f}" if self._em else ""
+        self._p.update(self._task, advance=1, info=info)
+
+    def stop(self) -> None:
+        if self._p is not None:
+            self._p.stop()
+            self._p = None

@@ -1,0 +1,132 @@
+"""Build a :class:`~drgym.policies.base.Policy` from a spec string.
+
+==========================  =====================================================
+spec                        policy
+==========================  =====================================================
+``hf:PATH_OR_NAME``         :class:`~drgym.policies.hf.HFPolicy` (``hf:smollm2`` bundled)
+``openai:MODEL@BASE_URL``   :class:`~drgym.policies.openai.OpenAIPolicy`
+``vllm:MODEL``              :class:`~drgym.policies.vllm.VLLMPolicy` (GPU)
+``rag:LLM``                 :class:`~drgym.policies.rag.RagPolicy`; LLM is one of the
+                            specs above or a bare model name (= ``hf:NAME``)
+``scripted``                :class:`~drgym.policies.scripted.ScriptedPolicy` (tests)
+==========================  =====================================================
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any
+
+from drgym.errors import ConfigError, unknown_name
+from drgym.policies.base import Policy
+
+KINDS = ("hf", "openai", "vllm", "rag", "scripted")
+RAG_OPTIONS = ("k", "words")
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """``"hf:smollm2"`` -> ``("hf", "smollm2")``; ``"scripted"`` -> ``("scripted", "")``.
+
+    Raises:
+        ConfigError: empty spec, unknown kind, or a kind that needs an argument without one.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"policy spec must be a non-empty string such as 'hf:smollm2', got {spec!r}.")
+    kind, sep, arg = spec.strip().partition(":")
+    kind = kind.lower()
+    if kind not in KINDS:
+        raise unknown_name("policy kind", kind, KINDS)
+    if kind != "scripted" and not arg:
+        raise ConfigError(f"policy {kind!r} needs an argument, e.g. '{kind}:smollm2' (got {spec!r}).")
+    return kind, arg
+
+
+def parse_options(pairs: list[str] | None) -> dict[str, Any]:
+    """``["max_new_tokens=64", "dtype=float32"]`` -> ``{"max_new_tokens": 64, "dtype": "float32"}``.
+
+    Values are read as JSON when they parse (numbers, booleans, lists), else kept as strings.
+
+    Raises:
+        ConfigError: an item without ``=``.
+    """
+    out: dict[str, Any] = {}
+    for p in pairs or []:
+        if "=" not in p:
+            raise ConfigError(f"policy option must be KEY=VALUE, got {p!r}.")
+        k, v = p.split("=", 1)
+        try:
+            out[k.strip()] = json.loads(v)
+        except json.JSONDecodeError:
+            out[k.strip()] = v
+    return out
+
+
+def _accepts(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
+    params = inspect.signature(cls.__init__).parameters
+    bad = [k for k in kwargs if k not in params]
+    if bad:
+        names = [p for p in params if p not in ("self", "model", "args", "kwargs")]
+        raise ConfigError(f"{cls.__name__} has no option {bad[0]!r}. Options: {', '.join(names)}.")
+    return kwargs
+
+
+def make_policy(spec: str, **options: Any) -> Policy:
+    """Build the policy named by ``spec`` (see the module table).
+
+    Args:
+        spec: the policy spec.
+        **options: constructor options of that policy (e.g. ``max_new_tokens=64``); for
+            ``rag``, ``k`` and ``words`` go to the rag policy and the rest to its reader.
+
+    Returns:
+        A ready policy; its ``name`` is ``spec``.
+
+    Raises:
+        ConfigError: unknown kind or option.
+        DependencyNotInstalled: ``vllm`` without vLLM, or model weights missing.
+    """
+    kind, arg = split_spec(spec)
+    if kind == "hf":
+        from drgym.policies.hf import HFPolicy
+
+        p: Policy = HFPolicy(arg, **_accepts(HFPolicy, options))
+    elif kind == "openai":
+        from drgym.policies.openai import OpenAIPolicy, parse_spec
+
+        model, url = parse_spec(arg)
+        p = OpenAIPolicy(model, url, **_accepts(OpenAIPolicy, options))
+    elif kind == "vllm":
+        from drgym.policies.vllm import VLLMPolicy
+
+        p = VLLMPolicy(arg, **_accepts(VLLMPolicy, options))
+    elif kind == "rag":
+        from drgym.policies.rag import RagPolicy
+
+        rag_kw = {k: options.pop(k) for k in RAG_OPTIONS if k in options}
+        reader_spec = arg if ":" in arg and arg.split(":", 1)[0].lower() in ("hf", "openai", "vllm") else f"hf:{arg}"
+        reader_kind = reader_spec.split(":", 1)[0]
+        defaults: dict[str, Any] = {"hf": {"max_new_tokens": 24, "stops": ()},
+                                    "vllm": {"max_new_tokens": 24, "stops": ()},
+                                    "openai": {"max_tokens": 64, "tools": False, "stops": ()}}[reader_kind]
+        reader = make_policy(reader_spec, **{**defaults, **options})
+        p = RagPolicy(reader, reader_spec=reader_spec, **rag_kw)
+    else:  # scripted
+        try:
+            from drgym.policies.scripted import ScriptedPolicy
+        except ImportError as e:  # pragma: no cover - scripted.py ships with envs
+            raise ConfigError("the scripted policy (drgym/policies/scripted.py) is not available in this install.") from e
+        p = ScriptedPolicy(**_accepts(ScriptedPolicy, options))
+    p.name = spec
+    return p
+
+
+def describe_policy(policy: Policy) -> dict[str, Any]:
+    """The policy's settings for a run config: ``policy.describe()`` when it has one."""
+    d = {"name": policy.name, "class": type(policy).__name__}
+    if hasattr(policy, "describe"):
+        try:
+            d.update(policy.describe())
+        except Exception:  # describing must never break a run
+            pass
+    return d

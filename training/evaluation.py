@@ -1,0 +1,202 @@
+"""Held-out evaluation during and after GRPO: :func:`make_evaluator` and :func:`evaluate_model`."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from drgym.search.registry import backend_from_settings
+from drgym.training.data import load_task_slice
+from drgym.training.rewards import build_reward_funcs
+
+from drgym.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *, backend=None):
+    """``evaluate(model, tokenizer, out_dir, name=None) -> (metrics, trajectories)`` on held-out tasks.
+
+    The episodes are run by the rollout runner of ``drgym rollout`` (:func:`drgym.evaluation.runner.run_rollout`),
+    so ``out_dir`` becomes an ordinary rollout run directory (``config.json``,
+    ``trajectories.jsonl``, ``metrics.json``) that ``drgym report`` reads. The policy is :class:`drgym.policies.hf.HFPolicy` on the in-memory model with
+    ``layout="continuation"`` for the tag protocol: observations continue the assistant
+    turn, token for token the layout :class:`~drgym.training.rollout.SearchRolloutFunc`
+    trains on (``tests/test_training_eval.py`` checks this). The env is the training
+    env (``cfg.env``, ``cfg.protocol``) with ``eval.max_turns``; the search backend is
+    the run's (``backend``, else :func:`~drgym.search.registry.backend_from_settings` of ``cfg.search``); turns get
+    ``rollout.max_new_tokens`` tokens, greedy when ``eval.greedy`` else sampled at the
+    rollout temperature. Unlike training, the whole episode is not capped at
+    ``rollout.max_completion_tokens`` (the env's observation budget still applies).
+    ``protocol: json`` runs use the chat layout with the run's tool template, which
+    approximates TRL's tool loop (tool results arrive as user turns).
+
+    Metrics (means over the tasks): one per reward function of the run (its name),
+    ``reward`` (their weighted sum, as GRPO sees it; the run directory's
+    ``metrics.json`` keeps the env's own ``reward`` and adds these under
+    ``training_rewards``), ``em`` (exact match, official HotpotQA script),
+    ``answered_frac`` (episodes that ended with an answer), ``searches_mean``,
+    ``turns_mean`` and ``invalid_action_rate``.
+
+    Args:
+        cfg: the run config.
+        tasks: the held-out :class:`~drgym.records.Task` objects.
+        reward_funcs: the run's :class:`DrgymRewardFunc` list; ``weights`` their weights.
+        backend: the run's search backend (None: built from ``cfg.search`` on first use).
+
+    Returns:
+        ``evaluate``; its ``name`` argument is the policy name recorded in the run
+        directory (default ``"hf:<run name>"``), and the ``trajectories`` it returns are
+        the episode dicts in task order.
+    """
+    from drgym.training.rollout import STOP_STRINGS
+
+    from drgym.evaluation.runner import RolloutConfig, run_rollout
+    from drgym.policies.generation import DEFAULT_STOPS
+    from drgym.policies.hf import HFPolicy
+    from drgym.records import Episode, Trajectory
+
+    base = cfg.rollout_settings()
+    tasks = list(tasks)
+    by_id = {t.task_id: t for t in tasks}
+    env_kw = dict(cfg.env.get("kwargs") or {})
+    env_kw.pop("max_turns", None)
+    env_kw.setdefault("protocol", cfg.protocol)
+    ts = cfg.tasks.get("eval")
+    label = f"{ts.set}[{ts.start}:{ts.start + len(tasks)}]" if ts is not None else "held-out"
+    tags = cfg.protocol != "json"
+
+    def evaluate(model, tokenizer, out_dir, name: str | None = None):
+        be = backend if backend is not None else backend_from_settings(cfg.search)
+        pol = HFPolicy(model, tokenizer=tokenizer, name=name or f"hf:{cfg.name}", layout="continuation" if tags else "chat",
+                       scaffold="none", max_new_tokens=base.max_new_tokens, batch_size=base.gen_batch_size,
+                       temperature=0.0 if cfg.eval.greedy else base.temperature,
+                       stops=STOP_STRINGS if tags else DEFAULT_STOPS, seed=cfg.seed)
+        rc = RolloutConfig(env=cfg.env["id"], tasks=label, policy=pol.name, backend=f"training:{cfg.search}",
+                           n=None, out=str(out_dir), seed=cfg.seed, batch_size=max(1, len(tasks)),
+                           max_turns=cfg.eval.max_turns, rewards=[], env_options=env_kw, plots=False)
+        res = run_rollout(rc, policy=pol, backend=be, progress=False, fresh=True, tasks=tasks)
+        trajs = res.trajectories
+        eps = [Episode(task=by_id[d["task_id"]], answer=d.get("final_answer") or "", trajectory=Trajectory.from_dict(d))
+               for d in trajs]
+        n = max(1, len(eps))
+        metrics: dict[str, float] = {}
+        total = [0.0] * len(eps)
+        for f, w in zip(reward_funcs, weights):
+            vals = [0.0 if s is None else float(s) for s in f.reward.score(eps).scores]
+            metrics[f.__name__] = sum(vals) / n
+            total = [a + w * b for a, b in zip(total, vals)]
+        m = res.metrics
+        metrics["reward"] = sum(total) / n
+        metrics["em"] = float(m.get("em") or 0.0)
+        metrics["answered_frac"] = float(m.get("answer_rate") or 0.0)
+        metrics["searches_mean"] = float(m.get("searches") or 0.0)
+        metrics["turns_mean"] = float(m.get("turns") or 0.0)
+        metrics["invalid_action_rate"] = float(m.get("invalid_action_rate") or 0.0)
+        # the run directory's own "reward" is the env's; record the run's weighted reward beside it
+        from drgym.atomic import atomic_write_json
+
+        run_metrics = dict(m)
+        run_metrics["training_rewards"] = {"weights": {f.__name__: w for f, w in zip(reward_funcs, weights)},
+                                           **{k: metrics[k] for k in [f.__name__ for f in reward_funcs] + ["reward"]}}
+        atomic_write_json(Path(out_dir) / "metrics.json", run_metrics)
+        return metrics, trajs
+
+    return evaluate
+
+
+def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None = None, backend=None,
+                   out_path: str | Path | None = None, run_dir: str | Path | None = None) -> dict[str, Any]:
+    """Held-out evaluation of a model folder, exactly as the training eval callback.
+
+    Loads the model in fp32 and runs :func:`make_evaluator` (``drgym rollout``'s runner, the
+    training token layout) on the first ``num_tasks`` tasks of ``tasks.eval``.
+
+    Args:
+        cfg: run config (its ``tasks.eval``, env, search, rollout budgets and rewards are used).
+        model_path: model to evaluate (default ``cfg.model``).
+        num_tasks: first N held-out tasks (default ``eval.num_tasks``; 0 = the whole
+            ``tasks.eval`` slice, as ``drgym rollout --n 0``; more than the slice holds is
+            cut to the slice, with a warning).
+        backend: search backend (default built from ``cfg.search``).
+        out_path: optional JSON file for the metrics.
+        run_dir: the rollout run directory (episodes, ``config.json``, ``metrics.json``);
+            default ``<out_path without suffix>.rollout`` with ``out_path``, else
+            ``<output_dir>/eval/<model folder name>``. An earlier run there is replaced.
+
+    Returns:
+        ``{"model", "tasks", "seconds", "run_dir", **metrics}``.
+
+    Raises:
+        ConfigError: the config has no ``tasks.eval``; a negative ``num_tasks``;
+            ``out_path`` is a directory, lies inside a rollout run directory, cannot be
+            created, or equals the run directory (checked before the model loads).
+    """
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from drgym.atomic import atomic_write_json
+    from drgym.models import load_pretrained, resolve_lm
+
+    cfg.apply_threads()
+    if "eval" not in cfg.tasks:
+        raise ConfigError(f"{cfg.source}: tasks.eval is required for evaluation.")
+    if num_tasks is not None and num_tasks < 0:
+        raise ConfigError(f"the number of held-out tasks must be >= 0 (0 = the whole tasks.eval slice), got {num_tasks}.")
+    held_out = load_task_slice(cfg.tasks["eval"])
+    want = cfg.eval.num_tasks if num_tasks is None else (num_tasks or len(held_out))
+    if want > len(held_out):
+        log.warning("asked for %d held-out tasks; tasks.eval of %s has %d: evaluating %d.", want, cfg.source,
+                    len(held_out), len(held_out))
+    tasks = held_out[:want]
+    if run_dir is None and out_path:
+        run_dir = Path(out_path).with_suffix(".rollout")
+    if out_path:
+        _check_out_paths(Path(out_path), Path(run_dir))
+    model_ref = str(model_path or cfg.model)
+    path = resolve_lm(model_ref)
+    tok = load_pretrained(AutoTokenizer, path)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if cfg.protocol == "json":
+        from drgym.training.toolenv import use_tool_template
+
+        use_tool_template(tok)
+    model = load_pretrained(AutoModelForCausalLM, path, dtype=torch.float32).eval()
+    tasks_by_id = {t.task_id: t for t in tasks}
+    funcs, weights, _ = build_reward_funcs(cfg, tasks_by_id, num_generations=1, output_dir=cfg.output_dir)
+    if run_dir is None:
+        run_dir = Path(cfg.output_dir) / "eval" / (Path(model_ref).name or "model")
+    t0 = time.perf_counter()
+    metrics, _trajs = make_evaluator(cfg, tasks, funcs, weights, backend=backend)(model, tok, run_dir, name=f"hf:{model_ref}")
+    res = {"model": model_ref, "tasks": len(tasks), "seconds": round(time.perf_counter() - t0, 1),
+           "run_dir": str(run_dir), **metrics}
+    if out_path:
+        atomic_write_json(out_path, res)
+    return res
+
+
+def _check_out_paths(out: Path, run_dir: Path) -> None:
+    """Refuse an ``--out`` that would fail or clobber something only after the evaluation."""
+    if out.is_dir():
+        raise ConfigError(f"--out {out} is a directory; give a JSON file path (e.g. {out / 'eval.json'}).")
+    if out.resolve() == run_dir.resolve():
+        raise ConfigError(f"--out {out} would also be the rollout run directory; use a .json name.")
+    in_run_dir = (out.parent / "trajectories.jsonl").exists() or (
+        (out.parent / "config.json").exists() and (out.parent / "metrics.json").exists())
+    if in_run_dir:
+        raise ConfigError(f"--out {out} is inside a rollout run directory ({out.parent}); write it elsewhere.")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"the rollout run directory {run_dir} (beside --out) exists and is not a directory.")
+    import tempfile
+
+    for folder in (out.parent, run_dir):
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=folder, prefix=".drgym-probe-"):
+                pass
+        except OSError as e:
+            raise ConfigError(f"cannot write to {folder} for --out {out}: {e.strerror or e}.") from None

@@ -1,0 +1,158 @@
+"""GRPO reward functions: drgym rewards as TRL reward functions, and the degenerate-group monitor."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+
+class DrgymRewardFunc:
+    """A drgym reward (through :class:`drgym.rewards.trl_adapter.TRLReward`) fed with rollout fields.
+
+    TRL calls ``f(prompts=, completions=, completion_ids=, **columns, **rollout_fields)``.
+    The adapter builds each :class:`~drgym.records.Episode` from the dataset
+    columns (``task_id``, ``question``, ``answers``); this wrapper then sets the answer
+    to the rollout's ``final_answer`` (the env's parsed ``<answer>``, '' when none) and
+    attaches the episode's ``trajectory``, so rewards that count invalid actions or
+    check termination (``format``) see the whole episode and nothing re-parses the
+    decoded completion (which includes the ``<information>`` text).
+
+    Returns ``list[float | None]``, one per completion. ``__name__`` is the reward
+    name TRL logs under (``rewards/<name>/mean`` and ``/std``).
+    """
+
+    def __init__(self, trl_reward, tasks_by_id: dict[str, Any], monitor: "GroupMonitor | None" = None):
+        self.inner = trl_reward
+        self.reward = trl_reward.reward
+        self.__name__ = trl_reward.__name__
+        self.tasks_by_id = tasks_by_id
+        self.monitor = monitor
+
+    def __call__(self, prompts, completions, final_answer=None, trajectory=None, environments=None, **kw):
+        from drgym.records import Trajectory
+
+        n = len(completions)
+        if environments is not None and final_answer is None:
+            # environment_factory path: the answer is the last assistant message's text
+            final_answer, trajectory = [], []
+            for env, comp in zip(environments, completions):
+                tr = env._finish(_strip_answer_tags(_last_assistant_text(comp)))
+                final_answer.append((tr.final_answer if tr is not None else None) or "")
+                trajectory.append(tr.to_dict() if tr is not None else None)
+        episodes = self.inner.episodes(list(prompts or []), list(completions), **kw)
+        for i, ep in enumerate(episodes):
+            tid = kw.get("task_id")[i] if kw.get("task_id") is not None else None
+            if tid in self.tasks_by_id:
+                ep.task = self.tasks_by_id[tid]
+            if final_answer is not None:
+                ep.answer = final_answer[i] or ""
+            d = trajectory[i] if trajectory is not None else None
+            if isinstance(d, dict) and d.get("episode_id"):
+                ep.trajectory = Trajectory.from_dict(d)
+        out = self.reward.score(episodes)
+        scores = [None if s is None or (isinstance(s, float) and math.isnan(s)) else float(s) for s in out.scores]
+        if self.monitor is not None:
+            self.monitor.record(self.__name__, scores, kw.get("task_id") or [""] * n,
+                                [e.answer for e in episodes])
+        return scores
+
+
+def _last_assistant_text(completion) -> str:
+    if isinstance(completion, str):
+        return completion
+    for m in reversed(completion or []):
+        if m.get("role") == "assistant" and not m.get("tool_calls"):
+            return str(m.get("content") or "")
+    return ""
+
+
+def _strip_answer_tags(text: str) -> str:
+    import re
+
+    m = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
+    return (m.group(1) if m else text).strip()
+
+
+class GroupMonitor:
+    """Collapse guard: detects degenerate GRPO groups and logs them.
+
+    After the last reward function of a batch has run, the weighted total reward is
+    rebuilt per completion and split into groups of ``num_generations``. A group is
+    *degenerate* when all its rewards are equal (zero advantage, no gradient; DAPO,
+    Yu et al. 2025, §3.2 "dynamic sampling"), and an answer is *empty* when the episode
+    ended with no ``<answer>`` text. Logged per batch (trainer metrics, so TensorBoard
+    and ``metrics.jsonl``): ``guard/degenerate_group_frac``,
+    ``guard/empty_answer_frac``, ``guard/all_empty_group_frac``; each degenerate group
+    is also appended to ``<output_dir>/degenerate_groups.jsonl``.
+    """
+
+    def __init__(self, names: list[str], weights: list[float], num_generations: int, out_path: str | Path):
+        self.names = names
+        self.weights = dict(zip(names, weights))
+        self.G = num_generations
+        self.out_path = Path(out_path)
+        self._batch: dict[str, list] = {}
+        self.trainer = None
+        self.history: list[dict[str, float]] = []
+
+    def record(self, name: str, scores: list, task_ids: list[str], answers: list[str]) -> None:
+        from drgym.atomic import append_jsonl
+
+        self._batch[name] = scores
+        if len(self._batch) < len(self.names):
+            return
+        n = len(scores)
+        totals = []
+        for i in range(n):
+            vals = [(self._batch[k][i], self.weights[k]) for k in self.names if self._batch[k][i] is not None]
+            totals.append(sum(v * w for v, w in vals) if vals else float("nan"))
+        self._batch = {}
+        G = self.G if self.G and n % self.G == 0 else n
+        groups = [list(range(g, g + G)) for g in range(0, n, G)]
+        degenerate = 0
+        all_empty = 0
+        step = getattr(getattr(self.trainer, "state", None), "global_step", None)
+        for idx in groups:
+            r = [totals[i] for i in idx]
+            empty = [not (answers[i] or "").strip() for i in idx]
+            if all(empty):
+                all_empty += 1
+            finite = [x for x in r if not math.isnan(x)]
+            if len(finite) <= 1 or max(finite) - min(finite) < 1e-9:
+                degenerate += 1
+                append_jsonl(self.out_path, {"step": step, "task_id": task_ids[idx[0]], "rewards": r,
+                                             "empty_answers": sum(empty), "answers": [answers[i] for i in idx]})
+        stats = {
+            "guard/degenerate_group_frac": degenerate / len(groups),
+            "guard/all_empty_group_frac": all_empty / len(groups),
+            "guard/empty_answer_frac": sum(1 for a in answers if not (a or "").strip()) / n,
+        }
+        self.history.append(stats)
+        metrics = getattr(self.trainer, "_metrics", None)
+        if metrics is not None:
+            mode = "train" if self.trainer.model.training else "eval"
+            for k, v in stats.items():
+                metrics[mode][k].append(v)
+
+
+def build_reward_funcs(cfg, tasks_by_id: dict[str, Any], *, num_generations: int, output_dir: str | Path):
+    """TRL reward functions, their weights and the :class:`GroupMonitor` of a run.
+
+    The ``rewards:`` list becomes the weighted spec of
+    :func:`drgym.rewards.trl_adapter.trl_reward_funcs` (one TRL function per part, so
+    TRL logs each component), each wrapped in :class:`DrgymRewardFunc`.
+
+    Raises:
+        ConfigError: unknown reward name or bad kwargs (from the reward registry).
+    """
+    from drgym.rewards.trl_adapter import trl_reward_funcs, trl_reward_weights
+
+    spec = {"weighted": [{"name": str(r["name"]), "weight": float(r.get("weight", 1.0)),
+                          "kwargs": dict(r.get("kwargs") or {})} for r in cfg.rewards]}
+    inner = trl_reward_funcs(spec)
+    weights = trl_reward_weights(spec)
+    names = [f.__name__ for f in inner]
+    monitor = GroupMonitor(names, weights, num_generations, Path(output_dir) / "degenerate_groups.jsonl")
+    funcs = [DrgymRewardFunc(f, tasks_by_id, monitor) for f in inner]
+    return funcs, weights, monitor
