@@ -151,7 +151,7 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
                               environment_factory=make_tool_env_class(env_factory))
         rollout = None
     else:
-        dataset, table = build_dataset(train_tasks, env_factory, tok)
+        dataset, table = build_dataset(train_tasks, env_factory, tok, enable_thinking=cfg.enable_thinking)
         rollout = SearchRolloutFunc(env_factory, table, cfg.rollout_settings())
         trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
                               processing_class=tok, callbacks=callbacks, rollout_func=rollout)
