@@ -24,11 +24,9 @@ class LengthGuard(Reward):
 
     Components: ``length_tokens`` (the count) and ``length_penalty`` (the score).
 
-    Example:
-        >>> from drgym.records import Episode, Task
-        >>> task = Task(task_id="t", question="Write a report.", kind="research")
-        >>> LengthGuard(max_tokens=4).score([Episode(task, "one two three"), Episode(task, "w " * 6)]).scores
-        [0.0, -0.5]
+    >>> from drgym.records import Task
+    >>> LengthGuard(max_tokens=4).score([Episode(Task("t", "q"), "a b c"), Episode(Task("t", "q"), "a b c d e f")]).scores
+    [0.0, -0.5]
     """
 
     name = "length"

@@ -38,7 +38,7 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
     mean over the episodes it scored, None when it scored none), ``<name>_missing``
     (episodes without that score, e.g. a judge failure: not counted as 0), ``reward``
     (the mean weighted sum over the episodes scored by every part; the run directory's
-    ``metrics.json`` adds these under ``training_rewards``), ``em`` (SQuAD exact match),
+    ``metrics.json`` adds these under ``training_rewards``), ``em`` (exact match, official HotpotQA script),
     ``answered_frac`` (episodes that ended with an answer), ``searches_mean``,
     ``turns_mean`` and ``invalid_action_rate``.
 

@@ -90,11 +90,14 @@ class RolloutConfig:
     RESUMABLE = ("n", "out", "batch_size", "plots")
 
     def identity(self) -> dict[str, Any]:
-        """The fields that must match for a rerun to resume a run directory."""
+        """The fields that must match for a rerun to resume a run directory (API keys in
+        options are redacted: a key is never stored, and a new key resumes the run)."""
+        from drgym.redact import redact
+
         d = dataclasses.asdict(self)
         for k in self.RESUMABLE:
             d.pop(k, None)
-        return d
+        return redact(d)
 
     def out_dir(self) -> Path:
         """The run directory (``out`` or the default name)."""
@@ -116,6 +119,15 @@ class RolloutConfig:
             from drgym.errors import unknown_name
 
             raise unknown_name("environment", self.env, [k for k in gym.registry if k.startswith("drgym/")])
+        from drgym.rewards.registry import JUDGED
+
+        judged = [r for r in (self.rewards or []) if isinstance(r, str) and r in JUDGED]
+        if judged and not self.judge:
+            raise ConfigError(
+                f"--reward {','.join(judged)} is scored by an LLM judge and no --judge was given: pass "
+                "--judge openai:MODEL@BASE_URL (a vLLM server of any instruct model works). "
+                "--judge hf:smollm2 also runs, but it is not a valid judge (its scores are flagged)."
+            )
 
 
 def default_run_name(env: str, tasks: str, policy: str) -> str:
@@ -243,7 +255,7 @@ def _reward_objects(cfg: RolloutConfig, kind: str, backend: Any = None) -> list[
         if names is None:
             names = ["race", "citation"] if cfg.judge else []
             if not cfg.judge:
-                log.warning("no --judge: reports are not scored (give --judge openai:MODEL@URL or hf:smollm2).")
+                log.warning("no --judge: reports are not scored (give --judge openai:MODEL@URL).")
     return [build_reward(name, judge=judge, backend=backend) for name in names]
 
 
@@ -335,6 +347,7 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
 
     import drgym.envs  # noqa: F401
     from drgym.policies.factory import describe_policy, make_policy
+    from drgym.redact import redact
     from drgym.search.registry import get_backend
 
     be = backend if backend is not None else get_backend(config.backend)
@@ -368,12 +381,12 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
     setup_s = time.perf_counter() - t_start
     record = {
         "identity": config.identity(),
-        "config": dataclasses.asdict(config),
-        "command": sys.argv,
+        "config": redact(dataclasses.asdict(config)),
+        "command": redact(sys.argv),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions(),
-        "backend": backend_fingerprint(be),
-        "policy": describe_policy(pol),
+        "backend": redact(backend_fingerprint(be)),
+        "policy": redact(describe_policy(pol)),
         "env": {"id": config.env, "kind": kind, "max_turns": raw0.max_turns, "max_searches": raw0.max_searches,
                 "max_fetches": raw0.max_fetches, "max_obs_tokens": raw0.max_obs_tokens, "top_k": raw0.top_k,
                 "protocol": raw0.protocol, "reward": getattr(raw0.reward, "name", None) if raw0.reward else None,
@@ -475,6 +488,11 @@ def _finish(config: RolloutConfig, run: RunDirectory, tasks: list[Any], *, sessi
     metrics["interrupted"] = interrupted
     metrics["tasks_total"] = len(tasks)
     metrics["last_session"] = session_phases
+    if config.judge:
+        from drgym.judges.base import judge_validity
+
+        valid, note = judge_validity(config.judge)
+        metrics["judge_model"] = {"spec": config.judge, "valid": valid, **({"note": note} if note else {})}
     atomic_write_json(run.metrics, metrics)
     if config.plots and trajectories:
         try:
