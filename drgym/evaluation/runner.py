@@ -14,6 +14,12 @@ Rerunning the same command resumes: task ids already in ``trajectories.jsonl`` a
 skipped, so an interrupted run (Ctrl-C, kill) loses only unfinished episodes. Episodes
 are stepped in batches through :class:`drgym.envs.driver.BatchedDriver` (one
 ``search_batch`` per turn).
+
+A search server, policy endpoint or judge endpoint that stays down through its client's
+retries stops the run with :class:`~drgym.errors.ServiceUnavailableError`; no episode
+that saw the failure is written, so a rerun redoes it (:mod:`drgym.evaluation.faults`).
+Options are checked before the index, the model or the judge is loaded
+(:func:`check_options`), so a typo costs no loading time.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from drgym.atomic import append_jsonl, atomic_write_json, read_jsonl
-from drgym.errors import ConfigError
+from drgym.errors import ConfigError, ServiceUnavailableError
 from drgym.policies.base import Conversation, Policy
 
 log = logging.getLogger(__name__)
@@ -130,6 +136,66 @@ class RolloutConfig:
             )
 
 
+def check_options(config: RolloutConfig, tasks: Sequence[Any] | None = None, *,
+                  policy: bool = True, backend: bool = True) -> None:
+    """Check a run's options before anything heavy is loaded (index, model, judge).
+
+    Checks the policy spec and its options (:func:`drgym.policies.factory.check_policy`),
+    the backend spec, the judge spec, the extra reward names, and the env options (by
+    building one env without a backend: Gymnasium envs validate their arguments in the
+    constructor, and drgym's build their backend on first use).
+
+    Args:
+        config: the run definition (already :meth:`RolloutConfig.validate`-d).
+        tasks: the run's tasks (None: a one-task stand-in, for the option check only).
+        policy: check ``config.policy`` (False when the caller passes a built policy).
+        backend: check ``config.backend`` (False when the caller passes a built backend).
+
+    Raises:
+        ConfigError: the first bad option, named.
+    """
+    import gymnasium as gym
+
+    import drgym.envs  # noqa: F401  (registers the ids)
+    from drgym.policies.factory import check_policy
+    from drgym.records import Task
+    from drgym.search.registry import check_spec
+
+    if policy:
+        check_policy(config.policy, dict(config.policy_options))
+    if backend:
+        check_spec(config.backend)
+    if config.judge is not None:
+        kind = str(config.judge).split(":", 1)[0].lower()
+        if kind not in ("hf", "openai"):
+            raise ConfigError(f"Unknown judge backend {kind!r} in {config.judge!r}: use 'hf:NAME' or 'openai:MODEL@BASE_URL'.")
+    if config.rewards:
+        from drgym.errors import unknown_name
+        from drgym.rewards.registry import reward_names
+
+        known = reward_names()
+        for r in config.rewards:
+            if r not in known:
+                raise unknown_name("reward", r, known)
+    env_kw = dict(config.env_options)
+    if config.max_turns is not None:
+        env_kw["max_turns"] = config.max_turns
+    probe_tasks = list(tasks) if tasks else [Task(task_id="probe", question="probe", answers=["probe"])]
+    try:
+        probe = gym.make(config.env, backend=None, tasks=probe_tasks, **env_kw)
+    except TypeError as e:
+        # An unknown env option (-e KEY=VALUE) reaches the env constructor; name it
+        # and the valid ones instead of dumping the kwargs.
+        import inspect
+
+        entry = gym.spec(config.env).entry_point
+        cls = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+        valid = sorted(p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "backend", "tasks"))
+        bad = sorted(set(env_kw) - set(valid))
+        raise ConfigError(f"{config.env} has no option {', '.join(map(repr, bad)) or '?'}; env options: {', '.join(valid)}.") from e
+    probe.close()
+
+
 def default_run_name(env: str, tasks: str, policy: str) -> str:
     """``("drgym/SearchQA-v0", "hotpotqa-dev", "hf:smollm2")`` -> ``"searchqa-hotpotqa-dev-hf-smollm2"``."""
     e = env.split("/")[-1].lower()
@@ -200,8 +266,9 @@ def backend_fingerprint(backend: Any) -> dict[str, Any]:
 class _RecordingPolicy(Policy):
     """Wraps a policy: records per-episode token usage and generation time."""
 
-    def __init__(self, inner: Policy) -> None:
+    def __init__(self, inner: Policy, watch: Any = None) -> None:
         self.inner = inner
+        self.watch = watch  # a drgym.evaluation.faults.ServiceWatch: stop before acting on a dead service
         self.name = inner.name
         self.usage: dict[str, list[dict[str, Any]]] = {}
         self.gen_s: dict[str, float] = {}
@@ -209,6 +276,8 @@ class _RecordingPolicy(Policy):
         self.total_act_s = 0.0
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
+        if self.watch is not None:
+            self.watch.check()
         now = time.perf_counter()
         ids = [str((i or {}).get("episode_id", f"?{k}")) for k, i in enumerate(infos or [{}] * len(conversations))]
         for e in ids:
@@ -337,6 +406,7 @@ class _Session:
     extra_rewards: list[Any]
     record: dict[str, Any]
     setup_s: float
+    watch: Any = None
 
 
 def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks: list[Any], todo: list[Any], *,
@@ -346,6 +416,7 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
     import gymnasium as gym
 
     import drgym.envs  # noqa: F401
+    from drgym.evaluation.faults import ServiceWatch
     from drgym.policies.factory import describe_policy, make_policy
     from drgym.redact import redact
     from drgym.search.registry import get_backend
@@ -363,18 +434,10 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
     if config.max_turns is not None:
         env_kw["max_turns"] = config.max_turns
     n_envs = min(config.batch_size, len(todo))
-    try:
-        envs = [gym.make(config.env, backend=be, tasks=tasks, **env_kw) for _ in range(n_envs)]
-    except TypeError as e:
-        # An unknown env option (-e KEY=VALUE) reaches the env constructor; name it
-        # and the valid ones instead of dumping the kwargs.
-        import inspect
-
-        entry = gym.spec(config.env).entry_point
-        cls = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
-        valid = sorted(p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "backend", "tasks"))
-        bad = sorted(set(env_kw) - set(valid))
-        raise ConfigError(f"{config.env} has no option {', '.join(map(repr, bad)) or '?'}; env options: {', '.join(valid)}.") from e
+    # the envs search through a watch that remembers a service failure (faults.py); unknown
+    # env options were refused by check_options before anything was loaded
+    watch = ServiceWatch(be)
+    envs = [gym.make(config.env, backend=watch, tasks=tasks, **env_kw) for _ in range(n_envs)]
     raw0 = envs[0].unwrapped
     kind = getattr(raw0, "kind", "qa")
     extra_rewards = _reward_objects(config, kind, be)
@@ -413,15 +476,18 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
     run.write_config(record, {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "todo": len(todo), "setup_s": round(setup_s, 3)})
     return _Session(policy=pol, own_policy=policy is None, backend=be, envs=envs, extra_rewards=extra_rewards,
-                    record=record, setup_s=setup_s)
+                    record=record, setup_s=setup_s, watch=watch)
 
 
 def _loop(config: RolloutConfig, run: RunDirectory, session: _Session, tasks: list[Any], todo: list[Any],
-          skipped: int, *, progress: bool, console: Any) -> tuple[int, dict[str, Any], bool]:
+          skipped: int, *, progress: bool, console: Any
+          ) -> tuple[int, dict[str, Any], bool, ServiceUnavailableError | None]:
     """Loop step: run the episodes in the shared loop, appending each one as it ends.
 
     Returns:
-        ``(new_episodes, session_phases, interrupted)``.
+        ``(new_episodes, session_phases, interrupted, stopped)``; ``stopped`` is the
+        :class:`~drgym.errors.ServiceUnavailableError` that ended the loop early, if any
+        (no episode that saw it is written).
     """
     from drgym.envs.driver import BatchedDriver
 
@@ -432,10 +498,13 @@ def _loop(config: RolloutConfig, run: RunDirectory, session: _Session, tasks: li
     new_rewards_s = [0.0]
     bar = _Progress(len(tasks), skipped, enabled=progress, console=console, label=config.policy)
     driver = BatchedDriver(session.envs)
-    rec = _RecordingPolicy(session.policy)
+    rec = _RecordingPolicy(session.policy, session.watch)
     interrupted = False
+    stopped: ServiceUnavailableError | None = None
 
     def flush(trajs: list[Any]) -> None:
+        if session.watch is not None:
+            session.watch.check()  # after a service failure no episode is written (a rerun redoes it)
         trajs = [t for t in trajs if t is not None and t.episode_id not in written and t.task_id in tasks_by_id]
         if not trajs:
             return
@@ -457,6 +526,9 @@ def _loop(config: RolloutConfig, run: RunDirectory, session: _Session, tasks: li
         # Each episode is appended to trajectories.jsonl the moment it ends (on_episode),
         # so an interrupt loses no finished episode.
         driver.run(rec, [{"task_id": t.task_id} for t in todo], seed=config.seed, on_episode=lambda t: flush([t]))
+    except ServiceUnavailableError as e:  # a service stayed down: stop, keep what is finished
+        stopped = e
+        log.warning("stopping the run: %s", e)
     except KeyboardInterrupt:
         interrupted = True
         try:
@@ -475,17 +547,19 @@ def _loop(config: RolloutConfig, run: RunDirectory, session: _Session, tasks: li
         driver.close()
         if session.own_policy:
             session.policy.close()
-    return len(written), session_phases, interrupted
+    return len(written), session_phases, interrupted, stopped
 
 
 def _finish(config: RolloutConfig, run: RunDirectory, tasks: list[Any], *, session_phases: dict[str, Any],
-            setup_s: float, wall: float, interrupted: bool) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+            setup_s: float, wall: float, interrupted: bool,
+            stopped: ServiceUnavailableError | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Finish step: metrics over the run's episodes, plots, and a config for a run with nothing to do."""
     trajectories = run.episodes({t.task_id: i for i, t in enumerate(tasks)})
     metrics = compute_metrics_for_run(trajectories)
     metrics["setup_s_last_session"] = round(setup_s, 3)
     metrics["wall_s_last_session"] = round(wall, 3)
     metrics["interrupted"] = interrupted
+    metrics["stopped"] = f"{type(stopped).__name__}: {stopped}" if stopped is not None else None
     metrics["tasks_total"] = len(tasks)
     metrics["last_session"] = session_phases
     if config.judge:
@@ -545,12 +619,18 @@ def run_rollout(
     Raises:
         ConfigError: bad config, or ``out`` holds a different run (same directory,
             different env/tasks/policy/backend/seed/options); pass ``fresh=True`` or
-            another ``out``.
+            another ``out``. Options are checked before anything is loaded.
+        ServiceUnavailableError: the search server, the policy's or the judge's endpoint
+            stayed down through its retries. The episodes finished before are saved (and
+            ``metrics.json`` covers them, with ``stopped`` set); the ones in progress are
+            not written, so rerunning resumes with them. The error's ``result`` attribute
+            is the :class:`RunResult` so far.
         KeyboardInterrupt: re-raised after the finished episodes and the metrics of the
             run so far are saved.
     """
     t_start = time.perf_counter()
     config.validate()
+    check_options(config, tasks, policy=policy is None, backend=backend is None)
     run = RunDirectory(config.out_dir(), fresh=fresh)
     run.check_identity(config)
 
@@ -565,19 +645,27 @@ def run_rollout(
     skipped = len(tasks) - len(todo)
 
     new, session_phases, interrupted, setup_s = 0, {}, False, 0.0
+    stopped: ServiceUnavailableError | None = None
     if todo:
         session = _build(config, run, tasks, all_tasks, todo, policy=policy, backend=backend, reward=reward,
                          t_start=t_start, resumed=bool(done_ids))
         setup_s = session.setup_s
-        new, session_phases, interrupted = _loop(config, run, session, tasks, todo, skipped, progress=progress,
-                                                 console=console)
+        new, session_phases, interrupted, stopped = _loop(config, run, session, tasks, todo, skipped,
+                                                          progress=progress, console=console)
     wall = time.perf_counter() - t_start
     trajectories, metrics = _finish(config, run, tasks, session_phases=session_phases, setup_s=setup_s, wall=wall,
-                                    interrupted=interrupted)
+                                    interrupted=interrupted, stopped=stopped)
     result = RunResult(out_dir=run.out, metrics=metrics, trajectories=trajectories, new_episodes=new, skipped=skipped,
                        wall_s=wall, setup_s=setup_s, interrupted=interrupted)
     if interrupted:
         raise KeyboardInterrupt(result)
+    if stopped is not None:
+        from drgym.evaluation.faults import stopped_message
+
+        err = ServiceUnavailableError(stopped_message(stopped, saved=len(trajectories), total=len(tasks), new=new,
+                                                      path=run.trajectories))
+        err.result = result  # type: ignore[attr-defined]
+        raise err from stopped
     return result
 
 
@@ -609,6 +697,8 @@ def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _Re
         t0r = time.perf_counter()
         try:
             res = r.score(eps)
+        except ServiceUnavailableError:
+            raise  # the judge's endpoint is down: the run stops, these episodes are not written
         except Exception as e:  # a failing reward is recorded, the run goes on
             log.warning("reward %s failed: %s", getattr(r, "name", r), e)
             for t in trajs:
