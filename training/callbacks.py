@@ -136,7 +136,7 @@ def write_training_record(folder: str | Path, cfg, stage: str) -> Path:
     protocol = "tags" if stage == "sft" else cfg.protocol  # SFT trains tag-protocol trajectories only
     rec = {"protocol": protocol, "layout": "chat" if protocol == "json" else "continuation", "stage": stage,
            "run": cfg.name, "config": cfg.source, "base_model": cfg.model, "env": cfg.env, "search": cfg.search,
-           "rollout": cfg.rollout, "drgym_version": __version__}
+           "rollout": cfg.rollout, "enable_thinking": cfg.enable_thinking, "drgym_version": __version__}
     path = Path(folder) / TRAINING_RECORD
     atomic_write_json(path, json.loads(json.dumps(rec, default=str)))
     return path

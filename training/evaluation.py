@@ -77,7 +77,8 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
         pol = HFPolicy(model, tokenizer=tokenizer, name=name or f"hf:{cfg.name}", layout="continuation" if tags else "chat",
                        scaffold="none", max_new_tokens=base.max_new_tokens, batch_size=base.gen_batch_size,
                        temperature=0.0 if cfg.eval.greedy else base.temperature,
-                       stops=STOP_STRINGS if tags else DEFAULT_STOPS, seed=cfg.seed)
+                       stops=STOP_STRINGS if tags else DEFAULT_STOPS, seed=cfg.seed,
+                       enable_thinking=cfg.enable_thinking)
         rc = RolloutConfig(env=cfg.env["id"], tasks=label, policy=pol.name, backend=f"training:{cfg.search}",
                            n=None, out=str(out_dir), seed=cfg.seed, batch_size=max(1, len(tasks)),
                            max_turns=cfg.eval.max_turns, rewards=[], env_options=env_kw, plots=False)

@@ -146,13 +146,13 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
         from drgym.training.toolenv import make_tool_env_class, use_tool_template
 
         use_tool_template(tok)
-        dataset = json_dataset(train_tasks)
+        dataset = json_dataset(train_tasks, env_factory)
         trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
                               processing_class=tok, callbacks=callbacks,
                               environment_factory=make_tool_env_class(env_factory))
         rollout = None
     else:
-        dataset, table = build_dataset(train_tasks, env_factory, tok)
+        dataset, table = build_dataset(train_tasks, env_factory, tok, enable_thinking=cfg.enable_thinking)
         rollout = SearchRolloutFunc(env_factory, table, cfg.rollout_settings())
         callbacks.append(BatchLogCallback(rollout, Path(args.output_dir) / "batches.jsonl"))
         trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,

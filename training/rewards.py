@@ -80,7 +80,8 @@ class GroupMonitor:
     ended with no ``<answer>`` text. Logged per batch (trainer metrics, so TensorBoard
     and ``metrics.jsonl``): ``guard/degenerate_group_frac``,
     ``guard/empty_answer_frac``, ``guard/all_empty_group_frac``; each degenerate group
-    is also appended to ``<output_dir>/degenerate_groups.jsonl``.
+    is also appended to ``<output_dir>/degenerate_groups.jsonl``. With several training
+    processes the fractions are over every rank's rows (see :meth:`record`).
     """
 
     def __init__(self, names: list[str], weights: list[float], num_generations: int, out_path: str | Path):
@@ -93,22 +94,35 @@ class GroupMonitor:
         self.history: list[dict[str, float]] = []
 
     def record(self, name: str, scores: list, task_ids: list[str], answers: list[str]) -> None:
+        """Take one reward function's scores of this rank's batch; after the last, log the batch.
+
+        With several training processes the batch is every rank's rows, gathered in rank
+        order (:func:`drgym.training.ranks.gather_rows`, a collective: every rank's reward
+        functions run once per batch), so the groups are TRL's groups and the fractions
+        are over the whole generation batch; rank 0 alone writes the degenerate groups.
+        """
         from drgym.atomic import append_jsonl
+        from drgym.training.ranks import gather_rows, is_main
 
         self._batch[name] = scores
         if len(self._batch) < len(self.names):
             return
-        n = len(scores)
-        totals = []
-        for i in range(n):
+        local = []
+        for i in range(len(scores)):
             vals = [(self._batch[k][i], self.weights[k]) for k in self.names if self._batch[k][i] is not None]
-            totals.append(sum(v * w for v, w in vals) if vals else float("nan"))
+            local.append((sum(v * w for v, w in vals) if vals else float("nan"), task_ids[i], answers[i]))
         self._batch = {}
+        rows = gather_rows(self.trainer, local)
+        totals = [r[0] for r in rows]
+        task_ids = [r[1] for r in rows]
+        answers = [r[2] for r in rows]
+        n = len(rows)
         G = self.G if self.G and n % self.G == 0 else n
         groups = [list(range(g, g + G)) for g in range(0, n, G)]
         degenerate = 0
         all_empty = 0
         step = getattr(getattr(self.trainer, "state", None), "global_step", None)
+        main = is_main(self.trainer)
         for idx in groups:
             r = [totals[i] for i in idx]
             empty = [not (answers[i] or "").strip() for i in idx]
@@ -117,8 +131,9 @@ class GroupMonitor:
             finite = [x for x in r if not math.isnan(x)]
             if len(finite) <= 1 or max(finite) - min(finite) < 1e-9:
                 degenerate += 1
-                append_jsonl(self.out_path, {"step": step, "task_id": task_ids[idx[0]], "rewards": r,
-                                             "empty_answers": sum(empty), "answers": [answers[i] for i in idx]})
+                if main:
+                    append_jsonl(self.out_path, {"step": step, "task_id": task_ids[idx[0]], "rewards": r,
+                                                 "empty_answers": sum(empty), "answers": [answers[i] for i in idx]})
         stats = {
             "guard/degenerate_group_frac": degenerate / len(groups),
             "guard/all_empty_group_frac": all_empty / len(groups),

@@ -21,7 +21,9 @@ agree token for token.
 from __future__ import annotations
 
 import logging
+import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,18 +36,22 @@ STOP_STRINGS = ("</search>", "</answer>")
 
 
 # -- token layout ------------------------------------------------------------------------
-def prompt_token_ids(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
+def prompt_token_ids(tokenizer, messages: list[dict[str, Any]], *, enable_thinking: bool | None = None) -> list[int]:
     """Token ids of the chat prompt (system + user), ending with the assistant header.
 
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template.
         messages: ``{"role", "content"}`` dicts (the env's initial ``info["messages"]``).
+        enable_thinking: the chat template's thinking switch (None: its default); see
+            :func:`drgym.policies.generation.render_chat`.
 
     Returns:
         ``list[int]``: ``apply_chat_template(..., add_generation_prompt=True)`` tokenised
         without adding special tokens twice.
     """
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    from drgym.policies.generation import render_chat
+
+    text = render_chat(tokenizer, messages, enable_thinking=enable_thinking)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -247,23 +253,20 @@ def hf_generate_turn(model, tokenizer, contexts: list[list[int]], *, max_new_tok
     return kept, state
 
 
-def vllm_generate(trainer, tokenizer, batch_ids: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
-    """Sample one turn per row through TRL's vLLM engine (colocate or server mode).
+def sampled_logprob(lp: Any) -> float | None:
+    """One token's sampled log-prob from TRL's vLLM output, or None when vLLM had none.
 
-    TRL's sampling parameters carry no stop strings, so each row is cut after generation
-    by :func:`cut_generated_turn`; the log-probs of the kept tokens are returned for TRL's
-    importance-sampling correction.
-
-    Returns:
-        ``(ids, logprobs)`` per row.
+    TRL 1.16 returns each token's log-probs as a list, top-1 (the sampled token) first,
+    and replaces a NaN by None (``extract_logprobs``, ``parse_logprobs``). None is kept:
+    TRL's ``_generate_and_score_completions`` maps it back to NaN and gives that token no
+    importance-sampling correction (ratio 1).
     """
-    _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(prompts=batch_ids, images=None, num_generations=1)
-    ids_out, lp_out = [], []
-    for ids, lps in zip(completion_ids, logprobs):
-        kept, _ = cut_generated_turn(tokenizer, list(ids))
-        ids_out.append(kept)
-        lp_out.append([float(lp[0]) if isinstance(lp, (list, tuple)) else float(lp) for lp in lps[: len(kept)]])
-    return ids_out, lp_out
+    if isinstance(lp, (list, tuple)):
+        lp = lp[0] if lp else None
+    if lp is None:
+        return None
+    lp = float(lp)
+    return None if math.isnan(lp) else lp
 
 
 # -- episodes -------------------------------------------------------------------------------
@@ -284,6 +287,8 @@ class RolloutSettings:
             (at most ``gen_batch_size`` episodes), keep the KV cache between turns so a
             turn encodes only the new observation (:func:`hf_generate_turn`); False
             re-encodes every context each turn.
+        enable_thinking: the chat template's thinking switch for the prompts (the run
+            config's top-level ``enable_thinking``; None: the template's default).
     """
 
     max_turns: int = 2
@@ -293,6 +298,7 @@ class RolloutSettings:
     gen_batch_size: int = 16
     greedy: bool = False
     reuse_cache: bool = True
+    enable_thinking: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_new_tokens", "max_completion_tokens", "gen_batch_size"):
@@ -311,7 +317,8 @@ class TokenRecord:
         prompt_ids: the chat prompt's ids (:func:`prompt_token_ids`).
         completion_ids: model and observation ids, interleaved.
         env_mask: 1 per model id, 0 per observation id (and for the closing eos).
-        logprobs: per completion id; sampled log-probs on vLLM, 0.0 elsewhere.
+        logprobs: per completion id; sampled log-probs on vLLM (None where vLLM
+            reported NaN, see :func:`sampled_logprob`), 0.0 for observation ids and on HF.
         turns: model turns generated.
         length_capped: the whole-completion cap (``max_completion_tokens``) cut the
             episode short.
@@ -320,7 +327,7 @@ class TokenRecord:
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
+    logprobs: list[float | None] = field(default_factory=list)
     turns: int = 0
     length_capped: bool = False
 
@@ -362,19 +369,108 @@ class HFTurnStep:
 class VLLMTurnStep:
     """Generation step through TRL's vLLM engine (``trainer.vllm_generation``, colocate or server).
 
-    One call per turn with every active row. In TRL's server mode the call is collective
-    across ranks (every rank must call it every turn, with equal counts); that is where
-    padding rows would go (a rank with fewer active rows pads with dummy contexts and
-    drops their outputs), in this one step, without another loop.
+    One call per turn with every active row of this rank, with the per-turn sampling
+    parameters the HF path uses: ``max_tokens`` = ``max_new_tokens`` and ``stop`` =
+    :data:`STOP_STRINGS` with ``include_stop_str_in_output`` (set on TRL's
+    ``VLLMGeneration`` for the call and restored after; TRL 1.16 takes no per-call
+    sampling parameters, and ``generation_kwargs`` override its own). Each row is still
+    cut by :func:`cut_generated_turn`, as on HF.
+
+    Several processes: TRL's server branch, and colocate mode with
+    ``vllm_tensor_parallel_size > 1``, are collective. ``VLLMGeneration.generate``
+    gathers every rank's prompts and hands rank ``r`` the slice ``[r*n, (r+1)*n)`` of the
+    results, ``n`` being *its own* prompt count, so every rank must call it every round
+    with the same count. Each round therefore starts with a gather of the ranks' row
+    counts; every rank pads its batch to the largest with one-token dummy prompts (whose
+    outputs are dropped), and a rank whose episodes have all ended keeps joining rounds
+    (:meth:`drain`) until every rank reports 0 rows.
+
+    Checks: the engine must return one completion and one log-prob list per prompt and
+    one log-prob per token, else ``RuntimeError`` (never a silent zip of the wrong rows).
+    A NaN log-prob (None from TRL) keeps its token and stays None
+    (:func:`sampled_logprob`); ``stats["nan_logprobs"]`` counts them.
+
+    Attributes:
+        collective: True when rounds are synchronised across ranks (see above).
+        stats: ``rounds`` (generate calls), ``padding_rows`` (dummy prompts sent),
+            ``nan_logprobs`` (tokens of real rows without a log-prob).
     """
 
     returns_logprobs = True
 
-    def __init__(self, trainer, tokenizer) -> None:
-        self.trainer, self.tokenizer = trainer, tokenizer
+    def __init__(self, trainer, tokenizer, settings: RolloutSettings) -> None:
+        from drgym.training.ranks import world
 
-    def __call__(self, contexts: list[list[int]], keys: list[Any]) -> tuple[list[list[int]], list[list[float]]]:
-        return vllm_generate(self.trainer, self.tokenizer, contexts)
+        self.trainer, self.tokenizer, self.settings = trainer, tokenizer, settings
+        self.gen = trainer.vllm_generation
+        _, n_proc = world(trainer)
+        mode = getattr(self.gen, "mode", "colocate")
+        self.collective = n_proc > 1 and (mode == "server" or int(getattr(self.gen, "tensor_parallel_size", 1) or 1) > 1)
+        self.stats: dict[str, int] = {"rounds": 0, "padding_rows": 0, "nan_logprobs": 0}
+        pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+        self._dummy = [int(pad)]
+
+    @contextmanager
+    def _turn_params(self):
+        """TRL's generation settings with the per-turn cap and stop strings, restored after."""
+        g = self.gen
+        old_len, old_kw = g.max_completion_length, g.generation_kwargs
+        g.max_completion_length = self.settings.max_new_tokens
+        g.generation_kwargs = {**(old_kw or {}), "max_tokens": self.settings.max_new_tokens,
+                               "stop": list(STOP_STRINGS), "include_stop_str_in_output": True}
+        try:
+            yield
+        finally:
+            g.max_completion_length, g.generation_kwargs = old_len, old_kw
+
+    def _round_size(self, n: int) -> int:
+        """The rows every rank sends this round (the largest count; this rank's own without collectives)."""
+        if not self.collective:
+            return n
+        from drgym.training.ranks import gather_rows
+
+        return max(int(c) for c in gather_rows(self.trainer, [n]))
+
+    def _generate(self, contexts: list[list[int]], total: int) -> tuple[list[list[int]], list[list[float | None]]]:
+        """One ``VLLMGeneration.generate`` call with ``contexts`` padded to ``total`` rows; the real rows' results."""
+        n = len(contexts)
+        batch = list(contexts) + [self._dummy] * (total - n)
+        self.stats["rounds"] += 1
+        self.stats["padding_rows"] += total - n
+        with self._turn_params():
+            _, completion_ids, logprobs, _ = self.gen.generate(prompts=batch, images=None, num_generations=1)
+        if len(completion_ids) != len(batch):
+            raise RuntimeError(f"vLLM returned {len(completion_ids)} completions for {len(batch)} prompts "
+                               f"({n} rollout rows + {total - n} padding rows); refusing to assign them to episodes.")
+        if logprobs is not None and len(logprobs) != len(batch):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-prob lists for {len(batch)} prompts.")
+        ids_out: list[list[int]] = []
+        lp_out: list[list[float | None]] = []
+        for i in range(n):
+            ids = list(completion_ids[i])
+            lps = logprobs[i] if logprobs is not None else [None] * len(ids)
+            if len(lps) != len(ids):
+                raise RuntimeError(f"vLLM returned {len(lps)} log-probs for a completion of {len(ids)} tokens.")
+            kept, _ = cut_generated_turn(self.tokenizer, ids)
+            row = [sampled_logprob(x) for x in lps[: len(kept)]]
+            self.stats["nan_logprobs"] += sum(1 for x in row if x is None)
+            ids_out.append(kept)
+            lp_out.append(row)
+        return ids_out, lp_out
+
+    def __call__(self, contexts: list[list[int]], keys: list[Any]) -> tuple[list[list[int]], list[list[float | None]]]:
+        """One turn for this rank's active rows (a collective round when :attr:`collective`)."""
+        return self._generate(contexts, self._round_size(len(contexts)))
+
+    def drain(self) -> None:
+        """After this rank's episodes have ended: join the other ranks' rounds until none has rows left."""
+        if not self.collective:
+            return
+        while True:
+            total = self._round_size(0)
+            if total == 0:
+                return
+            self._generate([], total)
 
 
 class TokenRecorder:
@@ -421,7 +517,7 @@ class TokenRecorder:
             eid = info["episode_id"]
             rec = self.records.get(eid)
             if rec is None:
-                self.records[eid] = TokenRecord(prompt_ids=prompt_token_ids(tok, conv))
+                self.records[eid] = TokenRecord(prompt_ids=prompt_token_ids(tok, conv, enable_thinking=s.enable_thinking))
                 # the chat template may open <think> in the prompt: the first turn is then handed
                 # to the env behind that tag (drgym.policies.generation.opened_reasoning)
                 self._opened[eid] = opened_reasoning(tok.decode(self.records[eid].prompt_ids, skip_special_tokens=False))
@@ -506,6 +602,7 @@ class SearchRolloutFunc:
         self._pool: list[Any] = []
         self.last_timings: dict[str, float] = {}
         self.last_driver_stats: dict[str, float] = {}
+        self.last_step_stats: dict[str, int] = {}
         self.history: list[list[str]] = []  # task ids of each call, in order (resume checks)
         self.model_tokens: list[list[int]] = []  # env_mask sums of each call (masking checks)
 
@@ -542,12 +639,17 @@ class SearchRolloutFunc:
             tasks.append(self.prompt_to_task[key])
         self.history.append([t.task_id for t in tasks])
         if step is None:
-            step = VLLMTurnStep(trainer, tokenizer) if trainer is not None else HFTurnStep(
+            step = VLLMTurnStep(trainer, tokenizer, self.settings) if trainer is not None else HFTurnStep(
                 model, tokenizer, self.settings, rows=len(prompts))
         recorder = TokenRecorder(step, tokenizer, self.settings)
         t0 = time.perf_counter()
         with BatchedDriver(self._envs(len(prompts))) as driver:
             trajs = driver.run(recorder, [{"task": t} for t in tasks], seed=None)
+        drain = getattr(step, "drain", None)
+        if drain is not None:
+            t1 = time.perf_counter()
+            drain()  # collective vLLM: keep joining the other ranks' turns until they are done too
+            recorder.generation_s += time.perf_counter() - t1
         wall = time.perf_counter() - t0
 
         result: dict[str, list] = {k: [] for k in (
@@ -570,21 +672,44 @@ class SearchRolloutFunc:
             result["logprobs"] = None  # HF backend: TRL recomputes log-probs itself
         self.last_timings = {"generation_s": recorder.generation_s, "env_s": wall - recorder.generation_s}
         self.last_driver_stats = dict(driver.stats)
+        self.last_step_stats = dict(getattr(step, "stats", {}))
+        if self.last_step_stats.get("nan_logprobs"):
+            log.warning("vLLM returned no log-prob (NaN) for %d sampled tokens of this batch; they keep their place "
+                        "and get no importance-sampling correction", self.last_step_stats["nan_logprobs"])
         self.model_tokens.append([sum(m) for m in result["env_mask"]])
         return result
 
     def _log_metrics(self, trainer, out: dict[str, Any]) -> None:
+        """Append the batch's ``env/*``, ``rollout/*`` and ``timing/*`` metrics to the trainer's.
+
+        Means are over the episodes of **every** rank (:func:`drgym.training.ranks.gather_rows`;
+        TRL logs rank 0's metrics only); ``rollout/nan_logprobs`` and
+        ``rollout/padding_rows`` are summed over ranks and ``timing/*`` is the slowest
+        rank's (the step waits for it). With several processes this is a collective:
+        every rank calls it once per ``rollout_func`` call.
+        """
+        from drgym.training.ranks import gather_rows
+
         metrics = getattr(trainer, "_metrics", None)
         if metrics is None:
             return
-        mode = "train" if trainer.model.training else "eval"
-        n = max(1, len(out["num_turns"]))
-        m = metrics[mode]
-        m["env/turns_mean"].append(sum(out["num_turns"]) / n)
-        m["env/searches_mean"].append(sum(out["num_searches"]) / n)
-        m["env/invalid_actions_mean"].append(sum(out["invalid_actions"]) / n)
-        m["env/answered_frac"].append(sum(1 for t in out["truncated"] if not t) / n)
-        m["env/empty_answer_frac"].append(sum(1 for a in out["final_answer"] if not a.strip()) / n)
-        m["env/obs_tokens_mean"].append(sum(len(x) - sum(y) for x, y in zip(out["completion_ids"], out["env_mask"])) / n)
-        m["timing/generation_s"].append(self.last_timings.get("generation_s", 0.0))
-        m["timing/env_s"].append(self.last_timings.get("env_s", 0.0))
+        eps = [(turns, searches, invalid, 0 if trunc else 1, 0 if ans.strip() else 1, len(ids) - sum(mask))
+               for turns, searches, invalid, trunc, ans, ids, mask in zip(
+                   out["num_turns"], out["num_searches"], out["invalid_actions"], out["truncated"],
+                   out["final_answer"], out["completion_ids"], out["env_mask"])]
+        mine = {"episodes": eps, "generation_s": self.last_timings.get("generation_s", 0.0),
+                "env_s": self.last_timings.get("env_s", 0.0), "nan_logprobs": self.last_step_stats.get("nan_logprobs", 0),
+                "padding_rows": self.last_step_stats.get("padding_rows", 0)}
+        ranks = gather_rows(trainer, [mine])
+        rows = [e for r in ranks for e in r["episodes"]]
+        n = max(1, len(rows))
+        m = metrics["train" if trainer.model.training else "eval"]
+        for j, name in enumerate(("env/turns_mean", "env/searches_mean", "env/invalid_actions_mean",
+                                  "env/answered_frac", "env/empty_answer_frac", "env/obs_tokens_mean")):
+            m[name].append(sum(e[j] for e in rows) / n)
+        if "nan_logprobs" in self.last_step_stats:  # vLLM
+            m["rollout/nan_logprobs"].append(sum(r["nan_logprobs"] for r in ranks))
+        if len(ranks) > 1:
+            m["rollout/padding_rows"].append(sum(r["padding_rows"] for r in ranks))
+        m["timing/generation_s"].append(max(r["generation_s"] for r in ranks))
+        m["timing/env_s"].append(max(r["env_s"] for r in ranks))

@@ -206,3 +206,58 @@ class Timer:
 
     def __exit__(self, *exc) -> None:
         self.s = time.perf_counter() - self.t0
+
+
+# -- thinking models --------------------------------------------------------------------------
+def template_thinking_default(tokenizer: Any) -> bool | None:
+    """What ``tokenizer``'s chat template does with no ``enable_thinking`` argument.
+
+    Reasoning models' templates (Qwen3) read a ``enable_thinking`` variable: Qwen3 thinks
+    unless it is false, which makes the generation prompt end with an empty
+    ``<think>\\n\\n</think>\\n\\n`` block (Qwen3 model card, "Switching Between Thinking
+    and Non-Thinking Mode"). The answer is found by rendering a one-message probe three
+    ways (no argument, true, false) and comparing, so no template is named here.
+
+    Returns:
+        True or False (the template's default), or None when the template ignores the
+        argument (SmolLM2, most instruct models: no thinking switch).
+    """
+    probe = [{"role": "user", "content": "?"}]
+
+    def render(**kw: Any) -> str:
+        return tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **kw)
+
+    on, off = render(enable_thinking=True), render(enable_thinking=False)
+    if on == off:
+        return None
+    return render() == on
+
+
+def resolve_thinking(tokenizer: Any, enable_thinking: bool | None, *, where: str = "") -> bool | None:
+    """The thinking mode a run actually gets: ``enable_thinking``, or the template's default when None.
+
+    Returns:
+        True/False, or None when the template has no thinking switch (then a setting
+        other than None is logged as ignored).
+    """
+    default = template_thinking_default(tokenizer)
+    if default is None:
+        if enable_thinking is not None:
+            import logging
+
+            logging.getLogger(__name__).warning("%senable_thinking=%s is ignored: this chat template has no thinking switch",
+                                                f"{where}: " if where else "", enable_thinking)
+        return None
+    return default if enable_thinking is None else bool(enable_thinking)
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, enable_thinking: bool | None = None,
+                add_generation_prompt: bool = True) -> str:
+    """``apply_chat_template`` as text, with ``enable_thinking`` passed when it is not None.
+
+    The one place drgym renders a chat prompt for a local model (GRPO dataset and rollout
+    prompts, SFT examples, ``hf:``/``vllm:`` policies), so training and evaluation see the
+    same thinking mode. Templates without the switch ignore the argument.
+    """
+    kw: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kw)

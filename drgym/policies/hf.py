@@ -21,6 +21,8 @@ from drgym.policies.generation import (
     cut_ids_at_stop,
     normalise_messages,
     opened_reasoning,
+    render_chat,
+    resolve_thinking,
 )
 
 log = logging.getLogger(__name__)
@@ -78,6 +80,11 @@ class HFPolicy(Policy):
             layout recorded in the folder's ``drgym_training.json``, which ``drgym
             train`` writes into every model it saves, else ``"chat"``). See
             :meth:`render`; the effective value is in :meth:`describe`.
+        enable_thinking: the chat template's thinking switch (Qwen3: ``False`` makes the
+            generation prompt end with an empty ``<think></think>`` block). None (default)
+            takes the value recorded in a drgym-trained folder's ``drgym_training.json``,
+            else the template's own default (Qwen3: thinking on). :meth:`describe`
+            records the effective value, None for templates without the switch.
 
     Attributes:
         last_usage: one :class:`~drgym.policies.generation.TokenUsage` per conversation of the
@@ -87,6 +94,8 @@ class HFPolicy(Policy):
         ConfigError: bad numeric settings.
         DependencyNotInstalled: the model's weights package is missing.
     """
+
+    enable_thinking: bool | None = None  # the effective value, set by __init__
 
     def __init__(
         self,
@@ -109,6 +118,7 @@ class HFPolicy(Policy):
         seed: int = 0,
         threads: int | None = None,
         layout: str = "auto",
+        enable_thinking: bool | None = None,
     ) -> None:
         if layout not in LAYOUTS:
             raise ConfigError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
@@ -158,6 +168,12 @@ class HFPolicy(Policy):
             elif (folder / "training_args.bin").exists():
                 log.warning("%s: a Trainer output without %s (saved by an older drgym?); using layout=chat. "
                             "If drgym train made it, pass -p layout=continuation.", self.name, TRAINING_RECORD)
+        if enable_thinking is None:
+            from drgym.models import training_record
+
+            rec_thinking = (training_record(self.model_name) or {}).get("enable_thinking")
+            enable_thinking = rec_thinking if isinstance(rec_thinking, bool) else None
+        self.enable_thinking = resolve_thinking(self.tokenizer, enable_thinking, where=self.name)
         self.device = next(self.model.parameters()).device
         self.dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
         self.max_new_tokens = int(max_new_tokens)
@@ -192,7 +208,7 @@ class HFPolicy(Policy):
             "prefill": self.prefill or None, "scaffold": self.scaffold,
             "scaffold_tokens": list(self.scaffold_tokens) if self.scaffold != "none" else None,
             "scaffold_cues": list(self.scaffold_cues) if self.scaffold != "none" else None, "seed": self.seed,
-            "layout": self.layout,
+            "layout": self.layout, "enable_thinking": self.enable_thinking,
         }
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
@@ -255,9 +271,9 @@ class HFPolicy(Policy):
         msgs = normalise_messages(conversation, keep_tool_role=False)
         if self.layout == "continuation":
             first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
-            head = self.tokenizer.apply_chat_template(msgs[:first], tokenize=False, add_generation_prompt=True)
+            head = render_chat(self.tokenizer, msgs[:first], enable_thinking=self.enable_thinking)
             return head + "".join(str(m.get("content") or "") for m in msgs[first:]) + self.prefill
-        text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        text = render_chat(self.tokenizer, msgs, enable_thinking=self.enable_thinking)
         return text + self.prefill
 
     def generate(self, prompts: list[str], *, max_new_tokens: int | None = None, stops: tuple[str, ...] | None = None) -> list[str]:

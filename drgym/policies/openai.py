@@ -98,6 +98,9 @@ class OpenAIPolicy(Policy):
         stops: stop strings in text mode (the server drops them; they are re-appended).
         extra_body: extra JSON fields merged into each request (e.g. vLLM's
             ``{"top_k": 1}``).
+        enable_thinking: the server-side chat template's thinking switch, sent as
+            ``chat_template_kwargs: {"enable_thinking": ...}`` (vLLM, SGLang); None sends
+            nothing (the OpenAI API itself rejects unknown fields).
 
     Attributes:
         last_usage: one :class:`~drgym.policies.generation.TokenUsage` per conversation of the
@@ -123,6 +126,7 @@ class OpenAIPolicy(Policy):
         reconnect_s: float | None = None,
         stops: tuple[str, ...] | list[str] = DEFAULT_STOPS,
         extra_body: dict[str, Any] | None = None,
+        enable_thinking: bool | None = None,
     ) -> None:
         import httpx
 
@@ -151,6 +155,12 @@ class OpenAIPolicy(Policy):
         self._down: ServiceUnavailableError | None = None  # set when the endpoint is given up on
         self.stops = tuple(stops)
         self.extra_body = dict(extra_body or {})
+        self.enable_thinking = enable_thinking
+        if enable_thinking is not None:
+            # vLLM's and SGLang's OpenAI servers pass chat_template_kwargs to the model's chat template
+            ctk = dict(self.extra_body.get("chat_template_kwargs") or {})
+            ctk["enable_thinking"] = bool(enable_thinking)
+            self.extra_body["chat_template_kwargs"] = ctk
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.Client(
@@ -169,7 +179,7 @@ class OpenAIPolicy(Policy):
         return {"kind": "openai", "model": self.model, "base_url": self.base_url, "tools": self.tools_mode,
                 "max_tokens": self.max_tokens, "temperature": self.temperature, "concurrency": self.concurrency,
                 "timeout": self.timeout, "retries": self.retries, "reconnect_s": self.reconnect_s,
-                "stops": list(self.stops)}
+                "stops": list(self.stops), "enable_thinking": self.enable_thinking}
 
     # -- message conversion -----------------------------------------------------------------
     def to_api_messages(self, conversation: Conversation, native: bool | None = None) -> list[dict[str, Any]]:
