@@ -439,13 +439,28 @@ class SearchAgentEnv(gym.Env[str, str]):
         """Append the env's messages for this turn and return the observation text."""
         if not pieces:
             return ""
-        structured = parsed.protocol in ("json", "openai") and all(c.call_id for c, _ in pieces)
-        if structured:
-            texts = []
+        declared = [tc["id"] for tc in parsed.message.get("tool_calls") or []]
+        if declared:
+            # OpenAI's pairing rule: exactly one tool message per declared id, in order.
+            # A call that expanded to several (a `queries` list) gets one reply holding
+            # every result; errors that belong to no declared call (a <tool_call> block
+            # that is not a call) open the first reply; a declared call with no text of
+            # its own (the whole turn was refused) gets those errors.
+            own: dict[str, list[tuple[ToolCall, str]]] = {d: [] for d in declared}
+            names = {tc["id"]: tc["function"]["name"] for tc in parsed.message["tool_calls"]}
+            loose: list[str] = []
             for call, text in pieces:
-                name = call.name if call.name != "invalid" else "error"
-                self._messages.append({"role": "tool", "tool_call_id": call.call_id, "name": name, "content": text})
-                texts.append(text)
+                if call.call_id in own:
+                    own[call.call_id].append((call, text))
+                else:
+                    loose.append(text)
+            texts = []
+            for n, d in enumerate(declared):
+                mine = [self._labelled(c, t) if len(own[d]) > 1 else t for c, t in own[d]]
+                parts = mine if (n and mine) else loose + mine
+                content = "\n\n".join(parts) or "This call was not run."
+                self._messages.append({"role": "tool", "tool_call_id": d, "name": names[d], "content": content})
+                texts.append(content)
             return "\n\n".join(texts)
         body = "\n".join(text for _, text in pieces)
         if all(c.name == "invalid" for c, _ in pieces):
@@ -454,6 +469,14 @@ class SearchAgentEnv(gym.Env[str, str]):
             obs = tags_observation(body)
         self._messages.append({"role": "user", "content": obs})
         return obs
+
+    def _labelled(self, call: ToolCall, text: str) -> str:
+        """``text`` headed by the call it answers (``Search 'Berlin':``), for a reply that
+        holds the results of several queries of one call."""
+        tool = self.tools.get(call.name)
+        if tool is None or tool.argument not in call.arguments:
+            return text
+        return f"{tool.label} {call.arguments[tool.argument]!r}:\n{text}"
 
     def _finish(self, terminated: bool, truncated: bool) -> float:
         traj = self._traj

@@ -14,7 +14,7 @@ import drgym.rewards
 from drgym.records import Reward
 
 REWARD_MODULES = sorted(m.name for m in pkgutil.iter_modules(drgym.rewards.__path__, "drgym.rewards."))
-OTHER_MODULES = ["drgym.records", "drgym.envs.parsing", "drgym.envs.tools", "drgym.search.registry", "drgym.judges.base"]
+OTHER_MODULES = ["drgym.records", "drgym.envs.parsing", "drgym.envs.tools", "drgym.search.registry", "drgym.judges.base", "drgym.reasoning"]
 # Rewards whose docstring has no runnable example (doctest) yet (both need long multi-call judge scripts).
 NO_EXAMPLE_YET = {"FactReward", "RaceReward"}
 

@@ -158,8 +158,6 @@ def test_a_thinking_turn_with_a_closed_think_block_parses_to_its_action():
     assert [(c.name, c.arguments) for c in calls] == [("search", {"query": "capital of Germany"})]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 2.3 item 1: reasoning opened by the chat template (text before a "
-                   "'</think>' with no opening tag) is not yet parsed as reasoning; remove this mark when it is")
 def test_reasoning_opened_by_the_template_is_not_parsed_as_actions():
     """Templates that open ``<think>`` in the prompt (DeepSeek-R1 distills, Qwen3 thinking-only
     releases) leave the completion with only ``... </think>`` before the action."""

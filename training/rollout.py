@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from drgym.errors import ConfigError
+from drgym.policies.generation import opened_reasoning
 
 log = logging.getLogger(__name__)
 
@@ -484,7 +485,11 @@ class TokenRecorder:
 
     Rules (Search-R1's layout, Jin et al. 2025, §3.1):
 
-    - a turn is cut after its first stop string or eos (:func:`cut_generated_turn`);
+    - a turn is cut after its first stop string or eos (:func:`cut_generated_turn`),
+      inside reasoning too (see :mod:`drgym.policies.generation`);
+    - when the chat template opens ``<think>`` in the prompt, the episode's first turn is
+      handed to the env behind that tag (:func:`~drgym.policies.generation.opened_reasoning`;
+      the recorded ids are the model's own);
     - a turn that ended with eos while the episode goes on loses that eos, so the
       observation continues the turn's text (what the ``hf:`` policy renders);
     - the whole completion is capped at ``max_completion_tokens``: a turn is cut to the
@@ -501,6 +506,7 @@ class TokenRecorder:
     def __init__(self, step, tokenizer, settings: RolloutSettings) -> None:
         self.step, self.tokenizer, self.settings = step, tokenizer, settings
         self.records: dict[str, TokenRecord] = {}
+        self._opened: dict[str, str] = {}  # episode id -> OPEN_TAG when its prompt ends inside <think>
         self.generation_s = 0.0
 
     def act(self, conversations: list[list[dict[str, Any]]], infos: list[dict[str, Any]] | None = None) -> list[str | None]:
@@ -512,6 +518,9 @@ class TokenRecorder:
             rec = self.records.get(eid)
             if rec is None:
                 self.records[eid] = TokenRecord(prompt_ids=prompt_token_ids(tok, conv, enable_thinking=s.enable_thinking))
+                # the chat template may open <think> in the prompt: the first turn is then handed
+                # to the env behind that tag (drgym.policies.generation.opened_reasoning)
+                self._opened[eid] = opened_reasoning(tok.decode(self.records[eid].prompt_ids, skip_special_tokens=False))
                 rows.append(k)
                 continue
             if rec.length_capped or rec.turns >= s.max_turns:
@@ -539,15 +548,15 @@ class TokenRecorder:
         t0 = time.perf_counter()
         new_ids, new_lps = self.step([r.prompt_ids + r.completion_ids for r in recs], keys)
         self.generation_s += time.perf_counter() - t0
-        for k, rec, ids, lps in zip(rows, recs, new_ids, new_lps):
+        for k, eid, rec, ids, lps in zip(rows, keys, recs, new_ids, new_lps):
             room = s.max_completion_tokens - len(rec.completion_ids)
             if len(ids) > room:
                 ids, lps, rec.length_capped = ids[:room], lps[:room], True
             rec.completion_ids += ids
             rec.env_mask += [1] * len(ids)
             rec.logprobs += list(lps)
+            actions[k] = (self._opened.pop(eid, "") if rec.turns == 0 else "") + tok.decode(ids, skip_special_tokens=True)
             rec.turns += 1
-            actions[k] = tok.decode(ids, skip_special_tokens=True)
         return actions
 
     def finish(self, traj) -> TokenRecord:

@@ -4,6 +4,14 @@ Every generating policy (``hf``, ``vllm``, ``openai`` in text mode) ends a turn 
 closing tag of the first tool call or answer, Search-R1 style (Jin et al. 2025,
 arXiv 2503.09516, section 3.1: generation stops at ``</search>`` and the retrieved
 passages are appended). These helpers make that cut identical across backends.
+
+A stop string ends the turn wherever it occurs, inside reasoning too: vLLM and
+OpenAI-compatible servers apply stop strings server-side and cannot tell reasoning from
+action, and the cut must be the same on every backend. A turn stopped at a ``</search>``
+rehearsed inside an unclosed ``<think>`` therefore ends inside reasoning; the parser
+reads it as reasoning only (an invalid action whose corrective observation asks the
+model to close ``</think>`` before acting; nothing in it is run). See
+:func:`opened_reasoning` for reasoning opened by the chat template.
 """
 
 from __future__ import annotations
@@ -12,6 +20,8 @@ import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from drgym.reasoning import OPEN_TAG, ends_in_reasoning
 
 DEFAULT_STOPS: tuple[str, ...] = ("</search>", "</fetch>", "</answer>", "</tool_call>")
 """Closing tags that end an assistant turn (the env parses the text up to them)."""
@@ -96,6 +106,23 @@ def cut_ids_at_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...] | lis
     if eos_pos < len(ids):
         return ids[: eos_pos + 1], "eos"
     return ids, "length"
+
+
+def opened_reasoning(prompt: str) -> str:
+    """:data:`~drgym.reasoning.OPEN_TAG` when a chat-template prompt ends inside an open
+    reasoning block, else ``''``.
+
+    DeepSeek-R1 distills' templates (and Qwen3 thinking-only releases) end the
+    generation prompt with ``<think>``, so the model's turn starts inside reasoning and
+    holds only ``... </think>`` and the action. Local policies and the GRPO rollout put
+    this tag before such a turn's text when they hand it to the env, so the parser reads
+    a turn cut before its ``</think>`` (by the token cap, or by a stop string such as a
+    rehearsed ``</search>``) as reasoning, not as the actions it rehearses; a turn that
+    closes its reasoning parses the same with or without it (:mod:`drgym.reasoning`).
+    Only the template's own prompt counts, not text the model left open in an earlier
+    turn: each turn is parsed on its own.
+    """
+    return OPEN_TAG if ends_in_reasoning(prompt) else ""
 
 
 def close_open_tag(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS) -> str:

@@ -20,6 +20,7 @@ from drgym.policies.generation import (
     TokenUsage,
     cut_ids_at_stop,
     normalise_messages,
+    opened_reasoning,
     render_chat,
     resolve_thinking,
 )
@@ -218,7 +219,13 @@ class HFPolicy(Policy):
             token budget; ``self.last_usage`` holds the matching token counts.
         """
         if self.scaffold == "none":
-            return self.generate([self.render(c) for c in conversations])
+            prompts = [self.render(c) for c in conversations]
+            texts = self.generate(prompts)
+            # a turn the chat template opened inside <think> is handed over behind that tag
+            # (drgym.policies.generation.opened_reasoning); with layout="continuation" only
+            # the first turn follows the template's prompt
+            return [opened_reasoning(p) + t if (self.layout == "chat" or not any(m.get("role") == "assistant" for m in c)) else t
+                    for p, t, c in zip(prompts, texts, conversations)]
         return self._act_scaffolded(conversations)
 
     def _act_scaffolded(self, conversations: list[Conversation]) -> list[str]:

@@ -15,6 +15,7 @@ from drgym.policies.generation import (
     TokenUsage,
     cut_text_at_stop,
     normalise_messages,
+    opened_reasoning,
     render_chat,
     resolve_thinking,
 )
@@ -111,10 +112,10 @@ class VLLMPolicy(Policy):
         with Timer() as t:
             outs = self.llm.generate(prompts, self.params, use_tqdm=False)
         texts, usage = [], []
-        for o in outs:
+        for p, o in zip(prompts, outs):
             c = o.outputs[0]
             text, reason = cut_text_at_stop(c.text, self.stops, ())
-            texts.append(text)
+            texts.append(opened_reasoning(p) + text)  # a turn the template opened inside <think>
             usage.append(TokenUsage(prompt_tokens=len(o.prompt_token_ids or []), completion_tokens=len(c.token_ids or []),
                                generation_s=t.s / len(prompts), finish=reason if reason != "length" else str(c.finish_reason)))
         self.last_usage = usage
