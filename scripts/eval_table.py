@@ -77,11 +77,14 @@ def paired(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]], metri
     return r
 
 
-def run_policy(label: str, spec: str, tasks: str, runs: Path, options: dict) -> dict:
-    """One rollout run in the main job's env (resumed when its directory exists)."""
+def run_policy(label: str, spec: str, tasks: str, runs: Path, options: dict, env: dict | None = None) -> dict:
+    """One rollout run (resumed when its directory exists) in the main job's env, or in the
+    env ``env`` describes (``{"env_options": {...}, "max_turns": int}``, from ``--config``)."""
     from drgym.evaluation.runner import RolloutConfig, run_rollout
 
-    rc = RolloutConfig(tasks=tasks, policy=spec, n=None, out=str(runs / label), plots=False, policy_options=options)
+    env = env or {}
+    rc = RolloutConfig(tasks=tasks, policy=spec, n=None, out=str(runs / label), plots=False, policy_options=options,
+                       env_options=dict(env.get("env_options") or {}), max_turns=env.get("max_turns"))
     t0 = time.perf_counter()
     res = run_rollout(rc, progress=False)
     logging.info("%s (%s): %d episodes, f1 %.3f, %.0f s", label, spec, len(res.trajectories),
@@ -96,7 +99,7 @@ def markdown(table: dict) -> str:
         f = (lambda v: f"{100 * v:.0f} %") if pct else (lambda v: f"{v:.{nd}f}")
         return f"{f(d['mean'])} [{f(d['lo'])}, {f(d['hi'])}]"
 
-    lines = [f"Test slice `{table['tasks']}` ({table['n_questions']} questions), main-job env; "
+    lines = [f"Slice `{table['tasks']}` ({table['n_questions']} questions), {table['env_name']}; "
              "mean [95% bootstrap CI over questions]", "",
              "| policy | EM | F1 | answer rate | searches / episode |", "|---|---|---|---|---|"]
     for label, row in table["rows"].items():
@@ -118,6 +121,11 @@ def main() -> int:
     ap.add_argument("--tasks", default="hipporag-test")
     ap.add_argument("--runs", default="runs/test_eval")
     ap.add_argument("--out", default="training/results/test_table.json")
+    ap.add_argument("--config", default=None,
+                    help="evaluate every policy in this training config's env (its env kwargs, eval.max_turns and "
+                         "rollout.max_new_tokens for hf policies) instead of the main job's")
+    ap.add_argument("--only", default=None,
+                    help="semicolon-separated labels to run now (the others are not run; no table is written)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from drgym.atomic import atomic_write_json, atomic_write_text
@@ -125,22 +133,47 @@ def main() -> int:
     def hf(x):
         return x if x.startswith("hf:") else f"hf:{x}"
 
+    env, gen = None, {}
+    env_name = "the main job's env"
+    env_desc = ("drgym/SearchQA-v0, drgym rollout defaults: wiki-default hybrid, top_k 3, max_turns 4, max_searches 3, "
+                "max_fetches 2, max_obs_tokens 500; hf policies greedy, max_new_tokens 64, dtype auto (bf16 on CPU)")
+    if a.config:
+        from drgym.training.config import load_config
+
+        cfg = load_config(a.config)
+        kw = {k: v for k, v in (cfg.env.get("kwargs") or {}).items() if k != "max_turns"}
+        env = {"env_options": kw, "max_turns": cfg.eval.max_turns}
+        gen = {"max_new_tokens": cfg.rollout_settings().max_new_tokens}
+        env_name = f"the env of training config `{cfg.name}`"
+        env_desc = (f"{cfg.env['id']} over {cfg.search}, env options {kw}, max_turns {cfg.eval.max_turns} (the training "
+                    f"config {cfg.name}'s env, in which SFT and GRPO were trained); hf policies greedy, "
+                    f"max_new_tokens {gen['max_new_tokens']}, dtype auto (bf16 on a CPU with bf16 instructions)")
     policies = {
-        "zero-shot, scaffolded": ("hf:smollm2", {}),
+        "zero-shot, scaffolded": ("hf:smollm2", dict(gen)),
         "retrieve-then-read": ("rag:smollm2", {}),
         "scripted": ("scripted", {}),
-        "SFT": (hf(a.sft), {}),
-        "SFT + GRPO": (hf(a.grpo), {}),
+        "SFT": (hf(a.sft), dict(gen)),
+        "SFT + GRPO": (hf(a.grpo), dict(gen)),
     }
     runs = Path(a.runs)
-    results = {label: run_policy(label.replace(" ", "_").replace(",", "").replace("+", "plus"), spec, a.tasks, runs, opt)
+    only = [x.strip() for x in a.only.split(";")] if a.only else None
+    if only:
+        bad = sorted(set(only) - set(policies))
+        if bad:
+            ap.error(f"--only: unknown labels {bad}; labels: {sorted(policies)}")
+        policies = {k: v for k, v in policies.items() if k in only}
+    results = {label: run_policy(label.replace(" ", "_").replace(",", "").replace("+", "plus"), spec, a.tasks, runs,
+                                 opt, env)
                for label, (spec, opt) in policies.items()}
+    if only:
+        for label, r in results.items():
+            print(label, {k: r["metrics"].get(k) for k in ("em", "f1", "answer_rate", "searches")})
+        return 0
     pq = {label: per_question(r["trajectories"]) for label, r in results.items()}
     table = {
         "made_by": "python scripts/eval_table.py " + " ".join(sys.argv[1:]),
         "tasks": a.tasks, "n_questions": len(pq["SFT"]),
-        "env": "drgym/SearchQA-v0, drgym rollout defaults: wiki-default hybrid, top_k 3, max_turns 4, max_searches 3, "
-               "max_fetches 2, max_obs_tokens 500; hf policies greedy, max_new_tokens 64, dtype auto (bf16 on CPU)",
+        "env": env_desc, "env_name": env_name,
         "bootstrap": {"method": "percentile", "n_resamples": N_RESAMPLES, "confidence": 0.95, "seed": SEED,
                       "unit": "question"},
         "rows": {label: {"policy": r["policy"], "run_dir": r["run_dir"],

@@ -28,8 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _table_lines(table: dict) -> list[str]:
-    lines = [f"Test slice `{table['tasks']}` ({table['n_questions']} questions never used in training), the main "
-             "job's env (wiki-default, hybrid search, top-3, 4 turns, 500-token observations), greedy; mean "
+    lines = [f"Test slice `{table['tasks']}` ({table['n_questions']} questions never used in training or for "
+             f"choosing settings), {table.get('env_name', 'the main job env')}: {table['env']}. Mean "
              "[95% bootstrap CI over questions]:", "",
              "| policy | EM | F1 | answer rate | searches / episode |", "|---|---|---|---|---|"]
     for label, row in table["rows"].items():
