@@ -55,12 +55,17 @@ def main() -> None:
     A :class:`~drgym.errors.DrgymError` that a command does not handle itself (a bad
     file, name or option) ends the command with a one-line ``error:`` and exit status 2,
     not a traceback; anything else is a bug and keeps its traceback.
+
+    Before any command imports torch or faiss, the thread count is fixed from the cores
+    this process may use, or ``$DRGYM_THREADS`` (:func:`drgym.cpu.configure_threads`).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from drgym.cpu import configure_threads
     from drgym.errors import DrgymError
 
     try:
+        configure_threads()
         app()
     except DrgymError as e:
         typer.echo(f"error: {e}", err=True)

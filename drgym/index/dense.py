@@ -53,6 +53,9 @@ graph then depends on thread timing)."""
 
 
 def _faiss():
+    from drgym.cpu import configure_threads
+
+    configure_threads()  # before faiss's OpenMP runtime loads: thread count and wait policy
     try:
         import faiss
     except ImportError as e:  # pragma: no cover - faiss-cpu is a hard dependency
