@@ -7,7 +7,14 @@ One file, ``docs.sqlite``, in WAL mode, with two tables:
   normalised URL (:func:`drgym.corpus.urls.normalize_url`) and, last, by the URL with
   its ``#fragment`` stripped.
 * ``passages(row, passage_id, doc_id, text)``: row ``i`` is row ``i`` of the dense
-  index (FAISS id) and of the BM25 index.
+  index (FAISS id) and of the BM25 index. A passage that is its whole document
+  (``passage_id == doc_id``: the document was not split) stores ``''`` and is read with
+  the document's text, so a corpus of ready-made passages (wiki-18's 21M) keeps its text
+  once, not twice.
+
+:class:`DocStoreWriter` fills the file unit by unit (:mod:`drgym.index.units`), each unit
+in one transaction together with a row of a progress table, so a killed build resumes
+after the last committed unit.
 
 Reads are thread-safe: each thread gets its own read-only connection (SQLite
 connections must not be shared between threads without a lock, and WAL lets readers
@@ -48,6 +55,10 @@ CREATE TABLE passages (
 );
 CREATE INDEX passages_doc ON passages(doc_id);
 """
+
+
+PASSAGE_TEXT = "CASE WHEN p.text = '' THEN d.text ELSE p.text END"
+"""SQL for a passage's text: ``''`` stands for the whole document's text (see above)."""
 
 
 @dataclass(frozen=True)
@@ -199,7 +210,7 @@ class DocStore:
             chunk = rows[i : i + 900]
             marks = ",".join("?" * len(chunk))
             for r in self._query(
-                "SELECT p.row, p.passage_id, p.doc_id, p.text, d.url, d.title, d.source "
+                f"SELECT p.row, p.passage_id, p.doc_id, {PASSAGE_TEXT}, d.url, d.title, d.source "
                 f"FROM passages p JOIN documents d ON d.doc_id = p.doc_id WHERE p.row IN ({marks})",
                 chunk,
             ):
@@ -215,7 +226,7 @@ class DocStore:
 
 
 def write_docstore(path: str | Path, docs: Iterable[Document], passages: Iterable[Passage]) -> tuple[int, int]:
-    """Create ``docs.sqlite`` at ``path`` (which must not exist yet).
+    """Create ``docs.sqlite`` at ``path`` (which must not exist yet) in one go.
 
     Args:
         path: destination file (inside an index build folder).
@@ -226,32 +237,140 @@ def write_docstore(path: str | Path, docs: Iterable[Document], passages: Iterabl
         ``(n_documents, n_passages)``.
 
     Raises:
-        CorruptIndexError: duplicate doc_id or passage_id (SQLite integrity error).
+        CorpusError: duplicate doc_id or passage_id.
     """
-    path = Path(path)
-    conn = sqlite3.connect(path)
+    w = DocStoreWriter(path)
     try:
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.executescript(SCHEMA)
-        with conn:
-            conn.executemany(
-                "INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (
-                    (d.doc_id, d.url, normalize_url(d.url) if d.url else "", d.title, d.text, d.source,
-                     json.dumps(d.metadata, ensure_ascii=False, default=str))
-                    for d in docs
-                ),
-            )
-            conn.executemany(
-                "INSERT INTO passages VALUES (?, ?, ?, ?)",
-                ((i, p.passage_id, p.doc_id, p.text) for i, p in enumerate(passages)),
-            )
-        n_docs = conn.execute("SELECT count(*) FROM documents").fetchone()[0]
-        n_pass = conn.execute("SELECT count(*) FROM passages").fetchone()[0]
-        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    except sqlite3.IntegrityError as e:
-        raise CorruptIndexError(f"Cannot write document store {path}: {e} (doc_ids and passage_ids must be unique).") from e
+        w.add_unit(0, list(docs), list(passages))
+        w.finish()
     finally:
-        conn.close()
-    return int(n_docs), int(n_pass)
+        w.close()
+    return w.n_documents, w.next_row
+
+
+BUILD_TABLE = "drgym_build_units"
+
+
+class DocStoreWriter:
+    """Fill a ``docs.sqlite`` unit by unit; a killed writer resumes where it stopped.
+
+    Each :meth:`add_unit` is one SQLite transaction: the unit's documents, its passages
+    (rows numbered on from the previous unit) and a row of the progress table
+    ``drgym_build_units(unit, first_row, n_passages, n_documents)`` commit together or
+    not at all (the table stays in the finished file). Units must be added in order. URLs are made unique as
+    :func:`drgym.corpus.named.unique_urls` does (an empty URL becomes
+    ``drgym://doc/<doc_id>``, a repeated one gets ``#<doc_id>``), checked against the
+    documents already stored, so the whole corpus never sits in memory.
+
+    Args:
+        path: the SQLite file; created with the schema when missing, else reopened.
+
+    Attributes:
+        next_row: the row the next passage gets (= passages stored).
+        n_documents: documents stored.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        new = not self.path.exists()
+        self.conn = sqlite3.connect(self.path)
+        try:
+            self.conn.execute("PRAGMA journal_mode = WAL")
+            self.conn.execute("PRAGMA synchronous = NORMAL")  # WAL + NORMAL: a killed process loses no commit
+            self.conn.execute("PRAGMA cache_size = -262144")  # 256 MiB of page cache for the URL index
+            if new:
+                self.conn.executescript(SCHEMA)
+            self.conn.execute(f"CREATE TABLE IF NOT EXISTS {BUILD_TABLE} (unit INTEGER PRIMARY KEY, "
+                              "first_row INTEGER NOT NULL, n_passages INTEGER NOT NULL, n_documents INTEGER NOT NULL)")
+            self.conn.commit()
+            self.next_row = int(self.conn.execute("SELECT count(*) FROM passages").fetchone()[0])
+            self.n_documents = int(self.conn.execute("SELECT count(*) FROM documents").fetchone()[0])
+        except sqlite3.DatabaseError as e:
+            self.conn.close()
+            raise CorruptIndexError(f"Document store {self.path} is unreadable ({e}); delete it to start over.") from e
+
+    def done_units(self) -> list[tuple[int, int, int, int]]:
+        """Committed units ``(unit, first_row, n_passages, n_documents)`` in unit order."""
+        return [tuple(r) for r in self.conn.execute(f"SELECT * FROM {BUILD_TABLE} ORDER BY unit")]
+
+    def add_unit(self, unit: int, docs: Sequence[Document], passages: Sequence[Passage],
+                 before_commit=None) -> int:
+        """Store one unit's documents and passages, and mark the unit done, atomically.
+
+        Args:
+            unit: the unit number (must not be done yet).
+            docs: its documents, in corpus order.
+            passages: its passages, in row order.
+            before_commit: called as ``before_commit(first_row)`` inside the transaction,
+                after the rows are written and before the commit (the builder writes the
+                unit's vectors there, so a unit marked done always has them).
+
+        Returns:
+            The row of the unit's first passage.
+
+        Raises:
+            CorpusError: a doc_id or passage_id is already stored (named in the message).
+        """
+        from drgym.errors import CorpusError
+
+        first = self.next_row
+        c = self.conn
+        try:
+            with c:
+                for d in docs:
+                    url = d.url or f"drgym://doc/{d.doc_id}"
+                    if c.execute("SELECT 1 FROM documents WHERE url = ? LIMIT 1", (url,)).fetchone():
+                        url = f"{url}#{d.doc_id}"
+                    try:
+                        c.execute("INSERT INTO documents VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                  (d.doc_id, url, normalize_url(url) if url else "", d.title, d.text, d.source,
+                                   json.dumps(d.metadata, ensure_ascii=False, default=str)))
+                    except sqlite3.IntegrityError:
+                        raise CorpusError(f"Duplicate doc_id {d.doc_id!r} in corpus (document stores need unique doc_ids).") from None
+                try:
+                    c.executemany("INSERT INTO passages VALUES (?, ?, ?, ?)",
+                                  ((first + i, p.passage_id, p.doc_id, "" if p.passage_id == p.doc_id else p.text)
+                                   for i, p in enumerate(passages)))
+                except sqlite3.IntegrityError as e:
+                    raise CorpusError(f"Duplicate passage_id in unit {unit} of the corpus ({e}); "
+                                      "a doc_id of the form '<id>#p<k>' collides with a split document.") from None
+                c.execute(f"INSERT INTO {BUILD_TABLE} VALUES (?, ?, ?, ?)", (unit, first, len(passages), len(docs)))
+                if before_commit is not None:
+                    before_commit(first)
+        except sqlite3.IntegrityError as e:
+            raise CorpusError(f"Unit {unit} is already in {self.path} ({e}).") from None
+        self.next_row = first + len(passages)
+        self.n_documents += len(docs)
+        return first
+
+    def iter_documents(self, batch: int = 10_000):
+        """``(doc_id, url, title, text)`` of every document in insertion (corpus) order."""
+        cur = self.conn.execute("SELECT doc_id, url, title, text FROM documents ORDER BY rowid")
+        while rows := cur.fetchmany(batch):
+            yield from rows
+
+    def iter_rows_by_passage_id(self, batch: int = 100_000):
+        """Passage rows in passage_id order (SQLite's BINARY collation compares UTF-8
+        bytes, the same order as Python's ``sorted`` of the strings)."""
+        cur = self.conn.execute("SELECT row FROM passages ORDER BY passage_id")
+        while rows := cur.fetchmany(batch):
+            yield from (r[0] for r in rows)
+
+    def iter_embed_texts(self, batch: int = 10_000):
+        """``"title\\ntext"`` of every passage in row order (what BM25 and the encoder read)."""
+        cur = self.conn.execute(f"SELECT d.title, {PASSAGE_TEXT} FROM passages p "
+                                "JOIN documents d ON d.doc_id = p.doc_id ORDER BY p.row")
+        while rows := cur.fetchmany(batch):
+            yield from ((f"{t}\n{x}" if t else x) for t, x in rows)
+
+    def finish(self) -> None:
+        """Checkpoint the WAL into the main file. The progress table stays (one small
+        row a unit): a build killed after this point still knows every unit is done."""
+        self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    def close(self) -> None:
+        """Close the connection. Idempotent."""
+        try:
+            self.conn.close()
+        except sqlite3.Error:
+            pass

@@ -11,6 +11,7 @@ Vectors are L2-normalised float32, so inner product equals cosine similarity.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -317,6 +318,13 @@ def shipped_cache_dir(encoder: Encoder) -> Path:
     return DATA_DIR / "embeddings" / safe
 
 
+@functools.lru_cache(maxsize=4)
+def _shipped_cache(folder: Path) -> EmbeddingCache:
+    """One loaded :class:`EmbeddingCache` per folder and process (a streaming build looks
+    it up once per unit)."""
+    return EmbeddingCache(folder)
+
+
 def embed_passages_cached(encoder: Encoder, texts: list[str], *, show_progress: bool = False) -> tuple[np.ndarray, int]:
     """Embed passages, taking whatever the shipped cache has and encoding the rest.
 
@@ -325,7 +333,7 @@ def embed_passages_cached(encoder: Encoder, texts: list[str], *, show_progress: 
         were encoded live (the rest came from the cache).
     """
     keys = text_keys(texts, model_key(encoder))
-    cache = EmbeddingCache(shipped_cache_dir(encoder))
+    cache = _shipped_cache(shipped_cache_dir(encoder))
     pos, vecs = cache.lookup(keys)
     out = np.zeros((len(texts), encoder.dim), dtype=np.float32)
     if len(pos):

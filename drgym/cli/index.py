@@ -15,7 +15,7 @@ def build(
     corpus: str = typer.Option("wiki-default", "--corpus", "-c", help="Named corpus (wiki-default, hotpotqa, ...) or a corpus file/folder."),
     format: str = typer.Option(None, "--format", help="Corpus format for a path: wiki18, web, clueweb22, hipporag, ovos, drgym (default: sniffed)."),
     encoder: str = typer.Option("all-MiniLM-L6-v2", "--encoder", "-e", help="sentence-transformers model name or local path."),
-    factory: str = typer.Option(None, "--factory", help="FAISS index_factory string: Flat (default), HNSW32, IVF256,PQ32 ..."),
+    factory: str = typer.Option(None, "--factory", help="FAISS index_factory string (Flat, HNSW32, IVF4096,PQ48 ...) or auto (default: Flat up to 1M passages, IVF-PQ beyond)."),
     shard_size: int = typer.Option(None, "--shard-size", help="Rows per dense shard (default 25,000,000)."),
     max_tokens: int = typer.Option(None, "--max-tokens", help="Passage window in encoder tokens (default: encoder window - 32; 0 = no split)."),
     overlap: int = typer.Option(32, "--overlap", help="Tokens shared by consecutive windows."),
@@ -23,29 +23,86 @@ def build(
     name: str = typer.Option(None, "--name", help="Index folder name (default: derived from corpus, encoder, factory)."),
     root: Path = typer.Option(None, "--root", help="Folder of index folders (default: $DRGYM_HOME/indexes)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if an identical index exists."),
+    chunk_docs: int = typer.Option(None, "--chunk-docs", help="Documents per build unit, the resumption step (default 10,000)."),
+    no_resume: bool = typer.Option(False, "--no-resume", help="Discard a partial build left by a killed run instead of resuming it."),
+    ray: bool = typer.Option(False, "--ray", help="Encode units and build shards on a Ray cluster (pip install 'drgym[distributed]')."),
+    ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: start or join a local one)."),
 ) -> None:
-    """Build an index (docstore, FAISS shards, BM25); reuses an identical existing one."""
+    """Build an index (docstore, FAISS shards, BM25), streamed unit by unit; reuses an identical existing one and resumes a killed build."""
     import time
 
     from drgym.errors import DrgymError
     from drgym.index.build import DEFAULT_FACTORY, DEFAULT_SHARD_SIZE, IndexSpec, build_index
+    from drgym.index.units import CHUNK_DOCS
 
     t0 = time.perf_counter()
     spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
                      shard_size=shard_size or DEFAULT_SHARD_SIZE, max_tokens=max_tokens, overlap=overlap,
-                     bm25=not no_bm25, name=name)
+                     bm25=not no_bm25, name=name, chunk_docs=chunk_docs or CHUNK_DOCS)
     try:
-        res = build_index(spec, root=root, force=force, progress=True)
+        runner = None
+        if ray:
+            from drgym.distributed.build import RayRunner
+
+            runner = RayRunner(address=ray_address)
+        res = build_index(spec, root=root, force=force, progress=True, resume=not no_resume, runner=runner)
     except DrgymError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from e
+    _report(res, t0)
+
+
+def _report(res, t0: float) -> None:
+    import time
+
     m = res.manifest
     typer.echo(f"index: {res.folder}")
     typer.echo(f"{'built' if res.built else 'up to date (not rebuilt)'}: {m.n_documents} documents, {m.n_passages} passages, "
                f"{len(m.shards)} shard(s), factory {m.factory}, encoder {m.encoder}@{m.encoder_revision}")
     if res.built:
+        if res.resumed_units:
+            typer.echo(f"resumed: {res.resumed_units} unit(s) came from a partial build")
         typer.echo("timings (s): " + ", ".join(f"{k} {v}" for k, v in m.timings.items()))
     typer.echo(f"total: {time.perf_counter() - t0:.1f} s")
+
+
+@index_app.command("import")
+def import_cmd(
+    corpus: Path = typer.Argument(..., help="Corpus file or folder; row i is vector i (wiki-18 JSONL {id, contents}, parquet, any drgym format)."),
+    encoder: str = typer.Option(..., "--encoder", "-e", help="The model that made the vectors (name or local path); queries are encoded with it."),
+    faiss_index: Path = typer.Option(None, "--faiss", help="An existing FAISS index file (inner product), e.g. Search-R1's e5_Flat.index."),
+    embeddings: list[Path] = typer.Option(None, "--embeddings", help=".npy embedding shards in corpus order (repeat the option, or give a folder of .npy files)."),
+    format: str = typer.Option(None, "--format", help="Corpus format (default: sniffed; wiki18 for {id, contents} rows)."),
+    factory: str = typer.Option("auto", "--factory", help="FAISS factory for --embeddings (default auto); an imported --faiss index is kept as is."),
+    shard_size: int = typer.Option(None, "--shard-size", help="Rows per dense shard for --embeddings (default 25,000,000)."),
+    no_bm25: bool = typer.Option(False, "--no-bm25", help="Skip the BM25 index."),
+    name: str = typer.Option(None, "--name", help="Index folder name (default: derived from corpus, encoder, factory)."),
+    root: Path = typer.Option(None, "--root", help="Folder of index folders (default: $DRGYM_HOME/indexes)."),
+    link: str = typer.Option("auto", "--link", help="How the FAISS file enters the index: auto (hard link, else copy), hardlink, copy, symlink."),
+    force: bool = typer.Option(False, "--force", help="Import again even if an identical index exists."),
+    no_resume: bool = typer.Option(False, "--no-resume", help="Discard a partial import instead of resuming it."),
+) -> None:
+    """Import a corpus plus its ready-made vectors (a FAISS index or .npy shards): writes the docstore, manifest and BM25; nothing is re-encoded."""
+    import time
+
+    from drgym.errors import DrgymError
+    from drgym.index.build import DEFAULT_SHARD_SIZE
+    from drgym.index.importer import import_index
+
+    t0 = time.perf_counter()
+    files = None
+    if embeddings:
+        files = []
+        for p in embeddings:
+            files.extend(sorted(p.glob("*.npy")) if p.is_dir() else [p])
+    try:
+        res = import_index(corpus, encoder=encoder, faiss_index=faiss_index, embeddings=files, format=format,
+                           factory=factory, shard_size=shard_size or DEFAULT_SHARD_SIZE, bm25=not no_bm25, name=name,
+                           root=root, link=link, force=force, resume=not no_resume, progress=True)
+    except DrgymError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from e
+    _report(res, t0)
 
 
 @index_app.command("info")
@@ -67,7 +124,12 @@ def list_indexes() -> None:
     from drgym.index.manifest import IndexManifest
     from drgym.paths import indexes_dir
 
+    from drgym.index.build import BUILD_PREFIX
+
     for p in sorted(indexes_dir().iterdir()):
+        if p.name.startswith(BUILD_PREFIX) and p.is_dir():
+            typer.echo(f"{p.name[len(BUILD_PREFIX):]}\tpartial build (killed or running): rerun the same build to resume it")
+            continue
         if p.name.startswith(".") or not p.is_dir():
             continue
         try:

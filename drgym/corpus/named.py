@@ -140,8 +140,14 @@ def corpus_fingerprint(docs: Iterable[Document]) -> str:
 
     Two corpora with the same fingerprint index identically.
     """
+    return fingerprint_rows((d.doc_id, d.url, d.title, d.text) for d in docs)
+
+
+def fingerprint_rows(rows: Iterable[tuple[str, str, str, str]]) -> str:
+    """:func:`corpus_fingerprint` of ``(doc_id, url, title, text)`` tuples (e.g. streamed
+    back from a document store, so a large corpus is never held in memory)."""
     h = hashlib.sha256()
-    for d in docs:
-        h.update(json.dumps([d.doc_id, d.url, d.title, d.text], ensure_ascii=False).encode("utf-8"))
+    for row in rows:
+        h.update(json.dumps(list(row), ensure_ascii=False).encode("utf-8"))
         h.update(b"\n")
     return h.hexdigest()

@@ -2,8 +2,8 @@
 
 Formats:
 
-* ``wiki18``: JSONL ``{"id", "contents"}`` with ``contents = '"Title"\\ntext'`` (the
-  wiki-18 DPR format of FlashRAG and Search-R1).
+* ``wiki18``: JSONL (or parquet) ``{"id", "contents"}`` with ``contents =
+  '"Title"\\ntext'`` (the wiki-18 DPR format of FlashRAG and Search-R1).
 * ``web``: JSONL, parquet, or a local ``datasets`` folder of rows ``{"id", "url",
   "text", ...}`` (FineWeb rows); extra fields go to ``metadata``.
 * ``clueweb22``: ClueWeb22 "txt" JSON records (``ClueWeb22-ID``, ``URL``,
@@ -14,7 +14,10 @@ Formats:
   ``description``, ``topic``).
 * ``drgym``: JSONL of :meth:`Document.to_dict` rows (what :func:`write_documents` writes).
 
-Every reader yields documents in file order, with doc_ids stable across runs.
+Every reader yields documents in file order, with doc_ids stable across runs. The
+line-based readers (``wiki18``, ``web``, ``clueweb22``, ``drgym``) also read one
+:class:`Span` of a file (a byte range of a JSONL file, a range of parquet row groups), so
+that a large corpus can be read in independent pieces (:mod:`drgym.index.units`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import gzip
 import json
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +43,40 @@ def _open_text(path: Path):
     return open(path, encoding="utf-8")
 
 
-def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with _open_text(path) as f:
-        for lineno, line in enumerate(f, 1):
+@dataclass(frozen=True)
+class Span:
+    """A piece of a corpus file.
+
+    Attributes:
+        start: first byte (JSONL) or first row group (parquet), inclusive.
+        stop: last byte (JSONL) or last row group (parquet), exclusive.
+        first: line number of the first line at ``start`` (JSONL, 1-based) or index of
+            the first row of row group ``start`` (parquet, 0-based), so that messages
+            and row-number ids match a whole-file read.
+    """
+
+    start: int
+    stop: int
+    first: int
+
+
+def _iter_jsonl(path: Path, span: Span | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    if span is None:
+        f, lines = _open_text(path), None
+    else:
+        if path.suffix == ".gz":
+            raise CorpusError(f"{path}: a gzip file cannot be read by byte range; read it whole.")
+        f = open(path, "rb")
+        f.seek(span.start)
+        lines = _byte_lines(f, span.stop - span.start)
+    with f:
+        first = 1 if span is None else span.first
+        for lineno, line in enumerate(lines if lines is not None else f, first):
+            if isinstance(line, bytes):
+                try:
+                    line = line.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise CorpusError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start}).") from e
             if not line.strip():
                 continue
             try:
@@ -53,19 +88,63 @@ def _iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             yield lineno, row
 
 
-def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18") -> Iterator[Document]:
-    """Read wiki-18 JSONL (``{"id", "contents"}``, contents ``'"Title"\\ntext'``).
+def _byte_lines(f, length: int) -> Iterator[bytes]:
+    """The lines of the next ``length`` bytes of binary file ``f``."""
+    left = length
+    while left > 0:
+        line = f.readline(left)
+        if not line:
+            return
+        left -= len(line)
+        yield line
+
+
+def _iter_parquet(path: Path, span: Span | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Rows of a parquet file (or of row groups ``span.start..span.stop-1``) with their
+    0-based row index, streamed batch by batch with pyarrow."""
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise CorpusError(f"{path}: not a readable parquet file ({type(e).__name__}: {e}).") from e
+    groups = None if span is None else list(range(span.start, span.stop))
+    i = 0 if span is None else span.first
+    for batch in pf.iter_batches(batch_size=4096, row_groups=groups):
+        for row in batch.to_pylist():
+            yield i, row
+            i += 1
+
+
+def _iter_rows(path: Path, span: Span | None = None) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """``(where, index, row)`` of a JSONL or parquet file: ``index`` is the 1-based line
+    number (JSONL) or the 0-based row number (parquet); ``where`` names it for messages."""
+    if path.suffix == ".parquet":
+        for i, row in _iter_parquet(path, span):
+            yield f"{path} row {i}", i, row
+    else:
+        for lineno, row in _iter_jsonl(path, span):
+            yield f"{path}:{lineno}", lineno, row
+
+
+def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span | None = None) -> Iterator[Document]:
+    """Read wiki-18 JSONL or parquet (``{"id", "contents"}``, contents ``'"Title"\\ntext'``).
 
     The doc_id is ``f"{source}-{id}"``; the URL is the Wikipedia URL of the title.
     URLs are made unique by the corpus assembler (:func:`drgym.corpus.assemble`).
+
+    Args:
+        path: the file.
+        source: ``source`` label and doc_id prefix.
+        span: read only this piece of the file (see :class:`Span`).
 
     Raises:
         CorpusError: a line is not JSON or lacks ``id``/``contents``.
     """
     path = Path(path)
-    for lineno, row in _iter_jsonl(path):
+    for where, _, row in _iter_rows(path, span):
         if "contents" not in row or "id" not in row:
-            raise CorpusError(f"{path}:{lineno}: wiki18 rows need 'id' and 'contents', got keys {sorted(row)}.")
+            raise CorpusError(f"{where}: wiki18 rows need 'id' and 'contents', got keys {sorted(row)}.")
         title, _, text = str(row["contents"]).partition("\n")
         title = title.strip()
         if len(title) >= 2 and title[0] == '"' and title[-1] == '"':
@@ -97,34 +176,35 @@ def _web_row(row: dict[str, Any], i: int, source: str, where: str) -> Document:
     )
 
 
-def read_web(path: str | os.PathLike, *, source: str = "web") -> Iterator[Document]:
+def read_web(path: str | os.PathLike, *, source: str = "web", span: Span | None = None) -> Iterator[Document]:
     """Read FineWeb-style rows ``{"id", "url", "text", ...}``.
 
-    ``path`` may be a ``.jsonl``/``.jsonl.gz`` file, a ``.parquet`` file, or a local
-    ``datasets`` folder (``save_to_disk`` output); the latter two are read with
-    ``datasets``. Rows without ``id`` get their row number.
+    ``path`` may be a ``.jsonl``/``.jsonl.gz`` file, a ``.parquet`` file (streamed by
+    row group with pyarrow), or a local ``datasets`` folder (``save_to_disk`` output,
+    read with ``datasets``). Rows without ``id`` get their row number (0-based).
+
+    Args:
+        span: read only this piece of a JSONL or parquet file (see :class:`Span`).
 
     Raises:
         CorpusError: a row lacks ``text``, or the path is of no known kind.
     """
     path = Path(path)
-    if path.is_dir() or path.suffix == ".parquet":
+    if path.is_dir():
         import datasets
 
-        if path.is_dir():
-            ds = datasets.load_from_disk(str(path))
-            if isinstance(ds, datasets.DatasetDict):
-                ds = ds[next(iter(ds))]
-        else:
-            ds = datasets.load_dataset("parquet", data_files=str(path), split="train")
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            ds = ds[next(iter(ds))]
         for i, row in enumerate(ds):
             yield _web_row(row, i, source, f"{path} row {i}")
         return
-    for lineno, row in _iter_jsonl(path):
-        yield _web_row(row, lineno - 1, source, f"{path}:{lineno}")
+    offset = 0 if path.suffix == ".parquet" else 1  # JSONL: line number -> row number
+    for where, i, row in _iter_rows(path, span):
+        yield _web_row(row, i - offset, source, where)
 
 
-def read_clueweb22(path: str | os.PathLike, *, source: str = "clueweb22") -> Iterator[Document]:
+def read_clueweb22(path: str | os.PathLike, *, source: str = "clueweb22", span: Span | None = None) -> Iterator[Document]:
     """Read ClueWeb22 txt records, one JSON object a line.
 
     The doc_id is the ``ClueWeb22-ID`` itself; the title is the first line of
@@ -134,10 +214,10 @@ def read_clueweb22(path: str | os.PathLike, *, source: str = "clueweb22") -> Ite
         CorpusError: a record lacks ``ClueWeb22-ID``, ``URL`` or ``Clean-Text``.
     """
     path = Path(path)
-    for lineno, row in _iter_jsonl(path):
+    for where, _, row in _iter_rows(path, span):
         missing = [k for k in ("ClueWeb22-ID", "URL", "Clean-Text") if k not in row]
         if missing:
-            raise CorpusError(f"{path}:{lineno}: ClueWeb22 record lacks {missing}.")
+            raise CorpusError(f"{where}: ClueWeb22 record lacks {missing}.")
         title, _, text = str(row["Clean-Text"]).partition("\n")
         yield Document(
             doc_id=str(row["ClueWeb22-ID"]),
@@ -206,18 +286,18 @@ def read_ovos(path: str | os.PathLike, *, source: str = "ovos") -> Iterator[Docu
         )
 
 
-def read_drgym(path: str | os.PathLike) -> Iterator[Document]:
-    """Read JSONL of :meth:`Document.to_dict` rows.
+def read_drgym(path: str | os.PathLike, *, span: Span | None = None) -> Iterator[Document]:
+    """Read JSONL of :meth:`Document.to_dict` rows (or one :class:`Span` of the file).
 
     Raises:
         CorpusError: a row lacks ``doc_id`` or ``text``.
     """
     path = Path(path)
-    for lineno, row in _iter_jsonl(path):
+    for where, _, row in _iter_rows(path, span):
         try:
             yield Document.from_dict(row)
         except KeyError as e:
-            raise CorpusError(f"{path}:{lineno}: drgym rows need 'doc_id' and 'text' (missing {e}).") from e
+            raise CorpusError(f"{where}: drgym rows need 'doc_id' and 'text' (missing {e}).") from e
 
 
 def write_documents(docs: Iterable[Document], path: str | os.PathLike) -> int:
@@ -240,7 +320,19 @@ def sniff_format(path: str | os.PathLike) -> str:
         CorpusError: the file is empty or of no known format.
     """
     path = Path(path)
-    if path.is_dir() or path.suffix == ".parquet":
+    if path.is_dir():
+        return "web"
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            names = set(pq.read_schema(path).names)
+        except Exception as e:  # noqa: BLE001
+            raise CorpusError(f"{path}: not a readable parquet file ({type(e).__name__}: {e}).") from e
+        if "contents" in names:
+            return "wiki18"
+        if "Clean-Text" in names:
+            return "clueweb22"
         return "web"
     if path.suffix in (".json",) or path.name.endswith(".json.gz"):
         with _open_text(path) as f:
@@ -261,16 +353,23 @@ def sniff_format(path: str | os.PathLike) -> str:
     raise CorpusError(f"{path}: empty corpus file.")
 
 
-def read_corpus(path: str | os.PathLike, format: str | None = None, *, source: str | None = None) -> Iterator[Document]:
+SPAN_FORMATS = ("wiki18", "web", "clueweb22", "drgym")
+"""Formats whose files can be read by :class:`Span` (JSONL and parquet files)."""
+
+
+def read_corpus(path: str | os.PathLike, format: str | None = None, *, source: str | None = None,
+                span: Span | None = None) -> Iterator[Document]:
     """Read any supported corpus file.
 
     Args:
         path: the file or folder.
         format: one of :data:`FORMATS`, or None to sniff it.
         source: the ``source`` label and doc_id prefix (default: the format name).
+        span: read only this piece of the file (formats in :data:`SPAN_FORMATS`).
 
     Raises:
-        CorpusError: missing file, unknown format, or malformed records.
+        CorpusError: missing file, unknown format, malformed records, or a span for a
+            format that is read whole.
     """
     path = Path(path)
     if not path.exists():
@@ -283,8 +382,14 @@ def read_corpus(path: str | os.PathLike, format: str | None = None, *, source: s
         "hipporag": read_hipporag,
         "ovos": read_ovos,
     }
+    if fmt not in readers and fmt != "drgym":
+        raise CorpusError(f"Unknown corpus format {fmt!r}; expected one of {FORMATS}.")
+    if span is not None:
+        if fmt not in SPAN_FORMATS:
+            raise CorpusError(f"{path}: format {fmt!r} is read whole, not by span.")
+        if fmt == "drgym":
+            return read_drgym(path, span=span)
+        return readers[fmt](path, source=source or fmt, span=span)
     if fmt == "drgym":
         return read_drgym(path)
-    if fmt not in readers:
-        raise CorpusError(f"Unknown corpus format {fmt!r}; expected one of {FORMATS}.")
     return readers[fmt](path, source=source or fmt)

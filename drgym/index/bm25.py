@@ -106,19 +106,105 @@ class BM25Index:
         return out
 
 
-def write_bm25(folder: Path, texts: list[str]) -> dict:
+BM25_BYTES_PER_PAIR = 40
+"""Peak build memory of bm25s per (passage, distinct token) pair: its score, document
+and vocabulary arrays (12 bytes), the scipy COO -> CSC conversion (about as much again)
+and slack; measured by scripts/bench_scale.py (``bm25`` entries)."""
+
+BM25_BYTES_PER_TERM = 400
+"""Peak build memory per vocabulary term (Python dicts and sets of bm25s and drgym)."""
+
+BM25_MEMORY_FRACTION = 0.8
+"""A BM25 build may use this fraction of the memory available when it starts."""
+
+
+class _TokenIds:
+    """Token ids of every passage, kept in a flat int32 file (memory-mapped) and handed
+    to bm25s as an iterable of lists, one passage at a time (bm25s reads it 3 times)."""
+
+    def __init__(self, flat: np.ndarray, offsets: np.ndarray, vocab: dict[str, int]) -> None:
+        self.flat, self.offsets, self.vocab = flat, offsets, vocab
+
+    @property
+    def ids(self) -> "_TokenIds":
+        return self
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __iter__(self):
+        for a, b in zip(self.offsets[:-1], self.offsets[1:]):
+            yield self.flat[a:b].tolist()
+
+
+def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int = 10_000) -> dict:
     """Build and save the BM25 index of ``texts`` (one per passage row) in ``folder/bm25``.
+
+    The texts are streamed: tokenised ``chunk`` at a time with ``bm25s.tokenize``
+    (the same tokens as one call over the whole corpus) into a flat token-id file on disk,
+    then indexed by bm25s, whose score matrix is built in memory. That last step needs
+    about :data:`BM25_BYTES_PER_PAIR` bytes per (passage, distinct token) pair plus
+    :data:`BM25_BYTES_PER_TERM` per vocabulary term: about 2.4 GB per million 100-word
+    passages. Before it starts, the need is estimated and compared with ``max_memory``.
+
+    Args:
+        folder: the index build folder.
+        texts: iterable of passage texts in row order (a list, or
+            :meth:`drgym.docstore.DocStoreWriter.iter_embed_texts`).
+        max_memory: bytes the build may use; None is :data:`BM25_MEMORY_FRACTION` of the
+            memory available now.
+        chunk: texts tokenised per bm25s call.
 
     Returns:
         Settings recorded in the manifest (``k1``, ``b``, ``method``, ``stopwords``,
         ``vocab_size``).
-    """
-    bm25s = _bm25s()
 
-    retriever = bm25s.BM25()
-    tokens = bm25s.tokenize(texts, stopwords=STOPWORDS, show_progress=False)
-    retriever.index(tokens, show_progress=False)
-    retriever.save(str(Path(folder) / BM25_DIR))
+    Raises:
+        ConfigError: the estimated memory exceeds ``max_memory`` (the message gives both
+            and the way out: build without BM25).
+    """
+    import itertools
+    import shutil
+
+    from drgym.errors import ConfigError
+
+    bm25s = _bm25s()
+    out_dir = Path(folder) / BM25_DIR
+    tmp = Path(folder) / ".bm25-tokens"
+    tmp.mkdir(parents=True, exist_ok=True)
+    vocab: dict[str, int] = {}
+    lengths: list[int] = []
+    pairs = 0
+    try:
+        with open(tmp / "ids.bin", "wb") as f:
+            it = iter(texts)
+            while batch := list(itertools.islice(it, chunk)):
+                toks = bm25s.tokenize(batch, stopwords=STOPWORDS, return_ids=False, show_progress=False)
+                for doc in toks:
+                    ids = np.fromiter((vocab.setdefault(t, len(vocab)) for t in doc), dtype=np.int32, count=len(doc))
+                    f.write(ids.tobytes())
+                    lengths.append(len(ids))
+                    pairs += len(np.unique(ids))
+        need = BM25_BYTES_PER_PAIR * pairs + BM25_BYTES_PER_TERM * len(vocab)
+        if max_memory is None:
+            import psutil
+
+            max_memory = int(BM25_MEMORY_FRACTION * psutil.virtual_memory().available)
+        if need > max_memory:
+            raise ConfigError(
+                f"BM25 over {len(lengths):,} passages ({pairs:,} passage-term pairs, {len(vocab):,} terms) needs about "
+                f"{need / 2**30:.1f} GiB of memory, more than the {max_memory / 2**30:.1f} GiB available; "
+                "build without BM25 (--no-bm25, dense search only) or on a machine with more memory."
+            )
+        offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
+        np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
+        flat = np.memmap(tmp / "ids.bin", dtype=np.int32, mode="r") if offsets[-1] else np.zeros(0, np.int32)
+        retriever = bm25s.BM25()
+        retriever.index(_TokenIds(flat, offsets, vocab), show_progress=False)
+        del flat
+        retriever.save(str(out_dir))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return {
         "dir": BM25_DIR,
         "method": retriever.method,

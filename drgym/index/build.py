@@ -1,45 +1,92 @@
-"""Build an index folder (docstore + dense shards + BM25) from a corpus, atomically.
+"""Build an index folder (docstore + dense shards + BM25) from a corpus: streamed,
+resumable, one builder at a time.
 
-``build_index`` loads the corpus, splits it into passages with the encoder's tokenizer
+``build_index`` cuts the corpus into units of about 10,000 documents
+(:mod:`drgym.index.units`; a JSONL file by byte range, parquet by row groups), and for
+each unit, in order: reads it, splits it into passages with the encoder's tokenizer
 (:func:`drgym.corpus.split_documents`, default window
 :func:`~drgym.corpus.chunking.default_max_tokens`, overlap 32), embeds them (taking
-vectors from drgym's shipped embedding cache when the texts match, so the default corpus
-needs no live encoding), and writes everything into a temporary folder next to the
-destination, which is renamed into place at the end. A crash never leaves a half-built
-index where a loader would find it. If the destination already holds an index with the
-same identity (same corpus fingerprint, encoder and revision, factory, chunking, shard
-size, drgym version), nothing is rebuilt.
+vectors from drgym's shipped embedding cache when the texts match), and commits the
+documents and passages to the docstore and the float16 vectors to an embedding part, in
+one transaction. Then it assembles the dense shards from the parts (one FAISS index per
+shard, IVF/PQ trained on a sample), the tie ranks, BM25 (streamed from the docstore) and
+the manifest. Memory is bounded by one unit plus one FAISS shard, whatever the corpus
+size.
+
+Everything is written into ``<root>/.build-<name>/``, which is renamed to
+``<root>/<name>`` only when complete: a loader never finds a half-built index. A build
+that is killed leaves that folder behind, and running the same build again resumes after
+the last committed unit (and after the last finished shard). Builds of the same index
+take a file lock (``filelock``), so a second process waits and then reuses the first
+one's index. If the destination already holds an index with the same identity (same
+corpus fingerprint, or unchanged input files; encoder and revision, factory, chunking,
+shard size, drgym version), nothing is rebuilt.
+
+The unit loop and the shard builds go through a *runner*; :class:`LocalRunner` runs them
+in this process, :class:`drgym.distributed.build.RayRunner` on a Ray cluster, and both
+write the same files.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import json
 import logging
+import math
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from drgym.errors import ConfigError, CorruptIndexError, IndexNotFoundError
-from drgym.index.manifest import IndexManifest, record_files
+import numpy as np
+
+from drgym.errors import ConfigError, CorpusError, CorruptIndexError, IndexNotFoundError
+from drgym.index.manifest import IndexManifest, ShardInfo, record_files
+from drgym.index.units import CHUNK_DOCS, EncodedUnit, Unit, encode_unit, plan_units
 from drgym.types import Document
 
 log = logging.getLogger(__name__)
 
-DEFAULT_FACTORY = "Flat"
-"""Exact inner-product search: on the ~21k passages of wiki-default a Flat search costs
-~2 ms against ~15 ms for embedding the query, is exact, and rebuilds bit-identically.
-Use ``"HNSW32"`` (or ``"IVF4096,PQ64"``) for large corpora."""
+DEFAULT_FACTORY = "auto"
+"""Pick the FAISS index from the corpus size (:func:`choose_factory`)."""
+
+FLAT_MAX = 1_000_000
+"""``auto`` uses exact ``Flat`` search up to this many passages (the estimate is the
+number of documents): on 2 CPU cores a single query over 10^6 384-d vectors takes
+tens of ms (scripts/bench_scale.py) and the vectors take 1.5 GB; beyond it ``auto`` picks
+IVF-PQ."""
 
 DEFAULT_SHARD_SIZE = 25_000_000
 """Rows per dense shard (DeepResearchGym uses 25M documents a shard); wiki-default is one."""
 
 DEFAULT_OVERLAP = 32
+
+BUILD_PREFIX = ".build-"
+"""Partial builds live in ``<root>/.build-<name>`` (hidden from ``drgym index list``)."""
+
+_STATE = "build.json"
+
+
+def choose_factory(n: int, dim: int) -> str:
+    """The FAISS factory ``auto`` picks for about ``n`` passages of dimension ``dim``.
+
+    ``Flat`` (exact) up to :data:`FLAT_MAX`; beyond it ``IVF{nlist},PQ{m}`` with
+    ``nlist`` the power of two nearest ``4 * sqrt(n)`` (FAISS's guideline is 4-16
+    sqrt(n)) and ``m = dim / 8`` sub-quantizers of 8 bits (``dim / 4`` bytes when 8 does
+    not divide ``dim``), so each vector costs ``m`` bytes instead of ``4 * dim``.
+
+    >>> choose_factory(21_000, 384), choose_factory(5_000_000, 384), choose_factory(21_000_000, 768)
+    ('Flat', 'IVF8192,PQ48', 'IVF16384,PQ96')
+    """
+    if n <= FLAT_MAX:
+        return "Flat"
+    nlist = 2 ** max(8, round(math.log2(4 * math.sqrt(n))))
+    m = dim // 8 if dim % 8 == 0 else (dim // 4 if dim % 4 == 0 else dim)
+    return f"IVF{nlist},PQ{m}"
 
 
 @dataclass
@@ -48,16 +95,18 @@ class IndexSpec:
 
     Attributes:
         corpus: a named corpus (:data:`drgym.corpus.NAMED`, default ``"wiki-default"``)
-            or a path to a corpus file/folder.
+            or a path to a corpus file or a folder of corpus files.
         format: corpus format for a path (one of :data:`drgym.corpus.FORMATS`); None sniffs.
         encoder: sentence-transformers model name or path.
-        factory: FAISS ``index_factory`` string.
+        factory: FAISS ``index_factory`` string, or ``"auto"`` (:func:`choose_factory`).
         shard_size: rows per dense shard, >= 1.
         max_tokens: passage window in encoder tokens; None = encoder window minus title
             room (224 for MiniLM); 0 disables splitting.
         overlap: tokens shared by consecutive windows of a split document.
         bm25: also build the BM25 index.
         name: index folder name; None derives one from corpus, encoder and factory.
+        chunk_docs: documents per build unit (resumption granularity; does not change
+            the index).
     """
 
     corpus: str = "wiki-default"
@@ -69,12 +118,12 @@ class IndexSpec:
     overlap: int = DEFAULT_OVERLAP
     bm25: bool = True
     name: str | None = None
+    chunk_docs: int = CHUNK_DOCS
 
     def index_name(self, encoder_name: str) -> str:
         """The folder name: given, or ``<corpus>--<encoder>--<factory>[--s<shard_size>]``."""
         if self.name:
-            if not re.fullmatch(r"[A-Za-z0-9._-]+", self.name) or self.name.startswith("."):
-                raise ConfigError(f"Index name {self.name!r} may hold only letters, digits, '.', '_' and '-'.")
+            check_index_name(self.name)
             return self.name
         corpus = Path(self.corpus).stem if _is_path(self.corpus) else self.corpus
         parts = [corpus, Path(encoder_name).name, self.factory]
@@ -83,33 +132,21 @@ class IndexSpec:
         return "--".join(re.sub(r"[^A-Za-z0-9._-]+", "_", p) for p in parts)
 
 
+def check_index_name(name: str) -> None:
+    """Refuse index names that are not plain folder names.
+
+    Raises:
+        ConfigError: characters other than letters, digits, ``.``, ``_``, ``-``, or a
+            leading dot.
+    """
+    if not re.fullmatch(r"[A-Za-z0-9._-]+", name) or name.startswith("."):
+        raise ConfigError(f"Index name {name!r} may hold only letters, digits, '.', '_' and '-'.")
+
+
 def _is_path(corpus: str) -> bool:
     from drgym.corpus.named import NAMED
 
     return corpus not in NAMED and (os.sep in corpus or Path(corpus).exists())
-
-
-def load_corpus(corpus: str, format: str | None = None) -> tuple[list[Document], str]:
-    """Load a named corpus or a corpus file, with unique URLs.
-
-    Returns:
-        ``(documents, label)`` where label is the corpus name or the absolute path.
-
-    Raises:
-        ConfigError: unknown corpus name (not a name and not an existing path).
-        CorpusError: unreadable corpus file.
-    """
-    from drgym.corpus.named import NAMED, load_named_corpus, unique_urls
-    from drgym.corpus.readers import read_corpus
-    from drgym.errors import unknown_name
-
-    if corpus in NAMED:
-        return load_named_corpus(corpus), corpus
-    p = Path(corpus).expanduser()
-    if not p.exists():
-        raise unknown_name("corpus (name or existing path)", corpus, NAMED)
-    docs = unique_urls(read_corpus(p, format))
-    return docs, str(p.resolve())
 
 
 _ENCODERS: dict[tuple[str, str | None], object] = {}
@@ -138,22 +175,45 @@ def get_encoder(name: str = "all-MiniLM-L6-v2", device: str | None = None):
 
 
 @contextlib.contextmanager
-def _build_lock(root: Path, name: str):
-    """Exclusive per-index file lock, so concurrent builders of one index wait in turn."""
+def build_lock(root: Path, name: str, *, announce: Callable[[str], None] | None = None):
+    """Exclusive per-index file lock (``filelock``), so concurrent builders of one index
+    take turns: the second waits, then finds the first one's index and reuses it.
+
+    The lock is ``<root>/.<name>.lock``; the operating system releases it when the holder
+    dies, so a killed build never blocks the next one.
+
+    Args:
+        root: folder of index folders.
+        name: index name.
+        announce: called with a message when the lock is busy (before waiting).
+    """
+    from filelock import FileLock, Timeout
+
     root.mkdir(parents=True, exist_ok=True)
-    with open(root / f".{name}.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    lock = FileLock(str(root / f".{name}.lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        msg = f"another process is building index {name!r}; waiting for it (lock {lock.lock_file})"
+        log.info(msg)
+        if announce:
+            announce(msg)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
-def planned_manifest(spec: IndexSpec, docs: list[Document], label: str, encoder) -> IndexManifest:
-    """The manifest a build of ``spec`` would write (without shards, files, timings)."""
+def planned_manifest(spec: IndexSpec, label: str, fingerprint: str, sources: list[dict], encoder) -> IndexManifest:
+    """The manifest a build of ``spec`` would write (without counts, shards, files,
+    timings; ``fingerprint`` is ``""`` for a file corpus until it is read).
+
+    Raises:
+        ConfigError: ``shard_size < 1``.
+    """
     from drgym import __version__
     from drgym.corpus.chunking import default_max_tokens
-    from drgym.corpus.named import corpus_fingerprint
 
     max_tokens = default_max_tokens(encoder.max_length) if spec.max_tokens is None else int(spec.max_tokens)
     if spec.shard_size < 1:
@@ -161,8 +221,8 @@ def planned_manifest(spec: IndexSpec, docs: list[Document], label: str, encoder)
     return IndexManifest(
         name=spec.index_name(encoder.name),
         corpus=label,
-        corpus_fingerprint=corpus_fingerprint(docs),
-        n_documents=len(docs),
+        corpus_fingerprint=fingerprint,
+        n_documents=0,
         n_passages=0,
         encoder=encoder.name,
         encoder_revision=encoder.revision,
@@ -176,14 +236,30 @@ def planned_manifest(spec: IndexSpec, docs: list[Document], label: str, encoder)
         shards=[],
         bm25={"enabled": True} if spec.bm25 else None,
         drgym_version=__version__,
+        sources=sources,
     )
 
 
-def _same_identity(existing: IndexManifest, planned: IndexManifest) -> bool:
+def source_key(sources: list[dict]) -> list[tuple]:
+    """What identifies input files for reuse: ``(path, bytes, mtime_ns, role)`` each."""
+    return [(s.get("path"), s.get("bytes"), s.get("mtime_ns"), s.get("role", "corpus")) for s in sources]
+
+
+def same_identity(existing: IndexManifest, planned: IndexManifest) -> bool:
+    """Whether ``existing`` is what ``planned`` would build: equal identities (but for
+    the corpus fingerprint and sources), then an equal fingerprint when the planned one
+    is known (named corpora), else unchanged input files (path, size, mtime)."""
     a, b = existing.identity(), planned.identity()
+    for d in (a, b):
+        d.pop("corpus_fingerprint", None)
+        d.pop("sources", None)
     if existing.bm25 is not None and planned.bm25 is not None:
         a["bm25"] = b["bm25"] = True  # BM25 settings are fixed by the drgym version
-    return a == b
+    if a != b:
+        return False
+    if planned.corpus_fingerprint:
+        return existing.corpus_fingerprint == planned.corpus_fingerprint
+    return bool(planned.sources) and source_key(existing.sources) == source_key(planned.sources)
 
 
 @dataclass
@@ -195,12 +271,105 @@ class BuildResult:
         manifest: its manifest.
         built: False when an identical index already existed.
         seconds: wall time of the call.
+        resumed_units: units found done in a partial build and not redone.
     """
 
     folder: Path
     manifest: IndexManifest
     built: bool
     seconds: float
+    resumed_units: int = 0
+
+
+@dataclass
+class ShardTask:
+    """One dense shard to build: arguments of :func:`drgym.index.dense.write_dense_shard`."""
+
+    folder: str
+    shard_no: int
+    start: int
+    count: int
+    parts: list[tuple[str, int, int]]
+    dim: int
+    factory: str
+
+    def run(self) -> ShardInfo:
+        """Build the shard (skipped when a previous run finished it)."""
+        from drgym.index.dense import write_dense_shard
+
+        return write_dense_shard(Path(self.folder), self.shard_no, self.start, self.count, self.parts, self.dim,
+                                 self.factory)
+
+
+@dataclass
+class BuildContext:
+    """What a runner needs to encode units: the encoder and the chunking settings."""
+
+    encoder: object
+    max_tokens: int
+    overlap: int
+    memory_docs: list[Document] | None = None
+    progress: bool = False
+
+
+class LocalRunner:
+    """Run a build's units and shards in this process, in order."""
+
+    name = "local"
+
+    def encode_units(self, units: list[Unit], ctx: BuildContext) -> Iterator[EncodedUnit]:
+        """Encoded units, in the order of ``units``."""
+        from tqdm.auto import tqdm
+
+        for u in tqdm(units, desc="units", disable=not ctx.progress or len(units) < 2):
+            yield encode_unit(u, ctx.encoder, max_tokens=ctx.max_tokens, overlap=ctx.overlap,
+                              memory_docs=ctx.memory_docs)
+
+    def build_shards(self, tasks: list[ShardTask], progress: bool = False) -> list[ShardInfo]:
+        """Build the shards one after the other."""
+        from tqdm.auto import tqdm
+
+        return [t.run() for t in tqdm(tasks, desc="dense shards", disable=not progress or len(tasks) < 2)]
+
+
+def _estimate_docs(units: list[Unit]) -> int:
+    """Documents of a plan; a unit read whole (gz, JSON) counts its file size / 1 KB."""
+    n = 0
+    for u in units:
+        n += u.n_docs if u.n_docs >= 0 else max(1, Path(u.path).stat().st_size // 1024) if u.path else 0
+    return n
+
+
+def _plan(spec: IndexSpec, root: Path, docs: list[Document] | None) -> tuple[list[Unit], list[dict], str, str]:
+    """Units, sources, label and (for named / in-memory corpora) fingerprint; a file
+    corpus's plan is cached under ``<root>/.plans`` by its sources, so a rebuild or a
+    reuse check does not rescan it."""
+    from drgym.atomic import atomic_write_json
+    from drgym.corpus.named import NAMED, corpus_fingerprint
+    from drgym.index.units import _named
+
+    if docs is not None or spec.corpus in NAMED:
+        units, sources, label = plan_units(spec.corpus, spec.format, chunk_docs=spec.chunk_docs, docs=docs)
+        return units, sources, label, corpus_fingerprint(docs if docs is not None else _named(spec.corpus))
+    p = Path(spec.corpus).expanduser()
+    if p.exists():
+        from drgym.index.units import corpus_files, source_stat
+
+        sources = [source_stat(f) for f in corpus_files(p)]
+        key = json.dumps([source_key(sources), spec.format, spec.chunk_docs])
+        import hashlib
+
+        cache = root / ".plans" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+        if cache.exists():
+            try:
+                d = json.loads(cache.read_text())
+                return [Unit.from_dict(u) for u in d["units"]], d["sources"], d["label"], ""
+            except (ValueError, KeyError, TypeError) as e:
+                log.warning("ignoring unreadable plan cache %s (%s)", cache, e)
+    units, sources, label = plan_units(spec.corpus, spec.format, chunk_docs=spec.chunk_docs)
+    with contextlib.suppress(OSError):
+        atomic_write_json(cache, {"units": [u.to_dict() for u in units], "sources": sources, "label": label}, indent=None)
+    return units, sources, label, ""
 
 
 def build_index(
@@ -211,115 +380,224 @@ def build_index(
     force: bool = False,
     progress: bool = False,
     docs: list[Document] | None = None,
+    resume: bool = True,
+    runner=None,
 ) -> BuildResult:
-    """Build (or reuse) the index described by ``spec``.
+    """Build (or reuse, or resume) the index described by ``spec``.
 
     Args:
-        spec: what to build (default: wiki-default, MiniLM, Flat, BM25).
+        spec: what to build (default: wiki-default, MiniLM, ``auto`` factory, BM25).
         root: folder holding index folders; None is :func:`drgym.paths.indexes_dir`.
         encoder: an already loaded :class:`drgym.embedding.Encoder` whose name must match
             ``spec.encoder``; None loads (and shares) one.
         force: rebuild even if an identical index exists.
-        progress: show progress bars (shards, live encoding).
-        docs: documents to index instead of loading ``spec.corpus`` (which then only
+        progress: show progress bars (units, shards) and say when waiting for a lock.
+        docs: documents to index instead of reading ``spec.corpus`` (which then only
             labels the manifest).
+        resume: continue a partial build of the same index left by a killed run
+            (False starts over).
+        runner: where units are encoded and shards built: None is :class:`LocalRunner`;
+            :class:`drgym.distributed.build.RayRunner` uses a Ray cluster.
 
     Returns:
         A :class:`BuildResult`.
 
     Raises:
-        ConfigError: bad spec (factory string, shard size, name).
-        CorpusError: the corpus cannot be read.
+        ConfigError: bad spec (factory string, shard size, name), or an empty corpus.
+        CorpusError: the corpus cannot be read, or repeats a doc_id.
     """
     from drgym.paths import indexes_dir
 
     t0 = time.perf_counter()
     spec = spec or IndexSpec()
     root = Path(root) if root is not None else indexes_dir()
+    runner = runner or LocalRunner()
     timings: dict[str, float] = {}
 
     t = time.perf_counter()
-    if docs is None:
-        docs, label = load_corpus(spec.corpus, spec.format)
-    else:
-        label = spec.corpus
-    if not docs:
-        raise ConfigError(f"Corpus {spec.corpus!r} has no documents; nothing to index.")
-    timings["load_corpus"] = time.perf_counter() - t
-
+    units, sources, label, fingerprint = _plan(spec, root, docs)
+    timings["plan"] = time.perf_counter() - t
     t = time.perf_counter()
     if encoder is None:
         encoder = get_encoder(spec.encoder)
     timings["load_encoder"] = time.perf_counter() - t
-    planned = planned_manifest(spec, docs, label, encoder)
-    folder = root / planned.name
+    if spec.factory == "auto":
+        from dataclasses import replace
 
-    with _build_lock(root, planned.name):
+        spec = replace(spec, factory=choose_factory(_estimate_docs(units), encoder.dim))
+    from drgym.index.dense import new_faiss_index
+
+    new_faiss_index(encoder.dim, spec.factory)  # a bad factory string fails now, not after encoding
+    planned = planned_manifest(spec, label, fingerprint, sources, encoder)
+    folder = root / planned.name
+    announce = (lambda m: print(m, flush=True)) if progress else None
+
+    with build_lock(root, planned.name, announce=announce):
         if not force and (folder / "manifest.json").exists():
             try:
                 existing = IndexManifest.read(folder)
-                if _same_identity(existing, planned):
+                if same_identity(existing, planned):
                     existing.check_files(folder)
                     return BuildResult(folder, existing, False, time.perf_counter() - t0)
                 log.info("index %s: manifest changed, rebuilding", folder)
             except (CorruptIndexError, IndexNotFoundError) as e:
                 log.warning("index %s is corrupt (%s); rebuilding", folder, e)
-        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{planned.name}-", dir=root))
+        build_dir = root / f"{BUILD_PREFIX}{planned.name}"
+        state = {"identity": planned.identity(), "corpus_fingerprint": planned.corpus_fingerprint,
+                 "sources": source_key(planned.sources), "chunk_docs": spec.chunk_docs,
+                 "bm25": spec.bm25, "units": len(units)}
+        state = json.loads(json.dumps(state))
+        prepare_build_dir(build_dir, state, resume)
+        ctx = BuildContext(encoder, planned.chunking["max_tokens"], planned.chunking["overlap"], docs, progress)
         try:
-            manifest = _build_into(tmp, spec, planned, docs, encoder, timings, progress)
-            _swap_into_place(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
+            manifest, resumed = run_build(build_dir, planned, units, ctx, runner, timings, bm25=spec.bm25)
+            swap_into_place(build_dir, folder)
+        except (ConfigError, CorpusError):
+            shutil.rmtree(build_dir, ignore_errors=True)  # the input or spec is wrong: nothing to resume
             raise
-    return BuildResult(folder, manifest, True, time.perf_counter() - t0)
+        except BaseException:
+            log.warning("build of %s stopped; the partial build in %s is resumed by running the same build again",
+                        planned.name, build_dir)
+            raise
+    return BuildResult(folder, manifest, True, time.perf_counter() - t0, resumed)
 
 
-def _build_into(tmp: Path, spec: IndexSpec, m: IndexManifest, docs, encoder, timings, progress) -> IndexManifest:
-    import numpy as np
+def prepare_build_dir(build_dir: Path, state: dict, resume: bool) -> None:
+    """Create ``build_dir``, or keep it for resumption when its recorded state equals
+    ``state`` (same index identity, inputs and unit size) and ``resume`` is set; else
+    start it afresh."""
+    from drgym.atomic import atomic_write_json
 
-    from drgym.corpus.chunking import split_documents
-    from drgym.docstore import write_docstore
-    from drgym.embedding import embed_passages_cached
-    from drgym.index.bm25 import write_bm25
-    from drgym.index.dense import build_dense_shards, write_tie_rank
+    sp = build_dir / _STATE
+    if build_dir.exists():
+        old = None
+        with contextlib.suppress(OSError, ValueError):
+            old = json.loads(sp.read_text())
+        if resume and old == state:
+            log.info("resuming the partial build in %s", build_dir)
+            return
+        log.info("discarding the partial build in %s (%s)", build_dir,
+                 "resume off" if not resume else "it was for other inputs or settings")
+        shutil.rmtree(build_dir)
+    build_dir.mkdir(parents=True)
+    atomic_write_json(sp, state)
 
-    t = time.perf_counter()
-    passages = split_documents(docs, encoder.tokenizer, max_tokens=m.chunking["max_tokens"] or None, overlap=m.chunking["overlap"])
-    timings["split"] = time.perf_counter() - t
-    t = time.perf_counter()
-    write_docstore(tmp / "docs.sqlite", docs, passages)
-    timings["docstore"] = time.perf_counter() - t
 
-    texts = [p.embed_text for p in passages]
-    write_tie_rank(tmp, [p.passage_id for p in passages])
-    counts = {"encoded_live": 0}
-    embed_seconds = [0.0]
+PARTS_DIR = "parts"
 
-    def embed(start: int, stop: int) -> np.ndarray:
-        te = time.perf_counter()
-        vecs, n_live = embed_passages_cached(encoder, texts[start:stop], show_progress=progress)
-        counts["encoded_live"] += n_live
-        embed_seconds[0] += time.perf_counter() - te
-        return vecs
 
-    t = time.perf_counter()
-    m.shards = build_dense_shards(tmp, len(passages), m.shard_size, m.factory, embed, progress=progress)
-    timings["embed"] = embed_seconds[0]
-    timings["faiss"] = time.perf_counter() - t - embed_seconds[0]
-    if spec.bm25:
+def part_path(build_dir: Path, unit_no: int) -> Path:
+    """Embedding part of a unit: ``parts/emb-<unit>.npy`` (float16, one row a passage)."""
+    return build_dir / PARTS_DIR / f"emb-{unit_no:06d}.npy"
+
+
+def commit_unit(writer, build_dir: Path, eu: EncodedUnit) -> None:
+    """Store one encoded unit: its vectors as an embedding part (written atomically
+    inside the docstore transaction, before the commit) and its documents and passages
+    in the docstore, with the unit marked done."""
+    from drgym.atomic import atomic_write_bytes
+
+    def write_part(first_row: int) -> None:
+        if eu.vectors is None:
+            return
+        import io
+
+        buf = io.BytesIO()
+        np.save(buf, np.asarray(eu.vectors, dtype=np.float16))
+        atomic_write_bytes(part_path(build_dir, eu.no), buf.getvalue())
+
+    writer.add_unit(eu.no, eu.docs, eu.passages, before_commit=write_part)
+
+
+def run_build(build_dir: Path, planned: IndexManifest, units: list[Unit], ctx: BuildContext, runner,
+              timings: dict, *, bm25: bool, dense=None) -> tuple[IndexManifest, int]:
+    """Fill ``build_dir``: the units not yet committed, then :func:`finalize`.
+
+    Args:
+        dense: None builds dense shards from the units' embedding parts; an importer
+            passes a callable ``dense(build_dir, n_passages) -> (shards, sources)``.
+
+    Returns:
+        ``(manifest, units resumed)``.
+    """
+    from drgym.docstore import DocStoreWriter
+
+    writer = DocStoreWriter(build_dir / "docs.sqlite")
+    try:
+        done = writer.done_units()
+        if [d[0] for d in done] != list(range(len(done))):
+            raise CorruptIndexError(f"Partial build {build_dir} has units {[d[0] for d in done][:10]}... out of order; "
+                                    "rerun with resume off (--no-resume).")
+        todo = units[len(done):]
+        if done:
+            log.info("%d of %d units already built; resuming", len(done), len(units))
+            if ctx.progress:
+                print(f"resuming: {len(done)} of {len(units)} units already built", flush=True)
         t = time.perf_counter()
-        m.bm25 = write_bm25(tmp, texts)
+        n_live = 0
+        for eu in runner.encode_units(todo, ctx):
+            commit_unit(writer, build_dir, eu)
+            n_live += eu.n_live
+        timings["encode"] = time.perf_counter() - t
+        manifest = finalize(build_dir, planned, writer, runner, timings, bm25=bm25, dense=dense, progress=ctx.progress)
+        manifest.timings["passages_encoded_live"] = n_live
+        manifest.write(build_dir)
+        return manifest, len(done)
+    finally:
+        writer.close()
+
+
+def finalize(build_dir: Path, m: IndexManifest, writer, runner, timings: dict, *, bm25: bool, dense=None,
+             progress: bool = False) -> IndexManifest:
+    """Turn a filled docstore and its embedding parts into a complete index folder:
+    fingerprint, tie ranks, dense shards, BM25, manifest (all streamed).
+
+    Raises:
+        ConfigError: empty corpus, failed FAISS training, BM25 too large for memory.
+        CorruptIndexError: the docstore's corpus differs from the planned fingerprint.
+    """
+    from drgym.corpus.named import fingerprint_rows
+    from drgym.index.bm25 import write_bm25
+    from drgym.index.dense import write_tie_rank
+
+    n, n_docs = writer.next_row, writer.n_documents
+    if n == 0:
+        raise ConfigError(f"Corpus {m.corpus!r} has no documents; nothing to index.")
+    t = time.perf_counter()
+    fp = fingerprint_rows(writer.iter_documents())
+    if m.corpus_fingerprint and fp != m.corpus_fingerprint:
+        raise CorruptIndexError(f"The document store of {build_dir} does not hold the planned corpus "
+                                "(fingerprint differs); rerun with resume off (--no-resume).")
+    m.corpus_fingerprint = fp
+    timings["fingerprint"] = time.perf_counter() - t
+    t = time.perf_counter()
+    write_tie_rank(build_dir, writer.iter_rows_by_passage_id(), n)
+    timings["tie_rank"] = time.perf_counter() - t
+    t = time.perf_counter()
+    if dense is None:
+        parts = [(str(part_path(build_dir, u)), first, cnt) for u, first, cnt, _ in writer.done_units()]
+        tasks = [ShardTask(str(build_dir), no, start, min(n, start + m.shard_size) - start, parts, m.dim, m.factory)
+                 for no, start in enumerate(range(0, n, m.shard_size))]
+        m.shards = runner.build_shards(tasks, progress=progress)
+    else:
+        m.shards, extra_sources = dense(build_dir, n)
+        m.sources = list(m.sources) + extra_sources
+    timings["faiss"] = time.perf_counter() - t
+    if bm25:
+        t = time.perf_counter()
+        m.bm25 = write_bm25(build_dir, writer.iter_embed_texts())
         timings["bm25"] = time.perf_counter() - t
-    m.n_passages = len(passages)
-    m.n_documents = len(docs)
-    m.files = record_files(tmp)
+    writer.finish()
+    writer.close()
+    shutil.rmtree(build_dir / PARTS_DIR, ignore_errors=True)
+    (build_dir / _STATE).unlink(missing_ok=True)
+    m.n_passages, m.n_documents = int(n), int(n_docs)
+    m.files = record_files(build_dir)
     m.timings = {k: round(v, 3) for k, v in timings.items()}
-    m.timings["passages_encoded_live"] = counts["encoded_live"]
-    m.write(tmp)
     return m
 
 
-def _swap_into_place(tmp: Path, folder: Path) -> None:
+def swap_into_place(tmp: Path, folder: Path) -> None:
     """Rename ``tmp`` to ``folder``; an older ``folder`` is moved aside and deleted."""
     old = None
     if folder.exists():

@@ -13,18 +13,24 @@ the shard layout or on thread timing. DeepResearchGym shards its ClueWeb22 index
 same way (25M documents a shard); the default here keeps wiki-default in one shard.
 
 FAISS indexes come from ``faiss.index_factory(dim, factory, METRIC_INNER_PRODUCT)``.
-Indexes that need training (``IVF...``, ``PQ...``) are trained on their shard's own
-vectors. HNSW graphs of up to 200k vectors are built single-threaded so that a rebuild
-gives the same graph.
-On a machine where faiss sees GPUs, shards are moved to the GPU (HNSW stays on CPU:
-faiss has no GPU HNSW).
+A shard is built from its memory-mapped float16 embeddings, so the build holds the FAISS
+index plus one batch of :data:`ADD_BATCH` rows, never a float32 copy of the shard.
+Indexes that need training (``IVF...``, ``PQ...``) are trained on a fixed random sample
+of their shard (:func:`train_sample_rows`: all rows up to 65,536, then 64 per IVF list,
+at most 1,048,576). HNSW graphs of up to 200k vectors are built single-threaded so that a
+rebuild gives the same graph.
+On a machine where faiss sees GPUs, IVF coarse quantizers are trained on the GPU and
+shards are moved to the GPU for search (HNSW stays on CPU: faiss has no GPU HNSW).
+
+An imported FAISS index (:mod:`drgym.index.importer`) may come without embedding
+files: its :class:`ShardInfo` then has ``embeddings == ""``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +56,16 @@ HNSW_SINGLE_THREAD_MAX = 200_000
 """HNSW shards up to this size are built with one thread, so a rebuild gives the same
 graph (and the same rankings); larger shards use all OpenMP threads (faster, but the
 graph then depends on thread timing)."""
+
+ADD_BATCH = 262_144
+"""Rows converted to float32 and added to a FAISS index at a time (384-d: 403 MB)."""
+
+TRAIN_MIN = 65_536
+TRAIN_PER_LIST = 64
+TRAIN_MAX = 1_048_576
+"""Training sample of an IVF/PQ shard: every row up to ``TRAIN_MIN``, else
+``max(TRAIN_MIN, TRAIN_PER_LIST * nlist)`` rows capped at ``TRAIN_MAX`` (FAISS warns
+below 39 points per centroid; 64 per list follows its wiki's guideline of 30-256)."""
 
 
 def _faiss():
@@ -92,11 +108,58 @@ def _search_one_thread(index, q: np.ndarray, k: int):
         faiss.omp_set_num_threads(before)
 
 
+def new_faiss_index(dim: int, factory: str):
+    """An empty FAISS index from ``index_factory`` (inner product; HNSW ``efConstruction``
+    set to :data:`HNSW_EF_CONSTRUCTION`).
+
+    Raises:
+        ConfigError: the factory string is invalid.
+    """
+    faiss = _faiss()
+    try:
+        index = faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        raise ConfigError(f"Invalid FAISS factory string {factory!r}: {str(e).splitlines()[-1]}") from e
+    hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
+    if hnsw is not None:
+        hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+    return index
+
+
+def train_sample_rows(index, n: int) -> np.ndarray:
+    """Rows a shard of ``n`` vectors is trained on (int64, sorted): all of them up to
+    :data:`TRAIN_MIN`, else a sample drawn with seed 0 (so a rebuild trains alike)."""
+    faiss = _faiss()
+    try:
+        nlist = int(faiss.extract_index_ivf(index).nlist)
+    except RuntimeError:  # not an IVF index
+        nlist = 0
+    size = min(n, max(TRAIN_MIN, min(TRAIN_MAX, TRAIN_PER_LIST * nlist)))
+    if size >= n:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(np.random.default_rng(0).choice(n, size, replace=False)).astype(np.int64)
+
+
+def _train(index, x: np.ndarray, factory: str) -> None:
+    faiss = _faiss()
+    if gpus_available() > 0:  # train the IVF coarse quantizer's k-means on the GPUs
+        try:
+            ivf = faiss.extract_index_ivf(index)
+            ivf.clustering_index = faiss.index_cpu_to_all_gpus(faiss.IndexFlatL2(ivf.d))
+        except RuntimeError:
+            pass
+    try:
+        index.train(x)
+    except RuntimeError as e:
+        raise ConfigError(f"Training FAISS index {factory!r} on {len(x)} vectors failed: {str(e).splitlines()[-1]}") from e
+
+
 def build_faiss(vectors: np.ndarray, factory: str) -> "object":
     """Build a FAISS index over ``vectors`` with ``index_factory``.
 
     Args:
-        vectors: float32 ``(n, dim)`` unit rows.
+        vectors: ``(n, dim)`` unit rows, float32 or float16 (a memory-mapped array is
+            read :data:`ADD_BATCH` rows at a time, converted to float32).
         factory: FAISS factory string, e.g. ``"Flat"``, ``"HNSW32"``, ``"IVF64,PQ16"``.
 
     Returns:
@@ -107,78 +170,144 @@ def build_faiss(vectors: np.ndarray, factory: str) -> "object":
             vectors than IVF lists).
     """
     faiss = _faiss()
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
     n, dim = vectors.shape
-    try:
-        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
-    except RuntimeError as e:
-        raise ConfigError(f"Invalid FAISS factory string {factory!r}: {str(e).splitlines()[-1]}") from e
-    hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
-    if hnsw is not None:
-        hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+    index = new_faiss_index(dim, factory)
     if not index.is_trained:
+        rows = train_sample_rows(index, n)
+        sample = vectors[:] if len(rows) == n else vectors[rows]
+        _train(index, np.ascontiguousarray(sample, dtype=np.float32), factory)
+        del sample
+    if not n:
+        return index
+    hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
+    if hnsw is not None and n <= HNSW_SINGLE_THREAD_MAX:
+        # One call, one thread: HNSW insertion order (hence the graph) is then reproducible.
+        threads = faiss.omp_get_max_threads()
+        faiss.omp_set_num_threads(1)
         try:
-            index.train(vectors)
-        except RuntimeError as e:
-            raise ConfigError(f"Training FAISS index {factory!r} on {n} vectors failed: {str(e).splitlines()[-1]}") from e
-    if n:
-        if hnsw is not None and n <= HNSW_SINGLE_THREAD_MAX:
-            # One thread: HNSW insertion order (hence the graph) is then reproducible.
-            threads = faiss.omp_get_max_threads()
-            faiss.omp_set_num_threads(1)
-            try:
-                index.add(vectors)
-            finally:
-                faiss.omp_set_num_threads(threads)
-        else:
-            index.add(vectors)
+            index.add(np.ascontiguousarray(vectors[:], dtype=np.float32))
+        finally:
+            faiss.omp_set_num_threads(threads)
+        return index
+    for a in range(0, n, ADD_BATCH):
+        index.add(np.ascontiguousarray(vectors[a : a + ADD_BATCH], dtype=np.float32))
     return index
 
 
-def write_shard(folder: Path, shard_no: int, start: int, vectors: np.ndarray, factory: str) -> ShardInfo:
-    """Write one shard (float16 embeddings + FAISS index) under ``folder/dense``.
+def write_dense_shard(
+    folder: Path,
+    shard_no: int,
+    start: int,
+    count: int,
+    parts: list[tuple[str | Path, int, int]],
+    dim: int,
+    factory: str,
+) -> ShardInfo:
+    """Assemble one dense shard from embedding parts and build its FAISS index.
+
+    Writes ``dense/emb-%05d.npy`` (float16, copied from the parts through memory maps)
+    and then ``dense/faiss-%05d.index``, each through a temporary file renamed into place,
+    so a shard whose FAISS file exists is complete (a resumed build skips it).
 
     Args:
         folder: the index build folder.
-        shard_no: shard number (file names ``emb-%05d.npy``, ``faiss-%05d.index``).
+        shard_no: shard number.
         start: first global row of the shard.
-        vectors: float32 ``(count, dim)`` unit rows.
+        count: rows in the shard.
+        parts: ``(npy path, first global row, rows)`` of the embedding parts, in row
+            order, covering ``[start, start + count)``; float16 or float32 ``(rows, dim)``.
+        dim: embedding dimension.
         factory: FAISS factory string.
 
     Returns:
         The shard's :class:`ShardInfo`.
+
+    Raises:
+        ConfigError: bad factory or failed training.
+        CorruptIndexError: a part has another shape than announced.
     """
     faiss = _faiss()
     d = Path(folder) / DENSE_DIR
     d.mkdir(parents=True, exist_ok=True)
     emb, fai = f"emb-{shard_no:05d}.npy", f"faiss-{shard_no:05d}.index"
-    np.save(d / emb, vectors.astype(np.float16))
-    # Build from the stored float16 values so that the FAISS scores equal those of the
+    info = ShardInfo(embeddings=f"{DENSE_DIR}/{emb}", faiss=f"{DENSE_DIR}/{fai}", start=int(start), count=int(count))
+    if (d / fai).exists() and (d / emb).exists():
+        return info
+    tmp = d / f".{emb}.tmp"
+    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=(count, dim))
+    stop = start + count
+    for path, p0, pn in parts:
+        a, b = max(start, p0), min(stop, p0 + pn)
+        if a >= b:
+            continue
+        src = np.load(path, mmap_mode="r")
+        if src.ndim != 2 or src.shape[1] != dim or len(src) != pn:
+            raise CorruptIndexError(f"Embedding part {path} has shape {src.shape}, expected ({pn}, {dim}).")
+        for c in range(a, b, ADD_BATCH):
+            e = min(b, c + ADD_BATCH)
+            out[c - start : e - start] = src[c - p0 : e - p0]
+        del src
+    out.flush()
+    del out
+    os.replace(tmp, d / emb)
+    vectors = np.load(d / emb, mmap_mode="r")
+    # Built from the stored float16 values so that the FAISS scores equal those of the
     # memory-mapped embeddings (exact re-scoring and recall checks agree bit for bit).
-    index = build_faiss(vectors.astype(np.float16).astype(np.float32), factory)
-    faiss.write_index(index, str(d / fai))
-    return ShardInfo(embeddings=f"{DENSE_DIR}/{emb}", faiss=f"{DENSE_DIR}/{fai}", start=int(start), count=int(len(vectors)))
+    index = build_faiss(vectors, factory)
+    del vectors
+    tmpf = d / f".{fai}.tmp"
+    faiss.write_index(index, str(tmpf))
+    os.replace(tmpf, d / fai)
+    return info
 
 
-def write_tie_rank(folder: Path, passage_ids: list[str]) -> None:
-    """Write ``dense/tie_rank.npy``: int64 rank of each row's passage_id in sorted order."""
+def write_tie_rank(folder: Path, rows_in_id_order, n: int) -> None:
+    """Write ``dense/tie_rank.npy``: int64 ``(n,)``, the rank of each row's passage_id in
+    sorted order.
+
+    Args:
+        folder: the index build folder.
+        rows_in_id_order: iterable of the ``n`` rows sorted by passage_id
+            (:meth:`drgym.docstore.DocStoreWriter.iter_rows_by_passage_id`).
+        n: number of passages.
+
+    Raises:
+        CorruptIndexError: the iterable does not give each row once.
+    """
     d = Path(folder) / DENSE_DIR
     d.mkdir(parents=True, exist_ok=True)
-    order = sorted(range(len(passage_ids)), key=passage_ids.__getitem__)
-    rank = np.empty(len(passage_ids), dtype=np.int64)
-    rank[np.asarray(order, dtype=np.int64)] = np.arange(len(passage_ids), dtype=np.int64)
-    np.save(d / "tie_rank.npy", rank)
+    tmp = d / ".tie_rank.npy.tmp"
+    rank = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(n,))
+    rank[:] = -1
+    i = 0
+    buf: list[int] = []
+    for r in rows_in_id_order:
+        buf.append(r)
+        if len(buf) == 1 << 20:
+            rank[np.asarray(buf, dtype=np.int64)] = np.arange(i, i + len(buf), dtype=np.int64)
+            i += len(buf)
+            buf = []
+    if buf:
+        rank[np.asarray(buf, dtype=np.int64)] = np.arange(i, i + len(buf), dtype=np.int64)
+        i += len(buf)
+    ok = i == n and (n == 0 or int(rank.min()) >= 0)
+    rank.flush()
+    del rank
+    if not ok:
+        tmp.unlink()
+        raise CorruptIndexError(f"tie ranks cover {i} rows, expected each of {n} rows once.")
+    os.replace(tmp, d / "tie_rank.npy")
 
 
 def load_tie_rank(folder: Path, n: int) -> np.ndarray:
-    """Load ``dense/tie_rank.npy`` (int64 ``(n,)``).
+    """Load ``dense/tie_rank.npy`` (int64 ``(n,)``, memory-mapped).
 
     Raises:
         CorruptIndexError: missing, unreadable or of the wrong length.
     """
     p = Path(folder) / DENSE_DIR / "tie_rank.npy"
     try:
-        rank = np.load(p)
+        rank = np.load(p, mmap_mode="r")  # 8 bytes a row: shared page cache, not private memory
     except (OSError, ValueError, EOFError) as e:
         raise CorruptIndexError(f"{p} is unreadable ({e}); rebuild the index.") from e
     if rank.shape != (n,):
@@ -223,6 +352,8 @@ class DenseIndex:
         device: ``"cpu"`` forces CPU; None or ``"cuda"`` uses faiss GPUs when present.
         search_params: FAISS search parameters (``efSearch``, ``nprobe``...); each is
             applied to the shards that have it. Defaults: :data:`DEFAULT_SEARCH_PARAMS`.
+        shard_ids: load only these shards (a shard server of
+            :mod:`drgym.distributed.serve`); rows stay global. None loads all.
 
     Raises:
         CorruptIndexError: a shard file is unreadable or disagrees with the manifest.
@@ -237,31 +368,35 @@ class DenseIndex:
         *,
         device: str | None = None,
         search_params: dict[str, int] | None = None,
+        shard_ids: list[int] | None = None,
     ) -> None:
         faiss = _faiss()
         self.folder = Path(folder)
-        self.shards = list(shards)
+        all_rows = sum(s.count for s in shards)
+        self.shards = list(shards) if shard_ids is None else [shards[i] for i in shard_ids]
         self.dim = int(dim)
         self.n_passages = int(n_passages)
         self.tie_rank = load_tie_rank(self.folder, self.n_passages)
         self.search_params = dict(DEFAULT_SEARCH_PARAMS if search_params is None else search_params)
         self._indexes = []
         self._lock = threading.Lock()
-        self._embeddings: list[np.ndarray] = []
+        self._embeddings: list[np.ndarray | None] = []
         self.on_gpu = False
         use_gpu = device != "cpu" and gpus_available() > 0
         total = 0
         for s in self.shards:
             ep, fp = self.folder / s.embeddings, self.folder / s.faiss
-            try:
-                emb = np.load(ep, mmap_mode="r")
-            except (OSError, ValueError, EOFError) as e:
-                raise CorruptIndexError(f"Embedding shard {ep} is unreadable ({e}); rebuild the index.") from e
-            if emb.shape != (s.count, self.dim) or emb.dtype != np.float16:
-                raise CorruptIndexError(
-                    f"Embedding shard {ep} has shape {emb.shape} and dtype {emb.dtype}, "
-                    f"expected ({s.count}, {self.dim}) float16; rebuild the index."
-                )
+            emb = None
+            if s.embeddings:  # an imported FAISS index may have no embedding file
+                try:
+                    emb = np.load(ep, mmap_mode="r")
+                except (OSError, ValueError, EOFError) as e:
+                    raise CorruptIndexError(f"Embedding shard {ep} is unreadable ({e}); rebuild the index.") from e
+                if emb.shape != (s.count, self.dim) or emb.dtype != np.float16:
+                    raise CorruptIndexError(
+                        f"Embedding shard {ep} has shape {emb.shape} and dtype {emb.dtype}, "
+                        f"expected ({s.count}, {self.dim}) float16; rebuild the index."
+                    )
             try:
                 index = faiss.read_index(str(fp))
             except RuntimeError as e:
@@ -276,8 +411,8 @@ class DenseIndex:
             self._indexes.append(index)
             self._embeddings.append(emb)
             total += s.count
-        if total != self.n_passages:
-            raise CorruptIndexError(f"Dense shards hold {total} rows, the manifest says {self.n_passages}.")
+        if all_rows != self.n_passages or (shard_ids is None and total != self.n_passages):
+            raise CorruptIndexError(f"Dense shards hold {all_rows} rows, the manifest says {self.n_passages}.")
 
     def _apply_params(self, index) -> None:
         faiss = _faiss()
@@ -307,11 +442,18 @@ class DenseIndex:
             return index
 
     def embeddings(self, rows: np.ndarray) -> np.ndarray:
-        """Stored float16 vectors of global ``rows``, as float32 ``(len(rows), dim)``."""
+        """Stored float16 vectors of global ``rows``, as float32 ``(len(rows), dim)``.
+
+        Raises:
+            IndexError: a row outside the loaded shards.
+            CorruptIndexError: the row's shard has no embedding file (an imported index).
+        """
         out = np.empty((len(rows), self.dim), dtype=np.float32)
         for i, r in enumerate(np.asarray(rows, dtype=np.int64)):
             for s, emb in zip(self.shards, self._embeddings):
                 if s.start <= r < s.start + s.count:
+                    if emb is None:
+                        raise CorruptIndexError(f"Shard {s.faiss} was imported without embeddings.")
                     out[i] = emb[r - s.start]
                     break
             else:
@@ -359,42 +501,3 @@ class DenseIndex:
             out_s[i, : len(sc)] = sc
             out_r[i, : len(rw)] = rw
         return out_s, out_r
-
-
-def build_dense_shards(
-    folder: Path,
-    n: int,
-    shard_size: int,
-    factory: str,
-    embed: Callable[[int, int], np.ndarray],
-    *,
-    progress: bool = False,
-) -> list[ShardInfo]:
-    """Write all dense shards of an index.
-
-    Args:
-        folder: the index build folder.
-        n: number of passages.
-        shard_size: rows per shard, >= 1.
-        factory: FAISS factory string.
-        embed: ``embed(start, stop)`` returns float32 ``(stop - start, dim)`` unit vectors
-            of rows ``start..stop-1`` (called once per shard, in order).
-        progress: show a tqdm bar over shards.
-
-    Returns:
-        The shards in row order.
-
-    Raises:
-        ConfigError: ``shard_size < 1`` or a bad factory string.
-    """
-    if shard_size < 1:
-        raise ConfigError(f"shard_size must be >= 1, got {shard_size}.")
-    from tqdm.auto import tqdm
-
-    starts = list(range(0, n, shard_size)) or [0]
-    shards = []
-    for no, start in enumerate(tqdm(starts, desc="dense shards", disable=not progress or len(starts) < 2)):
-        stop = min(n, start + shard_size)
-        vecs = embed(start, stop)
-        shards.append(write_shard(folder, no, start, vecs, factory))
-    return shards

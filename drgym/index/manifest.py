@@ -17,8 +17,13 @@ from typing import Any
 from drgym.errors import CorruptIndexError, IndexMismatchError, IndexNotFoundError
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
-"""Bumped when the on-disk layout changes (older indexes are then rebuilt)."""
+FORMAT_VERSION = 2
+"""Bumped when the on-disk layout changes (older indexes are then rebuilt). 2: a passage
+that is its whole document stores ``''`` in the docstore (see :mod:`drgym.docstore`)."""
+
+UNKNOWN_REVISION = "unknown"
+"""``encoder_revision`` of an imported index whose encoder weights were not found
+locally: the revision is then not checked when the index is loaded."""
 
 
 @dataclass
@@ -26,7 +31,8 @@ class ShardInfo:
     """One dense shard: rows ``[start, start + count)`` of the passage table.
 
     Attributes:
-        embeddings: file name of the float16 ``(count, dim)`` ``.npy`` matrix.
+        embeddings: file name of the float16 ``(count, dim)`` ``.npy`` matrix; ``""`` for
+            an imported FAISS index that came without vectors.
         faiss: file name of the FAISS index over those rows (ids local to the shard).
         start: first global row.
         count: number of rows.
@@ -63,6 +69,9 @@ class IndexManifest:
         created: UTC creation time (ISO 8601).
         files: ``{relative path: size in bytes}`` of every file of the index.
         timings: seconds spent per build stage.
+        sources: input files read from disk, ``{"path", "bytes", "mtime_ns", "role"}``
+            (role ``corpus``, ``faiss`` or ``embeddings``); empty for named corpora. A
+            file corpus whose sources are unchanged is not re-read to decide reuse.
     """
 
     name: str
@@ -85,6 +94,7 @@ class IndexManifest:
     created: str = ""
     files: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    sources: list[dict[str, Any]] = field(default_factory=list)
 
     # Fields that describe a particular build rather than what was built.
     VOLATILE = ("created", "files", "timings", "shards", "n_documents", "n_passages")
@@ -172,7 +182,7 @@ class IndexManifest:
                 f"Index {self.name!r} was built with encoder {self.encoder!r}, but encoder {encoder!r} was given; "
                 f"use encoder={self.encoder!r} or rebuild the index with the new encoder."
             )
-        if revision is not None and revision != self.encoder_revision:
+        if revision is not None and self.encoder_revision != UNKNOWN_REVISION and revision != self.encoder_revision:
             raise IndexMismatchError(
                 f"Index {self.name!r} was built with {self.encoder} revision {self.encoder_revision!r}, "
                 f"but the loaded weights are revision {revision!r}; rebuild the index."
