@@ -22,13 +22,16 @@ CPU default). Usage::
 **The main job under load** (``--background-load N``): runs the main job itself, the
 ``drgym rollout`` command (default policy ``hf:smollm2``, ``--n 20`` tasks, each run a
 fresh process into a fresh run folder), alternately on the machine as it is ("idle")
-and with ``N`` busy processes (``python -c 'while True: pass'``) that this script starts
-before the run and kills after it, ``--reps`` times, after one untimed warm-up run that
+and with ``N`` busy processes (``python -c 'while True: pass'``, or with
+``--background-kind torch`` 2-thread torch matmul loops, OpenMP jobs like the main job)
+that this script starts before the run and kills after it, ``--reps`` times, after one untimed warm-up run that
 fills the model and index caches. For each run it records the command's wall time, the
 episode loop's time per episode (``metrics.json``), the generation share, the CPU
 seconds of the command, the thread settings and dtype from ``config.json``, and the load
-averages; then medians and the loaded/idle ratios. ``--src DIR`` runs the ``drgym`` of
-another checkout (e.g. a ``git worktree`` of an older commit, for before/after), and
+averages; then medians and the loaded/idle ratios. ``--before-src DIR`` also runs the
+``drgym`` of another checkout (e.g. ``git archive`` of an older commit, with
+``drgym/envs``, ``drgym/rewards`` and ``drgym/training`` linked to its top-level folders)
+in the same passes, for before/after, and
 ``--job-env KEY=VALUE`` sets environment variables for the main job only::
 
     nice -n 10 python scripts/bench_rollout.py --background-load 2 --out scripts/results/bench_rollout_load.json
@@ -48,6 +51,9 @@ import time
 from pathlib import Path
 
 BUSY_LOOP = "while True: pass"
+TORCH_LOOP = "import torch; torch.set_num_threads(2); a = torch.randn(256, 256)\nwhile True: a @ a"
+"""``--background-kind torch``: a busy process that is itself an OpenMP job (2 torch threads,
+small back-to-back matmuls, the user's OMP settings), like a second model beside the main job."""
 
 
 def _cpu() -> float:
@@ -65,9 +71,13 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--out", default="bench_rollout.json")
     ap.add_argument("--background-load", type=int, default=0, metavar="N",
                     help="measure the main job (drgym rollout) idle and with N busy processes, in this one run")
+    ap.add_argument("--background-kind", choices=("python", "torch"), default="python",
+                    help="busy processes: a pure-Python loop, or 2-thread torch matmuls (an OpenMP job)")
     ap.add_argument("--main-policy", default="hf:smollm2", help="policy of the main job (with --background-load)")
     ap.add_argument("--reps", type=int, default=2, help="idle/loaded pairs (with --background-load)")
-    ap.add_argument("--src", default=None, help="run the drgym package of this checkout (with --background-load)")
+    ap.add_argument("--before-src", default=None, metavar="DIR",
+                    help="also run the main job from this checkout (e.g. an export of an older commit) in the same "
+                         "passes, rows marked code='before' (with --background-load)")
     ap.add_argument("--job-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment variable for the main job (repeatable; with --background-load)")
     args = ap.parse_args(argv)
@@ -146,7 +156,8 @@ def _one_job(args, out_dir: Path, n: int, load: int, env: dict[str, str]) -> dic
     cmd = [sys.executable, "-m", "drgym", "rollout", "--policy", args.main_policy, "--tasks", args.tasks,
            "--n", str(n), "--batch-size", str(args.batch_size), "--out", str(out_dir), "--fresh",
            "--no-plots", "--no-progress"]
-    busy = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP]) for _ in range(load)]
+    code = TORCH_LOOP if args.background_kind == "torch" else BUSY_LOOP
+    busy = [subprocess.Popen([sys.executable, "-c", code], env=env) for _ in range(load)]
     try:
         if busy:
             time.sleep(1.0)  # let the scheduler see them
@@ -185,14 +196,16 @@ def _one_job(args, out_dir: Path, n: int, load: int, env: dict[str, str]) -> dic
 def main_job_under_load(args) -> dict:
     """The main job idle and under ``args.background_load`` busy processes (see the module docstring)."""
     n = args.n or 20
-    env = dict(os.environ)
+    env = dict(os.environ)  # drgym is not imported yet: the user's environment
     for kv in args.job_env:
         k, sep, v = kv.partition("=")
         if not sep:
             raise SystemExit(f"--job-env wants KEY=VALUE, got {kv!r}")
         env[k] = v
-    if args.src:
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(args.src).resolve()), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    variants = {"current": env}
+    if args.before_src:
+        variants["before"] = {**env, "PYTHONPATH": os.pathsep.join(
+            [str(Path(args.before_src).resolve()), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     la_start = [round(x, 2) for x in os.getloadavg()]
     runs: list[dict] = []
@@ -202,24 +215,28 @@ def main_job_under_load(args) -> dict:
         warmup_s = time.perf_counter() - t
         for rep in range(args.reps):
             for load in (0, args.background_load):
-                row = {"rep": rep, **_one_job(args, Path(tmp) / f"run{rep}-{load}", n, load, env)}
-                runs.append(row)
-                print(json.dumps({k: v for k, v in row.items() if k != "threads"}), file=sys.stderr, flush=True)
+                for name, venv in variants.items():
+                    row = {"rep": rep, "code": name, **_one_job(args, Path(tmp) / f"run{rep}-{load}-{name}", n, load, venv)}
+                    runs.append(row)
+                    print(json.dumps({k: v for k, v in row.items() if k != "threads"}), file=sys.stderr, flush=True)
 
-    def med(load: int, key: str) -> float:
-        return round(statistics.median(r[key] for r in runs if r["background_load"] == load), 3)
+    summary: dict = {}
+    for name in variants:
+        summary[name] = {}
+        for key in ("s_per_episode", "command_wall_s", "loop_s"):
+            def med(load: int) -> float:
+                return round(statistics.median(r[key] for r in runs if r["background_load"] == load and r["code"] == name), 3)
 
-    summary = {}
-    for key in ("s_per_episode", "command_wall_s", "loop_s"):
-        idle, loaded = med(0, key), med(args.background_load, key)
-        summary[key] = {"idle": idle, "loaded": loaded, "loaded_over_idle": round(loaded / idle, 2) if idle else None}
-    ratio = summary["s_per_episode"]["loaded_over_idle"]
+            idle, loaded = med(0), med(args.background_load)
+            summary[name][key] = {"idle": idle, "loaded": loaded, "loaded_over_idle": round(loaded / idle, 2) if idle else None}
+    ratio = summary["current"]["s_per_episode"]["loaded_over_idle"]
     out = {
         "benchmark": "main job under background load",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "main_job": f"drgym rollout --policy {args.main_policy} --tasks {args.tasks} --n {n} --batch-size {args.batch_size}",
-        "background_load": f"{args.background_load} x python -c '{BUSY_LOOP}', started before and killed after each loaded run",
-        "src": str(Path(args.src).resolve()) if args.src else None,
+        "background_load": f"{args.background_load} x python -c {TORCH_LOOP if args.background_kind == 'torch' else BUSY_LOOP!r}, "
+                           "started before and killed after each loaded run",
+        "before": f"rows with code='before' run the drgym package of {Path(args.before_src).resolve()}" if args.before_src else None,
         "job_env": args.job_env, "reps": args.reps, "warmup_s": round(warmup_s, 1),
         "cpu_count": os.cpu_count(), "started": started, "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "load_avg_1_5_15_at_start": la_start, "load_avg_1_5_15_at_end": [round(x, 2) for x in os.getloadavg()],

@@ -28,7 +28,12 @@ busy processes (``python -c 'while True: pass'``) started and killed by this scr
 ``apt-get install wrk``) when installed, and the Python ``http.client`` threads of the
 full benchmark. Queries are distinct real questions (NQ-open, HotpotQA, MuSiQue,
 SimpleQA, FRAMES); the full benchmark's pool (159 questions plus 1000 short "Tell me
-about <title>" queries, k=10) is run too, to compare::
+about <title>" queries, k=10) is run too, to compare. Each row also gives the server's CPU
+seconds per answered request (``/proc/<pid>/stat``), which does not depend on the share of
+the shared cores the scheduler gave it. ``--before-src DIR`` serves an older checkout
+beside the current one in the same passes; ``--search-r1 FILE`` adds Search-R1's
+``retrieval_server.py`` (patched for CPU in a temporary copy) over the same passages and
+FAISS file, against ``drgym serve --method dense``::
 
     nice -n 10 python scripts/bench_search.py --background-load 2 --out scripts/results/bench_search_load.json
 """
@@ -335,6 +340,20 @@ def search_r1_server(server_py: Path, work: Path, corpus: Path, index: Path, env
             time.sleep(2)
 
 
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_threads(pid: int) -> int:
+    """Number of threads of process ``pid`` (``/proc/<pid>/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
 def real_questions() -> list[str]:
     """Distinct real questions: NQ-open dev (shared data when present, else the shipped 200)
     and the shipped HotpotQA, MuSiQue, SimpleQA and FRAMES sets, in a fixed shuffled order."""
@@ -376,11 +395,13 @@ def server_under_load(args) -> None:
         f"Tell me about {titled[i].title}" for i in rng.choice(len(titled), 1000, replace=False)]
     have_wrk = shutil.which("wrk") is not None
     env = dict(ORIGINAL_ENV)  # the servers get the user's environment, not the one drgym set up here
-    if args.src:
-        env["PYTHONPATH"] = os.pathsep.join([str(Path(args.src).resolve()), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     for kv in args.server_env:
         key, _, val = kv.partition("=")
         env[key] = val
+    before_env = None
+    if args.before_src:
+        before_env = {**env, "PYTHONPATH": os.pathsep.join([str(Path(args.before_src).resolve()),
+                                                            env.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     # (server, label, generator, endpoint, k, clients, pool)
     cells = []
     if have_wrk:
@@ -392,6 +413,11 @@ def server_under_load(args) -> None:
               ("drgym", "README method: python GET /search k=10, 64 clients, README pool", "python", "search", 10, 64, "readme")]
     if have_wrk:
         cells += [("drgym", "wrk GET /search k=10, 64 clients, README pool", "wrk", "search", 10, 64, "readme")]
+    if args.before_src:
+        gen = "wrk" if have_wrk else "python"
+        cells += [("drgym-before", f"{gen} GET /search k=5, 64 clients, before", gen, "search", 5, 64, "real"),
+                  ("drgym-before", f"{gen} POST /retrieve k=5, 64 clients, before", gen, "retrieve", 5, 64, "real"),
+                  ("drgym-before", f"{gen} GET /search k=5, 1 client, before", gen, "search", 5, 1, "real")]
     if args.search_r1:
         gen = "wrk" if have_wrk else "python"
         cells += [("drgym-dense", f"{gen} POST /retrieve k=5, 64 clients, drgym --method dense", gen, "retrieve", 5, 64, "real"),
@@ -400,7 +426,8 @@ def server_under_load(args) -> None:
     out: dict = {
         "benchmark": "drgym serve under background load",
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "server": "drgym serve --cache-size 0 (wiki-default, hybrid, micro-batching on)" + (f", code from {args.src}" if args.src else ""),
+        "server": "drgym serve --cache-size 0 (wiki-default, hybrid, micro-batching on)",
+        "before": f"the same command run from the checkout {args.before_src} (cells marked 'before')" if args.before_src else None,
         "server_env": args.server_env,
         "background_load": f"{args.background_load} x python -c 'while True: pass', started before and killed after each loaded pass",
         "pools": {"real": f"{len(real)} distinct real questions (NQ-open, HotpotQA, MuSiQue, SimpleQA, FRAMES)",
@@ -421,14 +448,20 @@ def server_under_load(args) -> None:
     with tempfile.TemporaryDirectory(prefix="drgym-bench-load-") as tmp, contextlib.ExitStack() as stack:
         srv = stack.enter_context(running_server(cli_args=["--cache-size", "0"], env=env, startup_timeout=900))
         urls = {"drgym": srv.url}
+        pids = {"drgym": srv.process.pid}
         health = json.loads(urllib.request.urlopen(f"{srv.url}/health", timeout=30).read())
         out["server_health_at_start"] = {k: health.get(k) for k in ("version", "max_k", "status")}
+        if before_env is not None:
+            before = stack.enter_context(running_server(cli_args=["--cache-size", "0"], env=before_env, startup_timeout=900))
+            urls["drgym-before"], pids["drgym-before"] = before.url, before.process.pid
         if args.search_r1:
             dense = stack.enter_context(running_server(cli_args=["--cache-size", "0", "--method", "dense"], env=env,
                                                        startup_timeout=900))
             urls["drgym-dense"] = dense.url
+            pids["drgym-dense"] = dense.process.pid
             corpus, index = export_for_search_r1("wiki-default", Path(tmp))
             proc, urls["search-r1"] = search_r1_server(Path(args.search_r1), Path(tmp), corpus, index, dict(ORIGINAL_ENV))
+            pids["search-r1"] = proc.pid
             stack.callback(lambda: (proc.terminate(), proc.wait(30)))
         for name, url in urls.items():  # warm-up
             http_load(url, real, 8, 3.0, endpoint="retrieve")
@@ -443,9 +476,15 @@ def server_under_load(args) -> None:
                     for server, label, gen, ep, k, clients, pool in cells:
                         fn = wrk_load if gen == "wrk" else http_load
                         kw = {"work": Path(tmp)} if gen == "wrk" else {}
+                        cpu0 = process_cpu_s(pids[server])
                         row = fn(urls[server], pools[pool], clients, secs, endpoint=ep, k=k, offset=offset, **kw)
+                        cpu = process_cpu_s(pids[server]) - cpu0
+                        row["server_threads_after"] = process_threads(pids[server])
                         offset += 5000
-                        rows.append({"server": server, "cell": label, "pool": pool, **row})
+                        # CPU seconds the server spent per answered request: its cost, whatever
+                        # share of the shared cores the scheduler gave it
+                        rows.append({"server": server, "cell": label, "pool": pool, **row, "server_cpu_s": round(cpu, 2),
+                                     "server_cpu_ms_per_request": round(1e3 * cpu / row["requests"], 1) if row["requests"] else None})
                         log(rep, load, label, row["throughput_rps"], "req/s", row["errors"], "errors")
                 finally:
                     for b in busy:
@@ -462,6 +501,9 @@ def server_under_load(args) -> None:
             xs = [c["throughput_rps"] for p in out["passes"] if p["background_load"] == load for c in p["cells"] if c["cell"] == label]
             m["idle" if load == 0 else "loaded"] = round(float(np.median(xs)), 1)
         m["loaded_over_idle"] = round(m["loaded"] / m["idle"], 2) if m["idle"] else None
+        cpu = [c["server_cpu_ms_per_request"] for p in out["passes"] for c in p["cells"]
+               if c["cell"] == label and c["server_cpu_ms_per_request"] is not None]
+        m["server_cpu_ms_per_request"] = round(float(np.median(cpu)), 1) if cpu else None
         med[label] = m
     out["median_rps"] = med
     out["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
@@ -487,7 +529,9 @@ def main() -> None:
                     help="only the server: 64-client throughput of drgym serve (cache off) idle and with N busy "
                          "processes, in this one run, with wrk (when installed) and Python threads as load generators")
     ap.add_argument("--reps", type=int, default=2, help="idle/loaded passes (with --background-load)")
-    ap.add_argument("--src", default=None, help="serve the drgym package of this checkout (with --background-load)")
+    ap.add_argument("--before-src", default=None, metavar="DIR",
+                    help="also serve the drgym package of this checkout (e.g. an export of an older commit) and "
+                         "measure it in the same passes, cells marked 'before' (with --background-load)")
     ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment variable for the server (repeatable; with --background-load)")
     ap.add_argument("--search-r1", default=None, metavar="RETRIEVAL_SERVER_PY",
