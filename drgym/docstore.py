@@ -117,7 +117,9 @@ class DocStore:
         if conn is None:
             if self._closed:
                 raise SearchError(f"Document store {self.path} is closed; open the index again.")
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            # immutable: a built index never changes (builds write a new folder and rename
+            # it), so SQLite needs no lock or -shm file and reads work on read-only disks
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
             conn.execute("PRAGMA query_only = ON")
             self._local.conn = conn
             with self._lock:
@@ -187,7 +189,13 @@ class DocStore:
         if base != candidates[0] and base:
             candidates.append(base)
         for u in candidates:
-            for col, val in (("url", u), ("norm_url", normalize_url(u))):
+            try:
+                norm = normalize_url(u)
+            except ValueError:  # not parseable as a URL (e.g. "http://[::1"): exact match only
+                norm = None
+            for col, val in (("url", u), ("norm_url", norm)):
+                if val is None:
+                    continue
                 rows = self._query(f"SELECT {self._DOC_COLS} FROM documents WHERE {col} = ? ORDER BY rowid LIMIT 1", (val,))
                 if rows:
                     return self._doc(rows[0])
@@ -216,10 +224,6 @@ class DocStore:
             ):
                 out[r[0]] = PassageRecord(*r)
         return out
-
-    def iter_passage_ids(self) -> list[str]:
-        """All passage_ids in row order (used to rank rows by passage_id for tie-breaks)."""
-        return [r[0] for r in self._query("SELECT passage_id FROM passages ORDER BY row")]
 
     def __len__(self) -> int:
         return self.n_documents

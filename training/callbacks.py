@@ -47,6 +47,51 @@ class JsonlLoggerCallback(TrainerCallback):
         append_jsonl(self.path, rec)
 
 
+class BatchLogCallback(TrainerCallback):
+    """Append the task ids each optimizer step's rollouts ran to ``batches.jsonl``
+    (``{"step", "task_ids"}``, in generation order), so that a resumed run can be checked
+    against an uninterrupted one: same questions, same order, from the step after the
+    checkpoint on.
+
+    Args:
+        rollout: the :class:`~drgym.training.rollout.SearchRolloutFunc` (its ``history``).
+        path: the JSONL file (appended atomically; a resumed run continues it).
+    """
+
+    def __init__(self, rollout, path: str | Path):
+        self.rollout = rollout
+        self.path = Path(path)
+        self._logged = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        history = self.rollout.history
+        new, self._logged = history[self._logged:], len(history)
+        if new and state.is_world_process_zero:
+            append_jsonl(self.path, {"step": state.global_step, "task_ids": [t for call in new for t in call]})
+
+
+def last_complete_checkpoint(out: str | Path) -> str | None:
+    """The ``checkpoint-N`` folder of ``out`` with the highest N whose save finished.
+
+    The HF Trainer writes a checkpoint in place and its ``trainer_state.json`` last, so a
+    process killed while saving leaves a folder without it; such folders are skipped (with
+    a warning), where ``transformers``' ``get_last_checkpoint`` would pick them and the
+    resume would fail. None when there is no complete checkpoint.
+    """
+    import re
+
+    out = Path(out)
+    if not out.is_dir():
+        return None
+    found = sorted((int(m.group(1)), p) for p in out.iterdir()
+                   if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+    for _, p in reversed(found):
+        if (p / "trainer_state.json").is_file():
+            return str(p)
+        log.warning("%s is incomplete (no trainer_state.json: the run was killed while saving it); skipping it", p)
+    return None
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Read ``metrics.jsonl``, merging the records of one step (later values win).
 
@@ -91,7 +136,7 @@ def write_training_record(folder: str | Path, cfg, stage: str) -> Path:
     protocol = "tags" if stage == "sft" else cfg.protocol  # SFT trains tag-protocol trajectories only
     rec = {"protocol": protocol, "layout": "chat" if protocol == "json" else "continuation", "stage": stage,
            "run": cfg.name, "config": cfg.source, "base_model": cfg.model, "env": cfg.env, "search": cfg.search,
-           "rollout": cfg.rollout, "drgym_version": __version__}
+           "rollout": cfg.rollout, "enable_thinking": cfg.enable_thinking, "drgym_version": __version__}
     path = Path(folder) / TRAINING_RECORD
     atomic_write_json(path, json.loads(json.dumps(rec, default=str)))
     return path
@@ -150,7 +195,10 @@ class EvalCallback(TrainerCallback):
         step = state.global_step
         metrics, _trajs = self.evaluate(model, self.tokenizer, self.output_dir / "eval" / f"step_{step}",
                                         name=f"hf:{self.output_dir.name}@step_{step}")
-        metrics = {f"eval/{k}": v for k, v in metrics.items()}
+        # a metric with no score (None, e.g. every judge call failed) is left out of the trainer's
+        # log (TensorBoard takes numbers only) and kept as null in metrics.jsonl
+        missing = {f"eval/{k}": None for k, v in metrics.items() if v is None}
+        metrics = {f"eval/{k}": v for k, v in metrics.items() if v is not None}
         metrics["eval/seconds"] = round(time.perf_counter() - t0, 2)
         log.info("eval at step %d: %s", state.global_step, metrics)
         if self._trainer is not None:
@@ -162,7 +210,7 @@ class EvalCallback(TrainerCallback):
             self._trainer.callback_handler.on_log(self._trainer.args, state, copy.copy(self._trainer.control),
                                                   dict(metrics))
         else:
-            append_jsonl(self.output_dir / "metrics.jsonl", {"step": state.global_step, **metrics})
+            append_jsonl(self.output_dir / "metrics.jsonl", {"step": state.global_step, **metrics, **missing})
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if self.at_start and state.global_step == 0 and state.is_world_process_zero:

@@ -91,6 +91,7 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from drgym.training.callbacks import (
+        BatchLogCallback,
         EvalCallback,
         JsonlLoggerCallback,
         TrainingRecordCallback,
@@ -122,9 +123,14 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     eval_tasks = load_task_slice(cfg.tasks["eval"]) if "eval" in cfg.tasks else []
     check_disjoint(train_tasks, eval_tasks)
     tasks_by_id = {t.task_id: t for t in train_tasks + eval_tasks}
-    env_factory = make_env_factory(cfg, train_tasks + eval_tasks, backend=backend)
     funcs, weights, monitor = build_reward_funcs(cfg, tasks_by_id, num_generations=args.num_generations,
                                                  output_dir=args.output_dir)
+    # one scorer: the env scores each episode once with the run's rewards; the TRL reward
+    # functions read the trajectory's reward_components
+    from drgym.rewards.registry import WeightedReward
+
+    scorer = WeightedReward([(f.reward, w) for f, w in zip(funcs, weights)])
+    env_factory = make_env_factory(cfg, train_tasks + eval_tasks, backend=backend, reward=scorer)
     extra = list(extra_reward_funcs or [])
     args.reward_weights = weights + [1.0] * len(extra)
     callbacks = [JsonlLoggerCallback(Path(args.output_dir) / "metrics.jsonl"), TrainingRecordCallback(cfg, "grpo")]
@@ -140,14 +146,15 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
         from drgym.training.toolenv import make_tool_env_class, use_tool_template
 
         use_tool_template(tok)
-        dataset = json_dataset(train_tasks)
+        dataset = json_dataset(train_tasks, env_factory)
         trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
                               processing_class=tok, callbacks=callbacks,
                               environment_factory=make_tool_env_class(env_factory))
         rollout = None
     else:
-        dataset, table = build_dataset(train_tasks, env_factory, tok)
+        dataset, table = build_dataset(train_tasks, env_factory, tok, enable_thinking=cfg.enable_thinking)
         rollout = SearchRolloutFunc(env_factory, table, cfg.rollout_settings())
+        callbacks.append(BatchLogCallback(rollout, Path(args.output_dir) / "batches.jsonl"))
         trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
                               processing_class=tok, callbacks=callbacks, rollout_func=rollout)
     monitor.trainer = trainer
@@ -181,8 +188,11 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
 
     Args:
         cfg: the run config.
-        resume: continue from the last ``checkpoint-N`` in ``output_dir`` (optimizer,
-            scheduler, RNG states and data order restored by the HF Trainer).
+        resume: continue from the last complete ``checkpoint-N`` in ``output_dir``
+            (optimizer, scheduler, RNG states and data order restored by the HF Trainer;
+            a checkpoint torn by a kill while saving is skipped). The next batch is the
+            one an uninterrupted run would have drawn (``batches.jsonl`` records each
+            step's task ids).
         max_steps: overrides ``grpo.max_steps``.
 
     Returns:
@@ -194,9 +204,8 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
     """
     import time
 
-    from transformers.trainer_utils import get_last_checkpoint
-
     from drgym.atomic import atomic_write_json
+    from drgym.training.callbacks import last_complete_checkpoint
 
     if not resume:
         refuse_earlier_run(Path(cfg.output_dir))
@@ -204,9 +213,9 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
     out = Path(trainer.args.output_dir)
     ckpt = None
     if resume:
-        ckpt = get_last_checkpoint(str(out)) if out.is_dir() else None
+        ckpt = last_complete_checkpoint(out)  # a checkpoint torn by a kill is skipped
         if ckpt is None:
-            raise ConfigError(f"--resume: no checkpoint-N folder in {out}.")
+            raise ConfigError(f"--resume: no complete checkpoint-N folder in {out}.")
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=ckpt)
     wall = time.perf_counter() - t0

@@ -15,11 +15,14 @@ spec                        policy
 from __future__ import annotations
 
 import inspect
+import logging
 import json
 from typing import Any
 
 from drgym.errors import ConfigError, unknown_name
 from drgym.policies.base import Policy
+
+log = logging.getLogger(__name__)
 
 KINDS = ("hf", "openai", "vllm", "rag", "scripted")
 RAG_OPTIONS = ("k", "words")
@@ -69,6 +72,48 @@ def _accepts(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
         names = [p for p in params if p not in ("self", "model", "args", "kwargs")]
         raise ConfigError(f"{cls.__name__} has no option {bad[0]!r}. Options: {', '.join(names)}.")
     return kwargs
+
+
+_POLICY_CLASSES = {"hf": ("drgym.policies.hf", "HFPolicy"), "openai": ("drgym.policies.openai", "OpenAIPolicy"),
+                   "vllm": ("drgym.policies.vllm", "VLLMPolicy"), "scripted": ("drgym.policies.scripted", "ScriptedPolicy")}
+
+
+def _policy_class(kind: str) -> type:
+    import importlib
+
+    module, name = _POLICY_CLASSES[kind]
+    return getattr(importlib.import_module(module), name)
+
+
+def check_policy(spec: str, options: dict[str, Any] | None = None) -> None:
+    """Check a policy spec and its options without building the policy (no model load,
+    no connection), so that ``drgym rollout`` refuses a typo before loading anything.
+
+    Checks the kind, the option names (against the policy's constructor), the
+    ``openai:`` URL, and for ``hf:`` (and a ``rag:`` reader) that a model folder exists
+    and, offline, that a hub name is in the local Hugging Face cache
+    (:func:`drgym.models.check_lm`).
+
+    Raises:
+        ConfigError: what :func:`make_policy` would raise for these arguments, naming
+            the bad part.
+    """
+    kind, arg = split_spec(spec)
+    options = dict(options or {})
+    if kind == "rag":
+        unknown = [k for k in options if k not in RAG_OPTIONS]
+        reader_spec = arg if ":" in arg and arg.split(":", 1)[0].lower() in ("hf", "openai", "vllm") else f"hf:{arg}"
+        check_policy(reader_spec, {k: v for k, v in options.items() if k in unknown})
+        return
+    _accepts(_policy_class(kind), options)
+    if kind == "openai":
+        from drgym.policies.openai import parse_spec
+
+        parse_spec(arg)
+    elif kind == "hf":
+        from drgym.models import check_lm
+
+        check_lm(arg)
 
 
 def make_policy(spec: str, **options: Any) -> Policy:
@@ -127,6 +172,7 @@ def describe_policy(policy: Policy) -> dict[str, Any]:
     if hasattr(policy, "describe"):
         try:
             d.update(policy.describe())
-        except Exception:  # describing must never break a run
-            pass
+        except Exception as e:  # describing must not break a run: logged, and recorded in the run config
+            log.warning("describing policy %s failed: %s: %s", policy.name, type(e).__name__, e)
+            d["describe_error"] = f"{type(e).__name__}: {e}"
     return d

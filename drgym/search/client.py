@@ -19,7 +19,11 @@ encoder call; against other servers it runs ``/search`` calls in a thread pool.
 
 Transient failures (HTTP 429 honouring ``Retry-After``, 5xx, timeouts, connection
 errors) are retried with exponential backoff (:func:`drgym.search.retry.send_with_retries`,
-tenacity), then raised as :class:`BackendUnavailableError`. 400/422 raise
+tenacity), then raised as :class:`~drgym.errors.ServiceUnavailableError` (which ends a
+rollout run: see :mod:`drgym.evaluation.runner`). Before the server has answered once,
+``attempts`` tries are made (a wrong URL fails in seconds); once it has answered, failures
+are retried for at least ``reconnect_s`` seconds, so a server that is killed and restarted
+mid-run is waited for and the run goes on. 400/422 raise
 :class:`BadQueryError`, 404 on a fetch :class:`DocumentNotFoundError`, 401/403
 :class:`AuthError` with the server's detail.
 """
@@ -41,9 +45,11 @@ from drgym.errors import (
     ConfigError,
     DocumentNotFoundError,
     SearchError,
+    ServiceUnavailableError,
 )
-from drgym.search.base import SearchBackend
-from drgym.search.retry import send_with_retries
+from drgym.redact import scrub
+from drgym.search.base import COLLAPSE_MODES, SearchBackend, check_collapse
+from drgym.search.retry import default_reconnect_s, send_with_retries
 from drgym.search.wire import decode_b64_json
 from drgym.types import Document, SearchResult
 
@@ -102,6 +108,10 @@ class HTTPSearchClient(SearchBackend):
         backoff_s: first retry delay in seconds (doubles per retry, jittered).
         max_backoff_s: cap of one retry delay.
         max_retry_after_s: longest ``Retry-After`` honoured; longer fails at once.
+        reconnect_s: once the server has answered, a failing request is retried for at
+            least this many seconds (a restarting server); 0 keeps ``attempts`` only;
+            None reads :func:`drgym.search.retry.default_reconnect_s` (60 s, or
+            ``$DRGYM_RECONNECT_S``).
         route: search route, ``"/search"`` (ClueWeb22) or ``"/fineweb/search"``.
         fetch_url: root of the fetch service when it is not ``base_url`` (the public
             DeepResearchGym runs ``/fetch`` as a separate service).
@@ -111,6 +121,9 @@ class HTTPSearchClient(SearchBackend):
         workers: threads for ``search_batch`` against non-drgym servers.
         retrieve_chunk: most queries per ``/retrieve`` request.
         name: backend name; default ``"deepresearchgym"`` for clueweb22.us, else ``"http"``.
+        collapse: ask a drgym server for ``"document"`` (k distinct documents) or
+            ``"passage"`` results; None takes the server's ``/search`` default, for
+            ``search`` and ``search_batch`` alike. Other servers ignore it.
         deterministic: whether rankings are repeatable. True by default: both a drgym
             server and DeepResearchGym search a fixed index (DeepResearchGym's point);
             pass False for a service that may be re-indexed under you.
@@ -129,6 +142,7 @@ class HTTPSearchClient(SearchBackend):
         backoff_s: float = 0.5,
         max_backoff_s: float = 8.0,
         max_retry_after_s: float = 60.0,
+        reconnect_s: float | None = None,
         route: str = "/search",
         fetch_url: str | None = None,
         drgym: bool | None = None,
@@ -137,6 +151,7 @@ class HTTPSearchClient(SearchBackend):
         retrieve_chunk: int = 256,
         name: str | None = None,
         deterministic: bool = True,
+        collapse: str | None = None,
     ) -> None:
         parsed = urlparse(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -153,11 +168,15 @@ class HTTPSearchClient(SearchBackend):
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.max_retry_after_s = max_retry_after_s
+        self.reconnect_s = default_reconnect_s() if reconnect_s is None else float(reconnect_s)
+        self._answered = False  # the server has answered once (then reconnect_s applies)
         self.max_k = max_k
         self.workers = max(1, workers)
         self.retrieve_chunk = max(1, retrieve_chunk)
         self.name = name or ("deepresearchgym" if parsed.hostname and parsed.hostname.endswith("clueweb22.us") else "http")
         self.deterministic = deterministic
+        self.collapse = None if collapse is None else check_collapse(collapse)
+        self._server_collapse: str | None = None
         self._drgym = drgym
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -174,20 +193,30 @@ class HTTPSearchClient(SearchBackend):
     # -- HTTP --------------------------------------------------------------------------
     def _send(self, method: str, url: str, **kw: Any) -> httpx.Response:
         try:
-            return send_with_retries(
+            resp = send_with_retries(
                 self._client, method, url, backend=self.name, env_var=API_KEY_ENV_VARS[0],
                 attempts=self.attempts, backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s,
-                max_retry_after_s=self.max_retry_after_s, **kw,
+                max_retry_after_s=self.max_retry_after_s, min_elapsed_s=self.reconnect_s if self._answered else 0.0,
+                **kw,
             )
         except RuntimeError as e:  # the client was closed
             raise BackendUnavailableError(f"{self.name}: client is closed ({e}).") from e
+        except BackendUnavailableError as e:  # retries spent: the service itself is down
+            raise ServiceUnavailableError(str(e)) from e
+        self._answered = True
+        return resp
+
+    def credentials(self) -> tuple[str, ...]:
+        """The ``x-api-key`` sent, if any (see :meth:`SearchBackend.credentials`)."""
+        return tuple(self._headers.values())
 
     def _json(self, resp: httpx.Response) -> Any:
         """Body of a 2xx answer as JSON; 4xx become BadQueryError / SearchError."""
         if resp.status_code in (400, 422):
-            raise BadQueryError(f"{self.name}: {_detail(resp)}")
+            raise BadQueryError(scrub(f"{self.name}: {_detail(resp)}", self.credentials()))
         if resp.status_code >= 400:
-            raise SearchError(f"{self.name}: HTTP {resp.status_code} from {resp.request.url}: {_detail(resp)}")
+            raise SearchError(scrub(f"{self.name}: HTTP {resp.status_code} from {resp.request.url}: {_detail(resp)}",
+                                    self.credentials()))
         try:
             return resp.json()
         except ValueError as e:
@@ -202,7 +231,7 @@ class HTTPSearchClient(SearchBackend):
         detected once, which also adopts the server's ``max_k``.
 
         Raises:
-            BackendUnavailableError: the server cannot be reached.
+            ServiceUnavailableError: the server cannot be reached.
         """
         with self._lock:
             if self._drgym is None:
@@ -216,6 +245,8 @@ class HTTPSearchClient(SearchBackend):
                 self._drgym = isinstance(info, dict) and info.get("service") == "drgym"
                 if self._drgym and isinstance(info.get("max_k"), int):
                     self.max_k = info["max_k"]
+                if self._drgym and info.get("collapse") in COLLAPSE_MODES:
+                    self._server_collapse = info["collapse"]
             return self._drgym
 
     # -- SearchBackend -----------------------------------------------------------------
@@ -227,11 +258,13 @@ class HTTPSearchClient(SearchBackend):
             server sends none) and ranks 1..n; empty or ``_error`` entries are skipped.
 
         Raises:
-            BadQueryError, AuthError, BackendUnavailableError, SearchError (see module doc).
+            BadQueryError, AuthError, ServiceUnavailableError (retries spent), BackendUnavailableError (a malformed answer), SearchError (see module doc).
         """
         self.check_request([query], k)
-        resp = self._send("GET", f"{self.base_url}{self.route}",
-                          params={"query": query, "k": k, "with_distance": "true"})
+        params: dict[str, Any] = {"query": query, "k": k, "with_distance": "true"}
+        if self.collapse:
+            params["collapse"] = self.collapse
+        resp = self._send("GET", f"{self.base_url}{self.route}", params=params)
         body = self._json(resp)
         if not isinstance(body, dict) or not isinstance(body.get("results"), list):
             raise BackendUnavailableError(f"{self.name}: expected {{'results': [...]}} from {self.route}, got {str(body)[:120]!r}")
@@ -277,8 +310,11 @@ class HTTPSearchClient(SearchBackend):
         return list(pool.map(lambda q: self.search(q, k), queries))
 
     def _retrieve(self, queries: list[str], k: int) -> list[list[SearchResult]]:
-        resp = self._send("POST", f"{self.base_url}/retrieve",
-                          json={"queries": queries, "topk": k, "return_scores": True})
+        body: dict[str, Any] = {"queries": queries, "topk": k, "return_scores": True}
+        collapse = self.collapse or self._server_collapse  # /retrieve's own default is passages
+        if collapse:
+            body["collapse"] = collapse
+        resp = self._send("POST", f"{self.base_url}/retrieve", json=body)
         body = self._json(resp)
         rows = body.get("result") if isinstance(body, dict) else None
         if not isinstance(rows, list) or len(rows) != len(queries):
@@ -306,7 +342,7 @@ class HTTPSearchClient(SearchBackend):
 
         Raises:
             DocumentNotFoundError: HTTP 404 (the server's detail is in the message).
-            AuthError, BackendUnavailableError, SearchError.
+            AuthError, ServiceUnavailableError, BackendUnavailableError, SearchError.
         """
         if not isinstance(url, str) or not url.strip():
             raise DocumentNotFoundError(f"URL not found: {url!r} (empty URL).")
