@@ -148,8 +148,9 @@ def thread_count() -> int:
 def configure_threads(threads: int | None = None, *, force: bool = False) -> int:
     """Apply the thread count to this process: environment, torch and faiss.
 
-    Sets ``OMP_NUM_THREADS`` and ``RAYON_NUM_THREADS`` where unset (read by OpenMP
-    runtimes and tokenizers that load later, and by child processes); when torch or
+    Sets ``OMP_NUM_THREADS`` and ``RAYON_NUM_THREADS`` where unset, or to the count
+    when it is exact (read by OpenMP runtimes and tokenizers that load later, and by
+    child processes); when torch or
     faiss is already imported, caps their thread count at ``threads`` (a lower setting
     made by the caller is kept). With ``threads`` given or ``$DRGYM_THREADS`` set, the
     count is set exactly. Runs once per process unless ``force``.
@@ -171,8 +172,13 @@ def configure_threads(threads: int | None = None, *, force: bool = False) -> int
     if n < 1:
         raise ConfigError(f"threads must be >= 1, got {threads}.")
     ensure_wait_policy()
-    os.environ.setdefault("OMP_NUM_THREADS", str(n))
-    os.environ.setdefault("RAYON_NUM_THREADS", str(n))
+    for var in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS"):
+        # an exact count (DRGYM_THREADS, or threads given) wins over a value inherited from a
+        # parent process that applied its own count; otherwise the user's setting is kept
+        if exact:
+            os.environ[var] = str(n)
+        else:
+            os.environ.setdefault(var, str(n))
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if "torch" in sys.modules:
         import torch

@@ -88,6 +88,16 @@ def test_configure_threads_applies_drgym_threads_to_torch_faiss_and_env():
     assert _run(code, DRGYM_THREADS="1") == {"n": 1, "torch": 1, "faiss": 1, "omp": "1", "rayon": "1"}
 
 
+def test_drgym_threads_wins_over_thread_variables_inherited_from_a_parent():
+    """A drgym process exports its count to its children; a child started with its own
+    DRGYM_THREADS uses that count, not the parent's inherited OMP/RAYON values."""
+    code = ("import json, os, drgym; from drgym.cpu import configure_threads; n = configure_threads(); "
+            "print(json.dumps({'n': n, 'omp': os.environ['OMP_NUM_THREADS'], 'rayon': os.environ['RAYON_NUM_THREADS']}))")
+    assert _run(code, DRGYM_THREADS="1", OMP_NUM_THREADS="7", RAYON_NUM_THREADS="7") == {"n": 1, "omp": "1", "rayon": "1"}
+    # without DRGYM_THREADS a user's own OMP_NUM_THREADS is kept
+    assert _run(code, OMP_NUM_THREADS="7")["omp"] == "7"
+
+
 def test_configure_threads_caps_an_already_loaded_torch_at_the_available_cores():
     avail = cpu.available_cpus()
     code = ("import json, torch; torch.set_num_threads(%d); import drgym.cpu as c; c.configure_threads(); "
