@@ -350,12 +350,6 @@ def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device
         name_or_path: ``"smollm2"``, a shipped adapter (``"smollm2-drgym"``), a hub
             name, or a local model or adapter folder (an adapter is merged into its base,
             :func:`load_model`).
-        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"`` (bf16 on CPU
-            for batch-1 decode, which is about 2x faster than fp32 there since decoding
-            is memory-bound; fp16 on CUDA).
-
-
-        name_or_path: ``"smollm2"``, a hub name, or a local folder.
         dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"`` (see
             :func:`resolve_dtype`: fp16 on CUDA; on CPU bf16 only where the CPU has bf16
             dot-product instructions, else fp32).
@@ -363,26 +357,19 @@ def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device
 
     Returns:
         ``(model, tokenizer)``; the model is in eval mode; the tokenizer pads on the left.
+
+    Raises:
+        ConfigError: see :func:`load_model` and :func:`load_tokenizer`.
     """
     import torch
-
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype == "auto":
-        torch_dtype = torch.float16 if device.startswith("cuda") else torch.bfloat16
-    else:
-        torch_dtype = getattr(torch, dtype)
-    tok = load_tokenizer(name_or_path)
-
 
     from drgym.cpu import configure_threads
 
     configure_threads()
-    path = resolve_lm(name_or_path)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     torch_dtype = getattr(torch, resolve_dtype(dtype, device)[0])
-    tok = load_pretrained(AutoTokenizer, path)
+    tok = load_tokenizer(name_or_path)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
