@@ -247,7 +247,23 @@ def server_load() -> str:
         "changes; 'README pool': the benchmark table's queries above, k=10.")
 
 
+# -- the bundled agent's test-slice table ---------------------------------------------------
+
+TEST_TABLE = "training/results/test_table.json"  # python scripts/eval_table.py ...
+
+
+def test_table() -> str:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("eval_table", REPO / "scripts" / "eval_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    t = _load(TEST_TABLE)
+    return mod.markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "test_table": test_table,
     "server_load": server_load,
     "main_job": main_job,
     "main_job_load": main_job_load,
