@@ -240,6 +240,12 @@ def lora_vs_full(a) -> int:
                 p.requires_grad_(True)
         else:  # top10
             freeze_bottom(m, 10)
+        # as GRPOTrainer.__init__ does to its own model: log-probs from a fused LM head
+        from accelerate.utils import is_peft_model as _is_peft
+        from trl.trainer.grpo_trainer import add_fused_lm_head
+
+        add_fused_lm_head(m.get_base_model() if _is_peft(m) else m, temperature=trainer.temperature,
+                          cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32, outputs=("log_probs", "entropy"))
         m.train()
         return m
 
