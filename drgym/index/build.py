@@ -71,21 +71,38 @@ BUILD_PREFIX = ".build-"
 _STATE = "build.json"
 
 
-def choose_factory(n: int, dim: int) -> str:
+def choose_factory(n: int, dim: int, shard_size: int | None = None) -> str:
     """The FAISS factory ``auto`` picks for about ``n`` passages of dimension ``dim``.
 
-    ``Flat`` (exact) up to :data:`FLAT_MAX`; beyond it ``IVF{nlist},PQ{m}`` with
-    ``nlist`` the power of two nearest ``4 * sqrt(n)`` (FAISS's guideline is 4-16
-    sqrt(n)) and ``m = dim / 8`` sub-quantizers of 8 bits (``dim / 4`` bytes when 8 does
-    not divide ``dim``), so each vector costs ``m`` bytes instead of ``4 * dim``.
+    ``Flat`` (exact) up to :data:`FLAT_MAX` passages; beyond it ``IVF{nlist},PQ{m}``
+    for the rows of one shard (``min(n, shard_size)``): ``nlist`` the power of two
+    nearest ``sqrt(rows)`` (the low end of FAISS's 1-16 sqrt(N) guideline, so that
+    k-means stays affordable on CPUs) and ``m`` sub-quantizers of 8 bits, ``m`` the
+    largest divisor of ``dim`` up to ``dim / 8`` (48 for 384-d): each vector costs ``m`` bytes of RAM
+    instead of ``4 * dim``, and the top candidates are re-scored exactly from the
+    memory-mapped float16 embeddings (:data:`drgym.index.dense.DEFAULT_SEARCH_PARAMS`).
+    HNSW is never picked: its graph is built at ~1 ms per vector per core and needs the
+    float32 vectors in RAM (see the README's Scale section); ask for ``HNSW32``
+    explicitly when latency matters more than build time and memory.
 
     >>> choose_factory(21_000, 384), choose_factory(5_000_000, 384), choose_factory(21_000_000, 768)
-    ('Flat', 'IVF8192,PQ48', 'IVF16384,PQ96')
+    ('Flat', 'IVF2048,PQ48', 'IVF4096,PQ96')
+    >>> choose_factory(87_000_000, 768, shard_size=25_000_000)
+    'IVF4096,PQ96'
     """
     if n <= FLAT_MAX:
         return "Flat"
-    nlist = 2 ** max(8, round(math.log2(4 * math.sqrt(n))))
-    m = dim // 8 if dim % 8 == 0 else (dim // 4 if dim % 4 == 0 else dim)
+    return ivfpq_factory(min(n, shard_size) if shard_size else n, dim)
+
+
+def ivfpq_factory(rows: int, dim: int) -> str:
+    """``IVF{nlist},PQ{m}`` for a shard of ``rows`` vectors (see :func:`choose_factory`).
+
+    >>> ivfpq_factory(100_000, 384), ivfpq_factory(2_500_000, 768)
+    ('IVF256,PQ48', 'IVF2048,PQ96')
+    """
+    nlist = 2 ** min(16, max(8, round(math.log2(math.sqrt(rows)))))
+    m = max(d for d in range(1, max(1, dim // 8) + 1) if dim % d == 0)
     return f"IVF{nlist},PQ{m}"
 
 
@@ -424,7 +441,7 @@ def build_index(
     if spec.factory == "auto":
         from dataclasses import replace
 
-        spec = replace(spec, factory=choose_factory(_estimate_docs(units), encoder.dim))
+        spec = replace(spec, factory=choose_factory(_estimate_docs(units), encoder.dim, spec.shard_size))
     from drgym.index.dense import new_faiss_index
 
     new_faiss_index(encoder.dim, spec.factory)  # a bad factory string fails now, not after encoding

@@ -270,7 +270,7 @@ def import_index(
             raise ConfigError(f"the .npy files have different dimensions: {sorted(dims)}.")
         n_vec, dim = sum(len(a) for a in arrays), dims.pop()
         if factory == "auto":
-            factory = choose_factory(n_vec, dim)
+            factory = choose_factory(n_vec, dim, shard_size)
         from drgym.index.dense import new_faiss_index
 
         new_faiss_index(dim, factory)
