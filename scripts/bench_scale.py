@@ -393,6 +393,8 @@ def main() -> None:
                      "search_defaults": "efSearch 64, nprobe 16, rerank 100 (drgym's DEFAULT_SEARCH_PARAMS)",
                      "flat_search": "FAISS files memory-mapped (IO_FLAG_MMAP_IFC): RSS counts the page cache"},
         "started": res.get("started") or now(),
+        "code_commit": os.environ.get("DRGYM_BENCH_COMMIT") or subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
     })
     a.out.parent.mkdir(parents=True, exist_ok=True)
     log = open(a.out.with_suffix(".log"), "a")
