@@ -320,13 +320,15 @@ class ShardTask:
 
 @dataclass
 class BuildContext:
-    """What a runner needs to encode units: the encoder and the chunking settings."""
+    """What a runner needs to encode units: the encoder (loaded, and as the user named it,
+    for runners that load it again elsewhere) and the chunking settings."""
 
     encoder: object
     max_tokens: int
     overlap: int
     memory_docs: list[Document] | None = None
     progress: bool = False
+    encoder_spec: str = ""
 
 
 class LocalRunner:
@@ -465,7 +467,8 @@ def build_index(
                  "bm25": spec.bm25, "units": len(units)}
         state = json.loads(json.dumps(state))
         prepare_build_dir(build_dir, state, resume)
-        ctx = BuildContext(encoder, planned.chunking["max_tokens"], planned.chunking["overlap"], docs, progress)
+        ctx = BuildContext(encoder, planned.chunking["max_tokens"], planned.chunking["overlap"], docs, progress,
+                           encoder_spec=spec.encoder)
         try:
             manifest, resumed = run_build(build_dir, planned, units, ctx, runner, timings, bm25=spec.bm25)
             swap_into_place(build_dir, folder)

@@ -391,6 +391,34 @@ def select_top(scores: np.ndarray, rows: np.ndarray, tie_rank: np.ndarray, k: in
     return scores[:k], rows[:k]
 
 
+def merge_shard_results(parts_s: list[np.ndarray], parts_r: list[np.ndarray], tie_rank: np.ndarray, nq: int,
+                        k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge per-shard candidates into the top ``k`` of each query (:func:`select_top`:
+    score descending, ties by passage_id): the one merge of the local engine and of the
+    sharded Ray Serve router, so both rank alike.
+
+    Args:
+        parts_s: per shard, float32 ``(nq, m_i)`` scores.
+        parts_r: per shard, int64 ``(nq, m_i)`` global rows (``-1`` padding).
+        tie_rank: int64 ``(n_passages,)`` passage_id ranks.
+        nq: number of queries.
+        k: results per query.
+
+    Returns:
+        ``(scores, rows)`` of shape ``(nq, k)``, padded with ``-inf`` / ``-1``.
+    """
+    out_s = np.full((nq, k), -np.inf, dtype=np.float32)
+    out_r = np.full((nq, k), -1, dtype=np.int64)
+    if not parts_s:
+        return out_s, out_r
+    all_s, all_r = np.concatenate(parts_s, axis=1), np.concatenate(parts_r, axis=1)
+    for i in range(nq):
+        sc, rw = select_top(all_s[i], all_r[i], tie_rank, k)
+        out_s[i, : len(sc)] = sc
+        out_r[i, : len(rw)] = rw
+    return out_s, out_r
+
+
 class DenseIndex:
     """The dense shards of one index, loaded for search.
 
@@ -552,13 +580,4 @@ class DenseIndex:
                 D = exact_scores(emb, q, I)
             parts_s.append(D)
             parts_r.append(np.where(I >= 0, I + s.start, -1))
-        out_s = np.full((nq, k), -np.inf, dtype=np.float32)
-        out_r = np.full((nq, k), -1, dtype=np.int64)
-        if not parts_s:
-            return out_s, out_r
-        all_s, all_r = np.concatenate(parts_s, axis=1), np.concatenate(parts_r, axis=1)
-        for i in range(nq):
-            sc, rw = select_top(all_s[i], all_r[i], self.tie_rank, k)
-            out_s[i, : len(sc)] = sc
-            out_r[i, : len(rw)] = rw
-        return out_s, out_r
+        return merge_shard_results(parts_s, parts_r, self.tie_rank, nq, k)

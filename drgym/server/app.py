@@ -44,6 +44,7 @@ from drgym.search.wire import (
     ServerSettings,
     b64_json,
     document_record,
+    partial_info,
     result_record,
     retrieve_document,
 )
@@ -173,6 +174,7 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
             results=[b64_json(result_record(r)) for r in hits],
             distances=[float(r.score) for r in hits] if with_distance else None,
             outlinks=outlinks,
+            partial=partial_info([hits]),
         )
 
     @app.get("/search", response_model=SearchResponse, responses=_ERRORS, dependencies=[Auth], tags=["search"])
@@ -212,8 +214,8 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
         hits = await guarded(batcher.search_many(queries, k)) if queries else []
         if req.return_scores:
             return RetrieveResponse(result=[[RetrieveHit(document=retrieve_document(r), score=float(r.score))
-                                             for r in hs] for hs in hits])
-        return RetrieveResponse(result=[[retrieve_document(r) for r in hs] for hs in hits])
+                                             for r in hs] for hs in hits], partial=partial_info(hits))
+        return RetrieveResponse(result=[[retrieve_document(r) for r in hs] for hs in hits], partial=partial_info(hits))
 
     @app.get("/health", response_model=HealthResponse, tags=["meta"])
     async def health() -> HealthResponse:
