@@ -187,7 +187,13 @@ class DocStore:
         if base != candidates[0] and base:
             candidates.append(base)
         for u in candidates:
-            for col, val in (("url", u), ("norm_url", normalize_url(u))):
+            try:
+                norm = normalize_url(u)
+            except ValueError:  # not parseable as a URL (e.g. "http://[::1"): exact match only
+                norm = None
+            for col, val in (("url", u), ("norm_url", norm)):
+                if val is None:
+                    continue
                 rows = self._query(f"SELECT {self._DOC_COLS} FROM documents WHERE {col} = ? ORDER BY rowid LIMIT 1", (val,))
                 if rows:
                     return self._doc(rows[0])

@@ -31,7 +31,7 @@ class SearchQAEnv(SearchAgentEnv):
 
     **Rewards.** 0.0 on every step but the last. At the end (answer or truncation) the
     configured reward scores an :class:`~drgym.records.Episode` (answer ``""`` if
-    none was given); default ``"f1"`` (SQuAD token F1 over the gold aliases, via
+    none was given); default ``"f1"`` (HotpotQA token F1 over the gold aliases, via
     :func:`drgym.rewards.get_reward`). Minus ``format_penalty`` per invalid action.
 
     **Episode End.** Terminated when the agent answers. Truncated after ``max_turns``

@@ -28,7 +28,7 @@ from typing import Any
 from drgym.corpus.urls import find_urls, strip_urls
 from drgym.errors import ConfigError, DrgymError
 from drgym.judges.base import Judge, JudgeRequest
-from drgym.judges.factory import make_judge
+from drgym.judges.factory import require_judge
 from drgym.judges.prompts import CITATION_SUPPORT, CLAIM_EXTRACT, SUPPORT_VALUE
 from drgym.records import Episode, Reward, RewardOutput
 from drgym.search.base import SearchBackend
@@ -40,7 +40,7 @@ class CitationReward(Reward):
     """Citation precision and recall; the score is chosen by ``mode``.
 
     Args:
-        judge: judge or spec.
+        judge: judge or spec (required: ``ConfigError`` without one).
         backend: the :class:`SearchBackend` whose ``fetch(url)`` returns cited pages;
             required unless ``mode == "recall"``.
         mode: ``"precision"`` (default), ``"recall"``, ``"f1"`` (harmonic mean) or ``"mean"``.
@@ -58,7 +58,7 @@ class CitationReward(Reward):
 
     def __init__(
         self,
-        judge: Judge | str = "hf:smollm2",
+        judge: Judge | str | None = None,
         backend: SearchBackend | None = None,
         *,
         mode: str = "precision",
@@ -70,7 +70,7 @@ class CitationReward(Reward):
             raise ConfigError(f"citation mode must be one of {MODES}, got {mode!r}.")
         if backend is None and mode != "recall":
             raise ConfigError("Citation precision fetches cited pages: pass backend=<SearchBackend> (or mode='recall').")
-        self.judge = make_judge(judge)
+        self.judge = require_judge(judge, self.name)
         self.backend = backend
         self.mode = mode
         self.max_claims = int(max_claims)

@@ -36,7 +36,7 @@ from drgym.rewards.citation import strip_urls
 
 from drgym.errors import ConfigError, DrgymError
 from drgym.judges.base import Judge, JudgeRequest
-from drgym.judges.factory import make_judge
+from drgym.judges.factory import require_judge
 from drgym.judges.prompts import FACT_EXTRACT, FACT_VALIDATE
 from drgym.records import Episode, Reward, RewardOutput
 from drgym.search.base import SearchBackend
@@ -150,16 +150,16 @@ class FactReward(Reward):
 
     def __init__(
         self,
-        judge: Judge | str = "hf:smollm2",
+        judge: Judge | str | None = None,
         backend: SearchBackend | None = None,
         *,
         max_urls: int = 100,
         max_page_chars: int = 8000,
         max_article_chars: int = 40000,
     ) -> None:
+        self.judge = require_judge(judge, self.name)
         if backend is None:
             raise ConfigError("FACT fetches cited pages: pass backend=<SearchBackend>.")
-        self.judge = make_judge(judge)
         self.backend = backend
         self.max_urls = int(max_urls)
         self.max_page_chars = int(max_page_chars)

@@ -10,22 +10,27 @@ contradiction" and the appendix prompts); upstream ``cxcscmu/deepresearch_benchm
   cache, so rebuilding the key points of a query costs nothing the second time.
 - KPR / KPC: one judge verdict per key point (Supported / Omitted / Contradicted)
   against the whole report. Per query: support, omitted and contradicted rates.
-  Over queries: KPR = mean support rate, KPC = mean contradicted rate (macro). A query
-  with no key points still counts: it contributes 0 to every rate (upstream quirk,
-  kept so our aggregates equal theirs).
+  Over queries: KPR = mean support rate, KPC = mean contradicted rate (macro).
+- A query with no key points: KPR is undefined. The reward scores it None (not 0),
+  flags it in the ``kp_undefined`` component, logs a warning, and ``drgym evaluate`` /
+  ``drgym rollout`` exclude it from the means and count it (``kpr/undefined``,
+  ``kpr_undefined``). Upstream counts such a query as 0 in every rate; only the
+  aggregation helpers below (:func:`label_rates`, :func:`aggregate_kpr`) keep that, to
+  reproduce upstream's result files exactly.
 
-Rates are percentages (0-100) in the aggregation helpers, as upstream; the reward's
-scores and components are fractions (0-1).
+Scale: the reward, its components, ``drgym rollout`` and ``drgym evaluate`` use fractions
+in [0, 1]. The aggregation helpers use percentages (0-100), as upstream's files do.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from drgym.errors import ConfigError
 from drgym.judges.base import Judge, JudgeRequest
-from drgym.judges.factory import make_judge
+from drgym.judges.factory import make_judge, require_judge
 from drgym.judges.prompts import (
     KEYPOINT_EXTRACT,
     KEYPOINT_MERGE,
@@ -34,6 +39,8 @@ from drgym.judges.prompts import (
     KPR_LABELS,
 )
 from drgym.records import Episode, Reward, RewardOutput
+
+log = logging.getLogger(__name__)
 
 
 def key_point_text(kp: dict[str, Any] | str) -> str:
@@ -200,9 +207,23 @@ class KeyPointRecall(Reward):
     ``- contradiction_weight * KPC fraction``. Components per episode: ``kpr``, ``kpc``,
     ``kp_omitted`` (fractions 0-1) and ``n_key_points``.
 
-    A task with no key points scores 0.0 (it still counts, as upstream). An empty
-    report gets all key points Omitted without judge calls. If any key point's judge
-    call fails after retries, the episode scores None and counts in ``failures``.
+    Scale: fractions in [0, 1]. A task with no key points has no KPR: it scores None
+    with ``kp_undefined`` = 1.0 and a logged warning; it is not a judge failure (not in
+    ``failures``). An empty report gets all key points Omitted without judge calls. If
+    any key point's judge call fails after retries, the episode scores None and counts
+    in ``failures``.
+
+    >>> from drgym.records import Task
+    >>> from drgym.judges.base import Judge
+    >>> class AllSupported(Judge):
+    ...     model_id = "stub:yes"
+    ...     def complete(self, messages, **kw):
+    ...         return '{"label": "Supported"}'
+    >>> r = KeyPointRecall(AllSupported(cache=False))
+    >>> out = r.score([Episode(Task("a", "q", kind="research", key_points=[{"point": "x"}, {"point": "y"}]), "report"),
+    ...                Episode(Task("b", "q", kind="research"), "report")])
+    >>> out.scores, out.components["kp_undefined"], out.failures
+    ([1.0, None], [0.0, 1.0], 0)
 
     Args:
         judge: judge or spec.
@@ -217,13 +238,13 @@ class KeyPointRecall(Reward):
 
     def __init__(
         self,
-        judge: Judge | str = "hf:smollm2",
+        judge: Judge | str | None = None,
         *,
         contradiction_weight: float = 0.0,
         max_report_chars: int = 30000,
         batched: bool = False,
     ) -> None:
-        self.judge = make_judge(judge)
+        self.judge = require_judge(judge, self.name)
         self.contradiction_weight = float(contradiction_weight)
         self.max_report_chars = int(max_report_chars)
         self.batched = bool(batched)
@@ -259,12 +280,21 @@ class KeyPointRecall(Reward):
     def score(self, episodes: list[Episode]) -> RewardOutput:
         labels = self.judge_labels(episodes)
         scores: list[float | None] = []
-        comp: dict[str, list[float | None]] = {"kpr": [], "kpc": [], "kp_omitted": [], "n_key_points": [], "kp_failed": []}
+        comp: dict[str, list[float | None]] = {"kpr": [], "kpc": [], "kp_omitted": [], "n_key_points": [], "kp_failed": [],
+                                               "kp_undefined": []}
         failures = 0
-        for labs in labels:
+        undefined = []
+        for ep, labs in zip(episodes, labels):
             failed = sum(lab is None for lab in labs)
             comp["n_key_points"].append(float(len(labs)))
             comp["kp_failed"].append(float(failed))
+            comp["kp_undefined"].append(float(not labs))
+            if not labs:
+                undefined.append(ep.task.task_id)
+                scores.append(None)
+                for k in ("kpr", "kpc", "kp_omitted"):
+                    comp[k].append(None)
+                continue
             if failed:
                 failures += 1
                 scores.append(None)
@@ -277,4 +307,7 @@ class KeyPointRecall(Reward):
             comp["kpc"].append(kpc)
             comp["kp_omitted"].append(r["omitted_rate"] / 100)
             scores.append(kpr - self.contradiction_weight * kpc)
+        if undefined:
+            log.warning("KPR is undefined for %d of %d report(s) whose task has no key points (%s): scored None, not 0.",
+                        len(undefined), len(episodes), ", ".join(undefined[:5]) + (" ..." if len(undefined) > 5 else ""))
         return RewardOutput(scores=scores, components=comp, failures=failures)

@@ -23,6 +23,10 @@ class LengthGuard(Reward):
         tokenizer: optional ``str -> list`` (e.g. a HF tokenizer's ``tokenize``); default ``str.split``.
 
     Components: ``length_tokens`` (the count) and ``length_penalty`` (the score).
+
+    >>> from drgym.records import Task
+    >>> LengthGuard(max_tokens=4).score([Episode(Task("t", "q"), "a b c"), Episode(Task("t", "q"), "a b c d e f")]).scores
+    [0.0, -0.5]
     """
 
     name = "length"

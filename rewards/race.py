@@ -32,7 +32,7 @@ from typing import Any
 from drgym.atomic import load_jsonl_strict
 from drgym.errors import ConfigError
 from drgym.judges.base import Judge, JudgeRequest
-from drgym.judges.factory import make_judge
+from drgym.judges.factory import make_judge, require_judge
 from drgym.judges.prompts import (
     RACE,
     RACE_CRITERIA,
@@ -261,14 +261,14 @@ class RaceReward(Reward):
 
     def __init__(
         self,
-        judge: Judge | str = "hf:smollm2",
+        judge: Judge | str | None = None,
         *,
         criteria: dict[str, dict[str, Any]] | str | Path | None = None,
         references: dict[str, str] | None = None,
         generate_missing: bool = False,
         max_article_chars: int = 40000,
     ) -> None:
-        self.judge = make_judge(judge)
+        self.judge = require_judge(judge, self.name)
         self.criteria = criteria if isinstance(criteria, dict) else load_criteria(criteria)
         self.references = {str(k): v for k, v in (references or {}).items()}
         self.generate_missing = generate_missing

@@ -1,6 +1,7 @@
 """Benchmark the search engine on wiki-default and write the figures as JSON.
 
     python scripts/bench_search.py --out bench_search.json [--quick] [--no-http]
+    python scripts/bench_search.py --recall-only --out scripts/results/bench_search_recall.json
 
 Measures, on the machine it runs on:
 
@@ -11,14 +12,19 @@ Measures, on the machine it runs on:
   query vector or text);
 * ANN recall@10 of HNSW32 (efSearch 16..128) against exact Flat search;
 * retrieval quality over wiki-default for dense, BM25 and hybrid on the HotpotQA and
-  MuSiQue questions of HippoRAG (``../shared/data/hipporag``): supporting-paragraph
-  recall@5, recall@10 and nDCG@10 (binary gains, Järvelin & Kekäläinen 2002,
-  "Cumulated gain-based evaluation of IR techniques", TOIS 20(4), §2.2);
+  MuSiQue questions of HippoRAG (shipped as ``drgym/data/tasks/hipporag_*_train.json``):
+  supporting-paragraph recall@5, recall@10 and nDCG@10 (binary gains, Järvelin &
+  Kekäläinen 2002, "Cumulated gain-based evaluation of IR techniques", TOIS 20(4), §2.2),
+  both with results collapsed to documents (the default: k distinct documents) and as
+  the k best passages; plus how many real questions (hotpotqa-dev and drb-en) get the
+  same URL twice in their top 10;
 * HTTP throughput and errors at 1, 16 and 64 concurrent clients against
   ``drgym serve`` on a free loopback port (each level runs for a fixed time, result
   cache off so every request is searched).
 
-All medians and ratios come from this one run.
+All medians and ratios come from this one run. ``--recall-only`` measures only the
+retrieval quality and repeated URLs, on the wiki-default index under ``$DRGYM_HOME``
+(built when missing), in about 3 minutes.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "hipporag"
+QUESTIONS = REPO / "drgym" / "data" / "tasks"  # HippoRAG's HotpotQA and MuSiQue questions (shipped)
+COLLAPSES = ("passage", "document")
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -57,7 +64,7 @@ def norm(s: str) -> str:
 def load_questions(n_max: int | None) -> dict[str, list[dict]]:
     """HotpotQA and MuSiQue questions with supporting paragraphs as (title, text) keys."""
     out: dict[str, list[dict]] = {}
-    hp = SHARED / "hotpotqa_train.json"
+    hp = QUESTIONS / "hipporag_hotpotqa_train.json"
     if hp.exists():
         qs = []
         for r in json.loads(hp.read_text()):
@@ -65,7 +72,7 @@ def load_questions(n_max: int | None) -> dict[str, list[dict]]:
             titles = {t for t, _ in r["supporting_facts"]}
             qs.append({"question": r["question"], "support": {(norm(t), norm(ctx[t])) for t in titles if t in ctx}})
         out["hotpotqa"] = qs[:n_max]
-    mu = SHARED / "musique_train.json"
+    mu = QUESTIONS / "hipporag_musique_train.json"
     if mu.exists():
         qs = []
         for r in json.loads(mu.read_text()):
@@ -75,13 +82,15 @@ def load_questions(n_max: int | None) -> dict[str, list[dict]]:
     return out
 
 
-def quality(engine, questions: list[dict], method: str, doc_key) -> dict[str, float]:
-    """Mean supporting-paragraph recall@5, recall@10 and nDCG@10 of one method."""
+def quality(engine, questions: list[dict], method: str, doc_key, collapse: str) -> dict[str, float]:
+    """Mean supporting-paragraph recall@5, recall@10 and nDCG@10 of one method, with results
+    collapsed to documents (``collapse="document"``) or as passages (a supporting paragraph
+    found twice counts once, and its second passage gains nothing)."""
     r5, r10, nd = [], [], []
     batch = [q["question"] for q in questions]
     results = []
     for i in range(0, len(batch), 32):
-        results.extend(engine.search_batch(batch[i : i + 32], 10, method=method))
+        results.extend(engine.search_batch(batch[i : i + 32], 10, method=method, collapse=collapse))
     for q, res in zip(questions, results):
         sup = q["support"]
         if not sup:
@@ -100,6 +109,75 @@ def quality(engine, questions: list[dict], method: str, doc_key) -> dict[str, fl
         nd.append(dcg / idcg)
     return {"recall@5": round(float(np.mean(r5)), 4), "recall@10": round(float(np.mean(r10)), 4),
             "ndcg@10": round(float(np.mean(nd)), 4), "n_questions": len(r5)}
+
+
+# -- retrieval quality, passages vs documents -----------------------------------------------
+
+
+def norm_doc_key(engine):
+    """Supporting-paragraph identity of a hit: its parent document's (title, text), normalised."""
+    cache: dict[str, tuple[str, str]] = {}
+
+    def doc_key(r):
+        pid = r.metadata["parent_doc_id"]
+        if pid not in cache:
+            d = engine.get(pid)
+            cache[pid] = (norm(d.title), norm(d.text))
+        return cache[pid]
+
+    return doc_key
+
+
+def repeated_urls(engine, k: int = 10) -> dict:
+    """Questions whose top-k holds a URL twice, per collapse mode, over the real questions of
+    hotpotqa-dev (79) and drb-en (40) with the engine's method."""
+    from drgym.envs.task_loaders import load_tasks
+
+    qs = [t.question for name in ("hotpotqa-dev", "drb-en") for t in load_tasks(name)]
+    out = {"questions": len(qs), "k": k, "method": engine.method}
+    for collapse in COLLAPSES:
+        res = engine.search_batch(qs, k, collapse=collapse)
+        out[collapse] = {"questions_with_a_repeated_url": sum(len({h.url for h in r}) < len(r) for r in res),
+                         "min_results": min(len(r) for r in res)}
+    return out
+
+
+def retrieval(engine, qsets: dict[str, list[dict]]) -> dict:
+    """Recall@5/@10 and nDCG@10 per question set, method and collapse mode, plus repeated URLs."""
+    doc_key = norm_doc_key(engine)
+    qual: dict = {}
+    for collapse in COLLAPSES:
+        q: dict = {name: {method: quality(engine, qs, method, doc_key, collapse) for method in ("dense", "bm25", "hybrid")}
+                   for name, qs in qsets.items()}
+        if q:
+            best = {m: float(np.mean([q[n][m]["recall@10"] for n in qsets])) for m in ("dense", "bm25", "hybrid")}
+            q["mean_recall@10"] = {k: round(v, 4) for k, v in best.items()}
+            q["best_method_by_recall@10"] = max(best, key=best.get)
+        qual[collapse] = q
+    qual["repeated_urls_top10"] = repeated_urls(engine)
+    return qual
+
+
+def recall_only(args) -> None:
+    """``--recall-only``: retrieval quality both ways on the (cached) wiki-default index."""
+    from drgym.atomic import atomic_write_json
+    from drgym.search.local import LocalSearchEngine
+
+    out: dict = {"command": " ".join(["python", "scripts/bench_search.py", *sys.argv[1:]]),
+                 "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "load_avg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()]}
+    kw = {"root": args.root} if args.root else {}
+    engine = LocalSearchEngine.from_corpus("wiki-default", method="hybrid", **kw)
+    out["index"] = repr(engine)
+    qsets = load_questions(None)
+    out["queries"] = {k: len(v) for k, v in qsets.items()}
+    out["retrieval"] = retrieval(engine, qsets)
+    engine.close()
+    out["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out["load_avg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    atomic_write_json(args.out, out)
+    print(json.dumps(out["retrieval"], indent=1), file=sys.stderr)
+    print(args.out)
 
 
 # -- HTTP load ------------------------------------------------------------------------------
@@ -176,7 +254,12 @@ def main() -> None:
     ap.add_argument("--http-seconds", type=float, default=10.0, help="Seconds per concurrency level.")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch and FAISS threads in this process and the server (default: their defaults).")
+    ap.add_argument("--recall-only", action="store_true",
+                    help="Only retrieval quality (passages vs documents) and repeated URLs, on the cached index.")
     args = ap.parse_args()
+    if args.recall_only:
+        recall_only(args)
+        return
     if args.threads:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)  # inherited by the server subprocess
 
@@ -294,22 +377,9 @@ def main() -> None:
     out["ann_recall@10_hnsw32_vs_flat"] = ann
     log("ann", ann)
 
-    # ---- retrieval quality --------------------------------------------------------------
-    def doc_key(r):
-        d = engine.get(r.metadata["parent_doc_id"])
-        return (norm(d.title), norm(d.text))
-
-    qual: dict = {}
-    for name, qs in qsets.items():
-        qual[name] = {method: quality(engine, qs, method, doc_key) for method in ("dense", "bm25", "hybrid")}
-    if qual:
-        best = {}
-        for method in ("dense", "bm25", "hybrid"):
-            best[method] = float(np.mean([qual[n][method]["recall@10"] for n in qual]))
-        qual["mean_recall@10"] = {k: round(v, 4) for k, v in best.items()}
-        qual["best_method_by_recall@10"] = max(best, key=best.get)
-    out["retrieval"] = qual
-    log("retrieval", qual)
+    # ---- retrieval quality ---------------------------------------------------------------
+    out["retrieval"] = retrieval(engine, qsets)
+    log("retrieval", out["retrieval"])
     engine.close()
     hnsw_engine.close()
 

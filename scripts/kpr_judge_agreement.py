@@ -31,7 +31,7 @@ SYSTEMS = ["GPTResearcher", "GPTResearcher_custom", "hf_deepresearch_gpt-4o-mini
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "deepresearchgym"))
-    ap.add_argument("--judge", default="hf:smollm2")
+    ap.add_argument("--judge", required=True, help="judge spec to measure, e.g. hf:smollm2 or openai:MODEL@URL")
     ap.add_argument("--queries", default="31522,879779", help="comma list of mini query ids, or 'all'")
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--max-report-chars", type=int, default=6000)

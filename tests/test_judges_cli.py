@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,10 @@ def test_evaluate_drb_reports_race_and_quality(chat_server, tmp_path):
     # quality: 5/10 on every criterion -> 50; failures recorded and excluded, not zero
     assert [r["scores"]["quality"] is None for r in rows] == [True, False, False]
     assert sys_["quality/failures"] == 1 and sys_["quality/n"] == 2
-    assert sys_["quality"] == pytest.approx(50.0)
+    assert sys_["quality"] == pytest.approx(0.5)          # one scale: 0-1, as the reward and its components
+    assert all(r["components"]["quality_clarity"] == pytest.approx(0.5) for r in rows)
+    assert s["scales"]["quality"] == "0-1" and s["judge"]["valid"] is True
+    assert "quality  " in res.output and "0-1" in res.output
     assert "race_overall" in res.output and "failures 1" in res.output
     n = len(chat_server.requests)
     res2 = CliRunner().invoke(app, [
@@ -102,10 +106,12 @@ def test_evaluate_deepresearchgym_reports_kpr(chat_server, tmp_path):
     ])
     assert res.exit_code == 0, res.output
     s = json.loads(summ.read_text())["summary"]
-    # A: query 1 KPR 50 / KPC 50, query 2 has no key points and counts as 0 -> 25 / 25
-    assert s["A"]["KPR"] == pytest.approx(25.0) and s["A"]["KPC"] == pytest.approx(25.0)
-    assert s["B"]["KPR"] == pytest.approx(100.0) and s["B"]["KPC"] == 0.0
-    bad = CliRunner().invoke(app, ["evaluate", "--reports", str(reports), "--metrics", "kpr,bleu"])
+    # A: query 1 KPR 0.5 / KPC 0.5; query 2 has no key points: KPR undefined, excluded and counted, not 0
+    assert s["A"]["KPR"] == pytest.approx(0.5) and s["A"]["KPC"] == pytest.approx(0.5)
+    assert s["A"]["kpr/undefined"] == 1 and s["A"]["kpr/n"] == 1 and s["A"]["kpr/failures"] == 0
+    assert s["B"]["KPR"] == pytest.approx(1.0) and s["B"]["KPC"] == 0.0 and s["B"]["kpr/undefined"] == 0
+    assert "KPR is undefined for 1 report(s)" in " ".join(res.output.split())
+    bad = CliRunner().invoke(app, ["evaluate", "--reports", str(reports), "--metrics", "kpr,bleu", "--judge", f"openai:j@{chat_server.url}"])
     assert bad.exit_code != 0 and "bleu" in bad.output
 
 
@@ -119,3 +125,36 @@ def test_evaluate_fails_when_nothing_is_scored(chat_server, tmp_path):
     assert "every judge call failed" in res.output
     row = json.loads((tmp_path / "items.jsonl").read_text())
     assert row["failed"] == {"quality": True} and row["scores"] == {"quality": None}
+
+
+def test_evaluate_requires_a_judge_and_flags_smollm2(tmp_path, monkeypatch):
+    from drgym.judges.base import Judge, judge_validity
+
+    res = CliRunner().invoke(app, ["evaluate", "--reports", str(SAMPLE), "--metrics", "quality"])
+    flat = " ".join(re.sub("[\u2500-\u257f]", " ", res.output).split())   # drop rich's box drawing
+    assert res.exit_code == 2 and "--judge openai:MODEL@BASE_URL" in flat and "not a valid judge" in flat
+    for spec in ("hf:smollm2", "hf:SmolLM2-135M-Instruct", "hf:"):
+        assert judge_validity(spec)[0] is False
+    assert judge_validity("openai:gpt-4.1-mini@https://api.openai.com/v1") == (True, "")
+
+    # hf:smollm2 still runs, flagged on screen, in the summary and in every row; a stub
+    # stands in for the 135M model so the test needs no model load
+    class FakeSmol(Judge):
+        model_id = "hf:smollm2"
+
+        def complete(self, messages, **kw):
+            return '{"score": 4}'
+
+    import drgym.judges.factory as factory
+
+    monkeypatch.setattr(factory, "make_judge", lambda spec, **kw: FakeSmol(cache=False))
+    out, summ = tmp_path / "items.jsonl", tmp_path / "s.json"
+    res = CliRunner().invoke(app, ["evaluate", "--reports", str(SAMPLE), "--metrics", "quality", "--judge", "hf:smollm2",
+                                   "--limit", "1", "--out", str(out), "--summary", str(summ)])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())
+    assert "NOT A VALID JUDGE" in text and "not a valid judge" in text
+    s = json.loads(summ.read_text())
+    assert s["judge"]["valid"] is False and s["judge"]["note"].startswith("not a valid judge")
+    row = json.loads(out.read_text())
+    assert row["judge_valid"] is False and row["scores"]["quality"] == pytest.approx(0.4)

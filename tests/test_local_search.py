@@ -190,3 +190,91 @@ def test_open_by_corpus_name_when_one_index_matches(default_engine, tmp_path, mo
     (home / "indexes" / "wiki-default--other--HNSW32").symlink_to(default_engine.folder)
     with pytest.raises(ConfigError, match=r"'wiki-default' matches 2 built indexes: wiki-default--.*give the full name"):
         LocalSearchEngine.open("wiki-default")
+
+
+# -- results collapsed to documents (the default) or passages ------------------------------
+
+LONG_DOC = "Amri language"  # HotpotQA paragraph of 2,693 characters: 4 passages in the index
+
+
+def test_a_long_document_fills_the_passages_but_counts_once_as_a_document(hotpotqa_engine):
+    e = hotpotqa_engine
+    assert e.collapse == "document"
+    doc = e.get("hotpotqa-00023")
+    assert doc.title == LONG_DOC and len(e.docstore._query("SELECT 1 FROM passages WHERE doc_id = ?", (doc.doc_id,))) == 4
+    for method in ("dense", "bm25", "hybrid"):
+        passages = e.search_batch([LONG_DOC], 3, method=method, collapse="passage")[0]
+        assert {r.url for r in passages} == {doc.url}, method  # three passages of one URL
+        docs = e.search_batch([LONG_DOC], 3, method=method)[0]
+        urls = [r.url for r in docs]
+        assert len(set(urls)) == len(urls) and urls[0] == doc.url, (method, urls)
+        assert docs[0] == passages[0]  # the best passage stands for its document (max score)
+        assert [r.rank for r in docs] == list(range(1, len(docs) + 1))
+        assert all(docs[i].score >= docs[i + 1].score for i in range(len(docs) - 1))
+        assert all(r.metadata["parent_doc_id"] != doc.doc_id for r in docs[1:])
+    # dense and hybrid rank every passage: k distinct documents always come back (over-fetch)
+    for method in ("dense", "hybrid"):
+        for k in (3, 10, 40):
+            docs = e.search_batch([LONG_DOC, "Notis Sfakianakis Greek singer"], k, method=method)
+            assert all(len({r.url for r in res}) == len(res) == k for res in docs), (method, k)
+    # BM25 ranks only passages sharing a term: fewer documents than k is all there is
+    only = e.search_batch(["Sfakianakis"], 3, method="bm25")[0]
+    assert [r.title for r in only] == ["Notis Sfakianakis"]
+    assert len(e.search_batch(["Sfakianakis"], 3, method="bm25", collapse="passage")[0]) == 3
+    # the mode is an engine option too, kept by with_method
+    pe = e.with_method("hybrid", collapse="passage")
+    assert pe.collapse == "passage" and pe.with_method("dense").collapse == "passage"
+    assert pe.search(LONG_DOC, 3) == e.search_batch([LONG_DOC], 3, collapse="passage")[0]
+    with pytest.raises(BadQueryError, match="collapse must be one of document, passage"):
+        e.search_batch([LONG_DOC], 3, collapse="sentence")
+
+
+def test_no_repeated_url_in_the_top10_of_real_questions(default_engine):
+    """hotpotqa-dev (79) and drb-en (40) over wiki-default, hybrid: as passages 13 of the 119
+    questions get one URL twice in their top 10; collapsed to documents, none does, and
+    every question still gets 10 results."""
+    from drgym.envs.task_loaders import load_tasks
+
+    qs = [t.question for name in ("hotpotqa-dev", "drb-en") for t in load_tasks(name)]
+    assert len(qs) == 119
+
+    def repeated(res):
+        return sum(len({r.url for r in hits}) < len(hits) for hits in res)
+
+    assert repeated(default_engine.search_batch(qs, 10, collapse="passage")) == 13
+    docs = default_engine.search_batch(qs, 10)
+    assert repeated(docs) == 0 and {len(h) for h in docs} == {10}
+
+
+def test_deepresearch_env_numbers_distinct_sources(hotpotqa_engine):
+    """The DeepResearch env numbers sources by URL: passages of one long document were one
+    source shown three times; collapsed to documents, a search shows three sources."""
+    import gymnasium as gym
+
+    import drgym.envs  # noqa: F401
+
+    for engine, labels in ((hotpotqa_engine, ["[1]", "[2]", "[3]"]),
+                           (hotpotqa_engine.with_method("hybrid", collapse="passage"), ["[1]", "[1]", "[1]"])):
+        env = gym.make("drgym/DeepResearch-v0", backend=engine, top_k=3)
+        env.reset(options={"task_index": 0})
+        obs, *_ = env.step("<search>Amri language</search>")
+        shown = [line.split(" ", 1)[0] for line in obs.split("<information>", 1)[1].splitlines() if line.startswith("[")]
+        assert shown == labels, obs[:500]
+        assert len(env.unwrapped.sources) == len(set(labels))
+        env.close()
+
+
+def test_cli_search_collapse(hotpotqa_engine):
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    def urls(*extra):
+        res = CliRunner().invoke(app, ["search", LONG_DOC, "-k", "3", "--index", str(hotpotqa_engine.folder), "--json", *extra])
+        assert res.exit_code == 0, res.output
+        return [r["url"] for r in json.loads(res.output)]
+
+    assert len(set(urls())) == 3
+    assert len(set(urls("--collapse", "passage"))) == 1
+    bad = CliRunner().invoke(app, ["search", LONG_DOC, "--index", str(hotpotqa_engine.folder), "--collapse", "sentence"])
+    assert bad.exit_code == 2 and "collapse must be one of document, passage" in bad.output

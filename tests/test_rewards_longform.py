@@ -140,8 +140,10 @@ def test_kpr_reward_edge_cases(chat_server):
     out = KeyPointRecall(judge_for(chat_server, max_attempts=2), contradiction_weight=1.0).score(eps)
     # t1: 2 Supported, 1 Contradicted, 1 Omitted of 4 -> KPR 0.5, KPC 0.25, score 0.5 - 0.25
     assert out.components["kpr"][0] == 0.5 and out.components["kpc"][0] == 0.25 and out.scores[0] == 0.25
-    # t2: no key points -> counts as 0; t3: empty report -> all Omitted without calls
-    assert out.scores[1] == 0.0 and out.components["n_key_points"][1] == 0.0
+    # t2: no key points -> KPR undefined: None, flagged, not a judge failure (failures stays 1 below)
+    assert out.scores[1] is None and out.components["n_key_points"][1] == 0.0 and out.components["kp_undefined"] == [0.0, 1.0, 0.0, 0.0]
+    assert out.components["kpr"][1] is None
+    # t3: empty report -> all Omitted without calls
     assert out.scores[2] == 0.0 and out.components["kp_omitted"][2] == 1.0
     # t4: one key point's verdict failed after retries -> excluded and counted, not 0
     assert out.scores[3] is None and out.components["kp_failed"][3] == 1.0 and out.failures == 1
@@ -259,7 +261,7 @@ def test_citation_extraction_failure_is_counted(chat_server):
 
 
 def test_quality_hand_checked(chat_server):
-    assert quality_score({"a": 6, "b": 4, "c": 5, "d": 7, "e": 3, "f": 5}) == pytest.approx(50.0)
+    assert quality_score({"a": 6, "b": 4, "c": 5, "d": 7, "e": 3, "f": 5}) == pytest.approx(0.5)  # one scale: 0-1
     with pytest.raises(ConfigError):
         quality_score({"a": 11})
     given = {"Clarity": 6, "Depth": 4, "Balance": 5, "Breadth": 7, "Support": 3, "Insightfulness": 5}
@@ -271,7 +273,7 @@ def test_quality_hand_checked(chat_server):
     chat_server.responder = responder
     out = ReportQuality(judge_for(chat_server)).score([Episode(Task("t", "q"), "A report."), Episode(Task("t", "q"), "  ")])
     assert out.scores == [pytest.approx(0.5), 0.0]
-    assert out.components["quality_depth"] == [4.0, 0.0]
+    assert out.components["quality_depth"] == [pytest.approx(0.4), 0.0]   # 4/10, the score's scale
     assert len(chat_server.requests) == 6
     with pytest.raises(ConfigError, match="Unknown quality"):
         ReportQuality(judge_for(chat_server), criteria=["Beauty"])

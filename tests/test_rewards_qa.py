@@ -61,7 +61,7 @@ def test_token_f1_hand_checked():
     # multiset overlap: "x x y" vs "x y y": common {x:1, y:1}=2, P=R=2/3
     assert token_f1("x x y", ["x y y"]) == pytest.approx(2 / 3)
     assert token_f1("red", ["blue"]) == 0.0
-    assert token_f1("", ["the"]) == 1.0  # both normalise to empty (SQuAD v2 rule)
+    assert token_f1("", ["the"]) == 0.0  # both normalise to empty: no common token (HotpotQA script)
     assert token_f1("", ["x"]) == 0.0
 
 

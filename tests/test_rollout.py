@@ -55,6 +55,25 @@ def test_judge_failures_count_every_judged_reward():
     m = compute_metrics(ts)
     assert m["judge_failures"] == 3  # race once, citation twice; judged scores only
     assert m["scores"]["race"] == pytest.approx(0.4) and m["scores"]["citation"] is None
+    # a KPR left undefined by a task without key points is counted apart, not as a judge failure
+    ts = [{**base, "task_id": "c", "reward_components": {"kpr": None, "kp_undefined": 1.0}},
+          {**base, "task_id": "d", "reward_components": {"kpr": None, "kp_undefined": 0.0}},
+          {**base, "task_id": "e", "reward_components": {"kpr": 0.5, "kp_undefined": 0.0}}]
+    m = compute_metrics(ts)
+    assert m["judge_failures"] == 1 and m["kpr_undefined"] == 1 and m["scores"]["kpr"] == pytest.approx(0.5)
+
+
+def test_a_judged_reward_needs_a_judge(tmp_path):
+    from drgym.errors import ConfigError
+    from drgym.rewards import build_reward
+
+    for name in ("race", "kpr", "quality", "llm_match", "fact", "citation"):
+        with pytest.raises(ConfigError, match="judge"):
+            RolloutConfig(env="drgym/DeepResearch-v0", policy="scripted", rewards=[name], out=str(tmp_path / name)).validate()
+        with pytest.raises(ConfigError, match="LLM judge"):
+            build_reward({name: {"mode": "recall"}} if name == "citation" else name)
+    RolloutConfig(env="drgym/DeepResearch-v0", policy="scripted", rewards=["race"], judge="hf:smollm2").validate()
+    assert not (tmp_path / "race").exists()
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +130,17 @@ def test_rerun_resumes_and_refuses_a_different_run(scripted_run, default_engine)
     assert after.startswith(before) and len(read_jsonl(out / "trajectories.jsonl")) == 10
     with pytest.raises(ConfigError, match="differs in: policy"):
         run_rollout(RolloutConfig(policy="rag:smollm2", n=10, out=str(out)), backend=default_engine, progress=False)
+
+
+def test_a_flagged_judge_is_recorded_in_metrics(default_engine, tmp_path):
+    # hf:smollm2 is allowed but flagged; no judged reward runs here (cover_em), so no model loads
+    cfg = RolloutConfig(policy="scripted", n=1, out=str(tmp_path / "r"), judge="hf:smollm2", rewards=["cover_em"])
+    res = run_rollout(cfg, backend=default_engine, progress=False)
+    jm = json.loads((res.out_dir / "metrics.json").read_text())["judge_model"]
+    assert jm["spec"] == "hf:smollm2" and jm["valid"] is False and jm["note"].startswith("not a valid judge")
+    cfg2 = RolloutConfig(policy="scripted", n=1, out=str(tmp_path / "r2"), judge="openai:m@http://127.0.0.1:9/v1", rewards=["cover_em"])
+    jm2 = run_rollout(cfg2, backend=default_engine, progress=False).metrics["judge_model"]
+    assert jm2 == {"spec": "openai:m@http://127.0.0.1:9/v1", "valid": True}
 
 
 def test_bad_config_is_rejected(tmp_path):

@@ -147,7 +147,7 @@ def test_retrieve_in_search_r1_shape(served, http):
     r = http.post("/retrieve", json={"queries": qs, "topk": 3, "return_scores": True})
     assert r.status_code == 200
     res = r.json()["result"]
-    expected = engine.search_batch(qs, 3)
+    expected = engine.search_batch(qs, 3, collapse="passage")  # /retrieve answers passages, as Search-R1
     assert len(res) == 2 and [len(x) for x in res] == [3, 3]
     for hits, exp in zip(res, expected):
         for h, e in zip(hits, exp):
@@ -166,14 +166,16 @@ def test_retrieve_in_search_r1_shape(served, http):
 @pytest.mark.parametrize(
     ("body", "status"),
     [
-        ({"queries": ["ok", "  "], "topk": 3}, 400),
-        ({"queries": ["ok"], "topk": 0}, 400),
+        ({"queries": ["ok"], "topk": -1}, 400),
         ({"queries": ["ok"], "topk": 101}, 400),
         ({"queries": "just a string", "topk": 3}, 422),
         ({"queries": [1, 2]}, 422),
         ({"topk": 3}, 422),
+        ({"queries": ["ok"], "topk": "3"}, 422),
+        ({"queries": ["ok"], "return_scores": 1}, 422),
+        ({"queries": ["ok"], "collapse": "sentence"}, 422),
     ],
-    ids=["empty-query", "topk0", "topk101", "not-a-list", "not-strings", "no-queries"],
+    ids=["topk-1", "topk101", "not-a-list", "not-strings", "no-queries", "topk-string", "scores-int", "bad-collapse"],
 )
 def test_bad_retrieve_requests(served, http, body, status):
     r = http.post("/retrieve", json=body)
@@ -182,10 +184,104 @@ def test_bad_retrieve_requests(served, http, body, status):
     assert_still_serving(http, served[0])
 
 
+def test_retrieve_answers_an_empty_query_with_an_empty_list_as_search_r1(served, http):
+    """Search-R1 rollouts send "" when a model writes <search> </search>; its server answers
+    200 and its client reads ``.json()['result']``: one list per query, [] for the empty one."""
+    engine, _ = served
+    r = http.post("/retrieve", json={"queries": ["capital of Germany", ""], "topk": 3})
+    assert r.status_code == 200, r.text
+    res = r.json()["result"]
+    assert [len(x) for x in res] == [3, 0]
+    want = engine.search_batch(["capital of Germany"], 3, collapse="passage")[0]
+    assert [d["id"] for d in res[0]] == [h.doc_id for h in want]
+    # whitespace and empty queries anywhere in the batch; the others keep their places
+    qs = [" \t\n", GOOD_QUERY, "", "capital of Norway", "  "]
+    res = http.post("/retrieve", json={"queries": qs, "topk": 2, "return_scores": True}).json()["result"]
+    want = engine.search_batch([GOOD_QUERY, "capital of Norway"], 2, collapse="passage")
+    assert [[h["document"]["id"] for h in x] for x in res] == [[], [h.doc_id for h in want[0]], [],
+                                                               [h.doc_id for h in want[1]], []]
+    assert http.post("/retrieve", json={"queries": ["", " "]}).json() == {"result": [[], []]}
+    assert_still_serving(http, engine)
+
+
+def test_retrieve_through_search_r1_client_code_path(served):
+    """The exact calls of Search-R1's ``search_r1/llm_agent/generation.py`` (``requests``,
+    ``.json()['result']``, then ``_passages2string``'s parsing of each hit)."""
+    import requests
+
+    engine, url = served
+    payload = {"queries": ["capital of Germany", "", GOOD_QUERY], "topk": 3, "return_scores": True}
+    results = requests.post(f"{url}/retrieve", json=payload, timeout=60).json()["result"]
+    strings = []
+    for result in results:
+        ref = ""
+        for idx, doc_item in enumerate(result):
+            content = doc_item["document"]["contents"]
+            title = content.split("\n")[0]
+            text = "\n".join(content.split("\n")[1:])
+            ref += f"Doc {idx+1}(Title: {title}) {text}\n"
+        strings.append(ref)
+    assert strings[1] == "" and strings[0].count("Doc ") >= 3 and strings[2].startswith(f'Doc 1(Title: "{GOOD_TITLE}")')
+
+
+@pytest.mark.parametrize("body", [{}, {"topk": None}, {"topk": 0}], ids=["missing", "null", "zero"])
+def test_retrieve_topk_missing_null_or_zero_is_the_server_default(served, http, body):
+    engine, _ = served
+    res = http.post("/retrieve", json={"queries": [GOOD_QUERY], **body}).json()["result"]
+    assert [d["id"] for d in res[0]] == [h.doc_id for h in engine.search_batch([GOOD_QUERY], 3, collapse="passage")[0]]
+
+
 def test_retrieve_rejects_malformed_json_body(served, http):
     r = http.post("/retrieve", content=b"{not json", headers={"content-type": "application/json"})
     assert r.status_code == 422
     assert_still_serving(http, served[0])
+
+
+# -- documents or passages -------------------------------------------------------------
+
+LONG_DOC_URL = "https://en.wikipedia.org/wiki/Amri_language"  # a HotpotQA paragraph split into 4 passages
+
+
+def test_search_returns_distinct_documents_by_default(served, http):
+    engine, _ = served
+    urls = lambda body: [decode(x)["url"] for x in body["results"]]  # noqa: E731
+    for route in ("/search", "/fineweb/search"):
+        body = http.get(route, params={"query": "Amri language", "k": 3}).json()
+        assert len(set(urls(body))) == 3 and urls(body)[0] == LONG_DOC_URL, urls(body)
+        passages = http.get(route, params={"query": "Amri language", "k": 3, "collapse": "passage"}).json()
+        assert urls(passages) == [LONG_DOC_URL] * 3  # the cache keeps the two modes apart
+        assert decode(passages["results"][0]) == decode(body["results"][0])  # best passage as the snippet
+    assert [decode(x)["id"] for x in http.get("/search", params={"query": "Amri language", "k": 3}).json()["results"]] == \
+        [h.doc_id for h in engine.search_batch(["Amri language"], 3, collapse="document")[0]]
+    r = http.get("/search", params={"query": "Amri language", "collapse": "sentence"})
+    assert r.status_code == 422
+    # /retrieve: passages by default (Search-R1), documents on request
+    res = http.post("/retrieve", json={"queries": ["Amri language"], "topk": 3}).json()["result"][0]
+    assert [d["url"] for d in res] == [LONG_DOC_URL] * 3
+    res = http.post("/retrieve", json={"queries": ["Amri language"], "topk": 3, "collapse": "document"}).json()["result"][0]
+    assert len({d["url"] for d in res}) == 3
+    h = http.get("/health").json()
+    assert (h["collapse"], h["retrieve_collapse"]) == ("document", "passage")
+
+
+def test_collapse_defaults_are_server_settings(hotpotqa_engine):
+    settings = ServerSettings(collapse="passage", retrieve_collapse="document")
+    with running_server(hotpotqa_engine, settings=settings) as srv:
+        body = httpx.get(f"{srv.url}/search", params={"query": "Amri language", "k": 3}).json()
+        assert [decode(x)["url"] for x in body["results"]] == [LONG_DOC_URL] * 3
+        res = httpx.post(f"{srv.url}/retrieve", json={"queries": ["Amri language"], "topk": 3}).json()["result"][0]
+        assert len({d["url"] for d in res}) == 3
+        # the drgym client follows the server's /search default in search_batch (/retrieve) too
+        with HTTPSearchClient(srv.url) as c:
+            assert [r.url for r in c.search_batch(["Amri language"], 3)[0]] == [LONG_DOC_URL] * 3
+        with HTTPSearchClient(srv.url, collapse="document") as c:
+            assert len({r.url for r in c.search("Amri language", 3)}) == 3
+            assert c.search_batch(["Amri language"], 3)[0] == c.search("Amri language", 3)
+    # a backend that cannot collapse is served as it is, and /health says so
+    with running_server(Recording(hotpotqa_engine)) as srv:
+        h = httpx.get(f"{srv.url}/health").json()
+        assert h["collapse"] is None and h["retrieve_collapse"] is None
+        assert httpx.get(f"{srv.url}/search", params={"query": "Amri language", "k": 3}).status_code == 200
 
 
 # -- batching, cache, failures, auth ---------------------------------------------------

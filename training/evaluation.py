@@ -35,7 +35,7 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
     Metrics (means over the tasks): one per reward function of the run (its name),
     ``reward`` (their weighted sum, as GRPO sees it; the run directory's
     ``metrics.json`` keeps the env's own ``reward`` and adds these under
-    ``training_rewards``), ``em`` (SQuAD exact match),
+    ``training_rewards``), ``em`` (exact match, official HotpotQA script),
     ``answered_frac`` (episodes that ended with an answer), ``searches_mean``,
     ``turns_mean`` and ``invalid_action_rate``.
 

@@ -7,13 +7,14 @@ Input formats (one JSON object per line, detected per line):
 - DeepResearchGym: ``{"id", "query", "report"}`` (optionally ``"system"`` and
   ``"key_points"``), or the upstream batch form ``{"<id>.q": query, "<id>.a": report}``.
 
-Judge specs: ``hf:smollm2`` (local SmolLM2-135M-Instruct; plumbing only, poor verdicts),
-``hf:/path/to/model``, ``openai:MODEL@BASE_URL`` (any OpenAI-compatible server; key
-from ``DRGYM_JUDGE_API_KEY`` / ``OPENAI_API_KEY``), ``openai:MODEL`` (base URL from
-``DRGYM_JUDGE_BASE_URL`` / ``OPENAI_BASE_URL``).
+Judge specs (``--judge`` is required): ``openai:MODEL@BASE_URL`` (any OpenAI-compatible
+server; key from ``DRGYM_JUDGE_API_KEY`` / ``OPENAI_API_KEY``), ``openai:MODEL`` (base
+URL from ``DRGYM_JUDGE_BASE_URL`` / ``OPENAI_BASE_URL``), ``hf:/path/to/model``, or
+``hf:smollm2`` (the bundled SmolLM2-135M-Instruct: it runs, but it is not a valid judge;
+the screen, the summary JSON and every per-item row say so).
 
-Outputs: a summary table (per system, per metric), per-item JSONL (``--out``) and a
-summary JSON (``--summary``), both written atomically.
+Outputs: a summary table (per system, per metric, each with its scale), per-item JSONL
+(``--out``) and a summary JSON (``--summary``), both written atomically.
 """
 
 from __future__ import annotations
@@ -77,14 +78,28 @@ def load_key_points(path: str | Path) -> dict[str, list]:
     return {str(r["id"]): list(r.get("key_points") or []) for r in load_jsonl(path)}
 
 
-def summarize(rows: list[dict[str, Any]], metrics: list[str]) -> dict[str, dict[str, Any]]:
-    """Per-system aggregates of per-item rows (the benchmark conventions of each metric).
+#: The one scale of each summary value (the same as the reward's score and components).
+SCALES = {
+    "KPR": "0-1", "KPC": "0-1", "citation_precision": "0-1", "citation_recall": "0-1", "quality": "0-1",
+    "race_overall": "0-1", "race_comprehensiveness": "0-1", "race_insight": "0-1", "race_instruction_following": "0-1",
+    "race_readability": "0-1", "fact_citation_accuracy": "0-1", "fact_effective_citations": "per report",
+}
 
-    - kpr: KPR / KPC macro over reports (0-100); a report without key points counts as 0.
-    - citation: mean precision and recall (0-100).
-    - quality: mean normalised quality (0-100).
-    - race: mean overall and per-dimension scores (0-1).
+
+def summarize(rows: list[dict[str, Any]], metrics: list[str]) -> dict[str, dict[str, Any]]:
+    """Per-system aggregates of per-item rows.
+
+    Every rate is a fraction in [0, 1], the scale of the reward's own score and
+    components (:data:`SCALES`; DeepResearchGym publishes KPR, KPC, citation and quality
+    times 100):
+
+    - kpr: KPR / KPC macro over the reports that have key points; a report without key
+      points has no KPR: excluded and counted in ``kpr/undefined`` (upstream counts it as 0).
+    - citation: mean precision and recall.
+    - quality: mean of the reports' quality (sum of the six 0-10 criteria / 60).
+    - race: mean overall and per-dimension scores.
     - fact: citation accuracy (micro) and effective citations per report with citations.
+
     Each metric also reports ``n`` (scored) and ``failures`` (judge failures, excluded).
     """
     from drgym.rewards.fact import fact_stats
@@ -104,13 +119,14 @@ def summarize(rows: list[dict[str, Any]], metrics: list[str]) -> dict[str, dict[
             s[f"{m}/n"] = len(ok)
             s[f"{m}/failures"] = sum(1 for r in rs if r["failed"].get(m))
             if m == "kpr":
-                s["KPR"] = None if not ok else 100 * mean([c["kpr"] for c in ok])
-                s["KPC"] = None if not ok else 100 * mean([c["kpc"] for c in ok])
+                s["kpr/undefined"] = sum(1 for c in comp if c.get("kp_undefined"))
+                s["KPR"] = None if not ok else mean([c["kpr"] for c in ok])
+                s["KPC"] = None if not ok else mean([c["kpc"] for c in ok])
             elif m == "citation":
-                s["citation_precision"] = None if not ok else 100 * mean([c["citation_precision"] for c in ok])
-                s["citation_recall"] = None if not ok else 100 * mean([c["citation_recall"] for c in ok])
+                s["citation_precision"] = None if not ok else mean([c["citation_precision"] for c in ok])
+                s["citation_recall"] = None if not ok else mean([c["citation_recall"] for c in ok])
             elif m == "quality":
-                s["quality"] = None if not ok else 100 * mean([v for v in sc if v is not None])
+                s["quality"] = None if not ok else mean([v for v in sc if v is not None])
             elif m == "race":
                 s["race_overall"] = mean(sc)
                 for d in ("comprehensiveness", "insight", "instruction_following", "readability"):
@@ -135,7 +151,7 @@ def register(app: typer.Typer) -> None:
     def evaluate(
         reports: Path = typer.Option(..., "--reports", help="JSONL of reports: DeepResearch Bench {id,prompt,article} or DeepResearchGym {id,query,report}."),
         metrics: str = typer.Option("kpr,citation,quality", "--metrics", help=f"Comma list from {','.join(METRICS)}."),
-        judge: str = typer.Option("hf:smollm2", "--judge", help="Judge spec: hf:smollm2 | hf:PATH | openai:MODEL@BASE_URL | openai:MODEL."),
+        judge: Optional[str] = typer.Option(None, "--judge", help="Judge spec (required): openai:MODEL@BASE_URL | openai:MODEL | hf:PATH | hf:smollm2 (runs, but flagged as not a valid judge)."),
         backend: str = typer.Option("local", "--backend", help="Search backend spec whose fetch() serves cited pages (citation, fact)."),
         key_points: Optional[Path] = typer.Option(None, "--key-points", help="DeepResearchGym key points JSONL {id, key_points} (kpr)."),
         criteria: Optional[Path] = typer.Option(None, "--criteria", help="RACE criteria JSONL (default: shipped DeepResearch Bench criteria)."),
@@ -157,11 +173,17 @@ def register(app: typer.Typer) -> None:
 
         from drgym.atomic import atomic_write_json, atomic_write_text
         from drgym.errors import ConfigError
+        from drgym.judges.base import judge_validity
         from drgym.judges.factory import make_judge
         from drgym.records import Episode
         from drgym.rewards.registry import build_reward
 
         console = Console(stderr=True)
+        if judge is None:
+            raise typer.BadParameter(
+                "every metric here is scored by an LLM judge: name one, e.g. --judge openai:MODEL@BASE_URL "
+                "(a vLLM server of any instruct model works). --judge hf:smollm2 runs the bundled 135M model, "
+                "but it is not a valid judge (Cohen's kappa 0.0) and its scores are flagged.", param_hint="--judge")
         ms = [m.strip() for m in metrics.split(",") if m.strip()]
         bad = [m for m in ms if m not in METRICS]
         if bad or not ms:
@@ -178,6 +200,9 @@ def register(app: typer.Typer) -> None:
         if judge.startswith("openai"):
             jkw["timeout_s"] = timeout_s
         j = make_judge(judge, **jkw)
+        valid, note = judge_validity(j)
+        if not valid:
+            console.print(f"[bold yellow]warning:[/] judge {j.model_id} is {note}.")
         be = None
         if any(m in ("citation", "fact") for m in ms):
             from drgym.search.registry import make_backend
@@ -211,9 +236,10 @@ def register(app: typer.Typer) -> None:
                         res = rewards[m].score(eps)
                         for k, row in enumerate(chunk_rows):
                             row["scores"][m] = res.scores[k]
-                            row["failed"][m] = res.scores[k] is None
                             for cname, vals in res.components.items():
                                 row["components"][cname] = vals[k]
+                            # None is a judge failure, except a KPR with no key points (undefined)
+                            row["failed"][m] = res.scores[k] is None and not (m == "kpr" and row["components"].get("kp_undefined"))
                         prog.advance(bar, len(chunk))
                     rows.extend(chunk_rows)
         except ConfigError as e:
@@ -222,21 +248,32 @@ def register(app: typer.Typer) -> None:
         finally:
             j.close()
         summ = summarize(rows, ms)
-        meta = {"judge": j.describe(), "judge_stats": dict(j.stats), "metrics": ms, "reports": str(reports)}
+        meta = {"judge": j.describe(), "judge_stats": dict(j.stats), "metrics": ms, "reports": str(reports),
+                "scales": {k: v for k, v in SCALES.items() if any(k in x for x in summ.values())}}
+        undefined = [r["id"] for r in rows if r["components"].get("kp_undefined")]
+        if undefined:
+            console.print(f"[bold yellow]warning:[/] KPR is undefined for {len(undefined)} report(s) with no key points "
+                          f"(ids {', '.join(undefined[:8])}{' ...' if len(undefined) > 8 else ''}): excluded from KPR/KPC, "
+                          "counted in kpr/undefined (pass --key-points to score them).")
         if out:
-            atomic_write_text(out, "".join(json.dumps({**r, "judge": j.model_id}, ensure_ascii=False) + "\n" for r in rows))
+            row_judge = {"judge": j.model_id, **({} if valid else {"judge_valid": False})}
+            atomic_write_text(out, "".join(json.dumps({**r, **row_judge}, ensure_ascii=False) + "\n" for r in rows))
         if summary_out:
             atomic_write_json(summary_out, {"summary": summ, **meta})
         systems = list(summ)
         keys = [k for k in next(iter(summ.values())) if k != "n_reports"]
-        table = Table(title=f"drgym evaluate ({j.model_id})")
+        title = f"drgym evaluate ({j.model_id})" if valid else f"drgym evaluate ({j.model_id}: NOT A VALID JUDGE, scores are not results)"
+        table = Table(title=title)
         table.add_column("metric")
+        table.add_column("scale")
         for system in systems:
             table.add_column(system, justify="right")
-        table.add_row("reports", *[str(summ[x]["n_reports"]) for x in systems])
+        table.add_row("reports", "count", *[str(summ[x]["n_reports"]) for x in systems])
         for k in keys:
-            table.add_row(k, *[("-" if summ[x].get(k) is None else f"{summ[x][k]:.4g}") for x in systems])
+            table.add_row(k, SCALES.get(k, "count"), *[("-" if summ[x].get(k) is None else f"{summ[x][k]:.4g}") for x in systems])
         Console().print(table)
+        if not valid:
+            console.print(f"[bold yellow]warning:[/] these scores come from {j.model_id}, {note}.")
         console.print(f"judge calls {j.stats['calls']}, cache hits {j.stats['cache_hits']}, retries {j.stats['retries']}, failures {j.stats['failures']}")
         if rows and all(r["failed"].get(m) for r in rows for m in ms):
             # Nothing was scored: say so with a failing exit status (the per-item file

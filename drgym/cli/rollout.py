@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(8, "--batch-size", help="Episodes stepped together."),
         max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Turn budget (default: the env's)."),
         max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Tokens per turn for hf/vllm (openai: max_tokens)."),
-        judge: Optional[str] = typer.Option(None, "--judge", help="Judge for LLM soft match (QA) or report rewards (research): hf:smollm2, openai:MODEL@URL."),
+        judge: Optional[str] = typer.Option(None, "--judge", help="Judge for LLM soft match (QA) or report rewards (research): openai:MODEL@URL; required by judged --reward; hf:smollm2 runs but is flagged as not a valid judge."),
         reward: Optional[str] = typer.Option(None, "--reward", help="Comma-separated extra rewards (e.g. race,citation,quality,kpr)."),
         policy_opt: list[str] = typer.Option([], "--policy-opt", "-p", help="Policy option KEY=VALUE (repeatable), e.g. -p dtype=float32."),
         env_opt: list[str] = typer.Option([], "--env-opt", "-e", help="Env option KEY=VALUE (repeatable), e.g. -e top_k=5."),
@@ -58,6 +58,12 @@ def register(app: typer.Typer) -> None:
                 rewards=[r.strip() for r in reward.split(",") if r.strip()] if reward else None,
                 policy_options=popts, env_options=parse_options(env_opt), plots=not no_plots,
             )
+            if judge:
+                from drgym.judges.base import judge_validity
+
+                valid, note = judge_validity(judge)
+                if not valid:
+                    console.print(f"[bold yellow]warning:[/] judge {judge} is {note}.")
             res = run_rollout(cfg, progress=progress, console=Console(stderr=True), fresh=fresh)
         except KeyboardInterrupt as e:
             res = e.args[0] if e.args else None
@@ -69,7 +75,9 @@ def register(app: typer.Typer) -> None:
             console.print(f"[red]error:[/] {e}")
             raise typer.Exit(2)
         m = res.metrics
-        console.print(rich_table(m, title=f"{cfg.policy} on {cfg.tasks} ({cfg.env})"))
+        jm = m.get("judge_model") or {}
+        flag = f"; judge {jm['spec']}: NOT A VALID JUDGE, judged scores are not results" if jm.get("valid") is False else ""
+        console.print(rich_table(m, title=f"{cfg.policy} on {cfg.tasks} ({cfg.env}){flag}"))
         console.print(
             f"{res.new_episodes} new episodes, {res.skipped} resumed; this session {res.wall_s:.1f}s "
             f"(setup {res.setup_s:.1f}s). Run directory: {res.out_dir}"

@@ -5,16 +5,17 @@ from __future__ import annotations
 import typer
 
 
-def _backend(corpus: str, index: str | None, method: str, server: str | None):
+def _backend(corpus: str, index: str | None, method: str, server: str | None, collapse: str | None = None):
     if server:
         from drgym.search.client import HTTPSearchClient
 
-        return HTTPSearchClient(server)
+        return HTTPSearchClient(server, collapse=collapse)
     from drgym.search.local import LocalSearchEngine
 
+    kw = {"collapse": collapse} if collapse else {}
     if index:
-        return LocalSearchEngine.open(index, method=method)
-    return LocalSearchEngine.from_corpus(corpus, method=method, progress=True)
+        return LocalSearchEngine.open(index, method=method, **kw)
+    return LocalSearchEngine.from_corpus(corpus, method=method, progress=True, **kw)
 
 
 def register(app: typer.Typer) -> None:
@@ -30,8 +31,9 @@ def register(app: typer.Typer) -> None:
         server: str = typer.Option(None, "--server", help="Query a drgym server at this base URL instead."),
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
         width: int = typer.Option(160, "--width", help="Characters of passage text shown."),
+        collapse: str = typer.Option(None, "--collapse", help="document (k distinct documents, each its best passage; the default) or passage (k best passages)."),
     ) -> None:
-        """Search and print the top-k passages as a table."""
+        """Search and print the top-k documents (or passages) as a table."""
         import json
 
         from rich.console import Console
@@ -41,7 +43,7 @@ def register(app: typer.Typer) -> None:
         from drgym.search.local import DEFAULT_METHOD
 
         try:
-            backend = _backend(corpus, index, method or DEFAULT_METHOD, server)
+            backend = _backend(corpus, index, method or DEFAULT_METHOD, server, collapse)
             results = backend.search(query, k)
         except DrgymError as e:
             typer.secho(f"error: {e}", fg="red", err=True)

@@ -112,11 +112,11 @@ class _RemoteDense:
 
     @property
     def missing(self) -> list[int]:
-        """Shards left out of this thread's last search."""
-        return list(getattr(self._local, "missing", []))
+        """Shards left out of this thread's searches since :meth:`reset`."""
+        return sorted(getattr(self._local, "missing", set()))
 
     def reset(self) -> None:
-        self._local.missing = []
+        self._local.missing = set()
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         from drgym.index.dense import merge_shard_results
@@ -133,7 +133,7 @@ class _RemoteDense:
                 continue
             parts_s.append(np.asarray(s, dtype=np.float32))
             parts_r.append(np.asarray(r, dtype=np.int64))
-        self._local.missing = missing
+        self._local.missing = getattr(self._local, "missing", set()) | set(missing)
         if len(missing) == len(self.handles):
             raise BackendUnavailableError(f"none of the {len(self.handles)} index shards answered within "
                                           f"{self.timeout_s:g} s.")
@@ -164,11 +164,12 @@ class ShardedSearchEngine(LocalSearchEngine):
         self._remote = _RemoteDense(handles, self._shared.tie_rank, shard_timeout_s)
         self._shared._dense = self._remote
 
-    def search_batch(self, queries: list[str], k: int = 10, *, method: str | None = None):
+    def search_batch(self, queries: list[str], k: int = 10, *, method: str | None = None,
+                     collapse: str | None = None):
         """As :meth:`LocalSearchEngine.search_batch`; lists are
         :class:`~drgym.search.base.PartialResults` when shards were missing."""
         self._remote.reset()
-        out = super().search_batch(queries, k, method=method)
+        out = super().search_batch(queries, k, method=method, collapse=collapse)
         missing = self._remote.missing
         if missing:
             n = len(self._remote.handles)
@@ -177,7 +178,7 @@ class ShardedSearchEngine(LocalSearchEngine):
 
     def __repr__(self) -> str:
         m = self.manifest
-        return (f"ShardedSearchEngine({m.name!r}, method={self.method!r}, passages={m.n_passages}, "
+        return (f"ShardedSearchEngine({m.name!r}, method={self.method!r}, collapse={self.collapse!r}, passages={m.n_passages}, "
                 f"encoder={m.encoder!r}, factory={m.factory!r}, shards={len(m.shards)})")
 
 

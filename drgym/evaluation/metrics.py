@@ -2,15 +2,20 @@
 
 Definitions (every mean is over the episodes of the run, each episode weighted 1):
 
-- ``em`` / ``f1`` / ``cover_em``: SQuAD exact match, token F1 and cover-EM of the final
-  answer against the gold aliases (Rajpurkar et al. 2016, SQuAD v1.1 evaluation script;
-  as used by Search-R1, arXiv 2503.09516 section 4.1). A truncated episode (no answer)
-  scores 0.
+- ``em`` / ``f1`` / ``cover_em``: exact match, token F1 and cover-EM of the final answer
+  against the gold aliases, as the official HotpotQA evaluation computes them
+  (``hotpot_evaluate_v1.py``: SQuAD normalisation, F1 0 when a yes/no/noanswer side
+  differs; max over aliases as FlashRAG; see :mod:`drgym.rewards.qa`), with no answer
+  guard. A truncated episode (no answer) scores 0.
 - ``judge``: the LLM-judge soft match (DeepResearchGym arXiv 2505.19253 section 3.2,
   "LLM-as-a-judge" for short answers), mean over episodes the judge scored.
 - ``judge_failures``: episode scores of judged rewards (``judge``, ``race``,
   ``citation``, ``kpr``, ``quality``, ``fact``) that are None because the judge failed
   after its retries; they are excluded from the means.
+- ``kpr_undefined``: episodes whose task has no key points: KPR is undefined (None, not
+  a judge failure), excluded from the KPR mean.
+- ``judge_model`` (written by the runner): ``{"spec", "valid", "note"}``; ``valid`` is
+  False for a judge drgym measured as no judge (``hf:smollm2``).
 - other reward components (``kpr``, ``kpc``, ``citation_precision``, ``quality``,
   ``race``...): mean over episodes where they are not None.
 - ``answer_rate``: share of episodes that ended with an answer (``terminated``).
@@ -66,6 +71,11 @@ JUDGED = ("judge", "llm_match", "race", "citation", "kpr", "quality", "fact")
 """Reward names scored by an LLM judge (a None score is a judge failure)."""
 
 
+def _judge_failed(rc: dict[str, Any], k: str) -> bool:
+    """A judged reward's None that is a judge failure (not a KPR left undefined by a task without key points)."""
+    return k in rc and rc[k] is None and not (k == "kpr" and rc.get("kp_undefined"))
+
+
 def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None = None) -> dict[str, Any]:
     """Run metrics from trajectory dicts (see the module docstring for definitions).
 
@@ -102,7 +112,8 @@ def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None 
         "f1": scores.get("f1"),
         "cover_em": scores.get("cover_em"),
         "judge": _mean(judge_vals) if judge_vals else None,
-        "judge_failures": sum(1 for k in JUDGED for v in comps.get(k, []) if v is None),
+        "judge_failures": sum(1 for t in trajectories for k in JUDGED if _judge_failed(t.get("reward_components") or {}, k)),
+        "kpr_undefined": sum(1 for t in trajectories if (t.get("reward_components") or {}).get("kp_undefined")),
         "answer_rate": sum(1 for t in trajectories if t.get("terminated") and t.get("final_answer") is not None) / n,
         "invalid_action_rate": (sum(c["invalid"] for c in counts) / turns) if turns else 0.0,
         "turns": turns / n,

@@ -90,11 +90,14 @@ class RolloutConfig:
     RESUMABLE = ("n", "out", "batch_size", "plots")
 
     def identity(self) -> dict[str, Any]:
-        """The fields that must match for a rerun to resume a run directory."""
+        """The fields that must match for a rerun to resume a run directory (API keys in
+        options are redacted: a key is never stored, and a new key resumes the run)."""
+        from drgym.redact import redact
+
         d = dataclasses.asdict(self)
         for k in self.RESUMABLE:
             d.pop(k, None)
-        return d
+        return redact(d)
 
     def out_dir(self) -> Path:
         """The run directory (``out`` or the default name)."""
@@ -116,6 +119,15 @@ class RolloutConfig:
             from drgym.errors import unknown_name
 
             raise unknown_name("environment", self.env, [k for k in gym.registry if k.startswith("drgym/")])
+        from drgym.rewards.registry import JUDGED
+
+        judged = [r for r in (self.rewards or []) if isinstance(r, str) and r in JUDGED]
+        if judged and not self.judge:
+            raise ConfigError(
+                f"--reward {','.join(judged)} is scored by an LLM judge and no --judge was given: pass "
+                "--judge openai:MODEL@BASE_URL (a vLLM server of any instruct model works). "
+                "--judge hf:smollm2 also runs, but it is not a valid judge (its scores are flagged)."
+            )
 
 
 def default_run_name(env: str, tasks: str, policy: str) -> str:
@@ -239,7 +251,7 @@ def _reward_objects(cfg: RolloutConfig, kind: str, backend: Any = None) -> list[
         if names is None:
             names = ["race", "citation"] if cfg.judge else []
             if not cfg.judge:
-                log.warning("no --judge: reports are not scored (give --judge openai:MODEL@URL or hf:smollm2).")
+                log.warning("no --judge: reports are not scored (give --judge openai:MODEL@URL).")
         judge = cfg.judge
     return [build_reward(name, judge=judge, backend=backend) for name in names]
 
@@ -324,8 +336,9 @@ def run_rollout(
 
         import drgym.envs  # noqa: F401
         from drgym.envs.driver import BatchedDriver
-        from drgym.search.registry import get_backend
         from drgym.policies.factory import describe_policy, make_policy
+        from drgym.redact import redact
+        from drgym.search.registry import get_backend
 
         be = backend if backend is not None else get_backend(config.backend)
         if pol is None:
@@ -355,12 +368,12 @@ def run_rollout(
         setup_s = time.perf_counter() - t_start
         cfg_record = {
             "identity": config.identity(),
-            "config": dataclasses.asdict(config),
-            "command": sys.argv,
+            "config": redact(dataclasses.asdict(config)),
+            "command": redact(sys.argv),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "versions": versions(),
-            "backend": backend_fingerprint(be),
-            "policy": describe_policy(pol),
+            "backend": redact(backend_fingerprint(be)),
+            "policy": redact(describe_policy(pol)),
             "env": {"id": config.env, "kind": kind, "max_turns": raw0.max_turns, "max_searches": raw0.max_searches,
                     "max_fetches": raw0.max_fetches, "max_obs_tokens": raw0.max_obs_tokens, "top_k": raw0.top_k,
                     "protocol": raw0.protocol, "reward": getattr(raw0.reward, "name", None) if raw0.reward else None,
@@ -460,6 +473,11 @@ def run_rollout(
     metrics["interrupted"] = interrupted
     metrics["tasks_total"] = len(tasks)
     metrics["last_session"] = session_phases
+    if config.judge:
+        from drgym.judges.base import judge_validity
+
+        valid, note = judge_validity(config.judge)
+        metrics["judge_model"] = {"spec": config.judge, "valid": valid, **({"note": note} if note else {})}
     atomic_write_json(out / "metrics.json", metrics)
     if config.plots and trajectories:
         try:

@@ -168,58 +168,135 @@ class JudgeResult:
 # JSON extraction
 # ---------------------------------------------------------------------------------------
 
-_FENCE = re.compile(r"```(?:json|JSON)?\s*(.*?)```", re.S)
+_REASONING = r"(?:think|thinking|reasoning)"
+_CLOSED_BLOCK = re.compile(rf"<({_REASONING})\b[^>]*>.*?</\1\s*>", re.S | re.I)
+_CLOSE_TAG = re.compile(rf"</{_REASONING}\s*>", re.I)
+_OPEN_TAG = re.compile(rf"<{_REASONING}\b[^>]*>", re.I)
+_JSON_START = re.compile(r"[{\[]")
+
+
+def strip_reasoning(text: str) -> str:
+    r"""Remove reasoning blocks from a judge's text, leaving only what it concluded.
+
+    Reasoning judges (DeepSeek-R1 distills, Qwen3 in thinking mode, ...) write
+    ``<think>...</think>`` before their answer, and often a first guess inside it. Rules,
+    for the tags ``think``, ``thinking`` and ``reasoning`` (any case):
+
+    - a closed block ``<think>...</think>`` is removed (the shortest match, so a nested
+      block leaves its outer close tag, handled by the next rule);
+    - a close tag with no opening tag (the chat template opened the block in the prompt)
+      ends the reasoning: everything before the last close tag is removed;
+    - an opening tag that is never closed starts reasoning that runs to the end (a
+      judge cut off while thinking): everything from it is removed.
+
+    >>> strip_reasoning('<think>maybe {"score": 0}</think> {"score": 1}').strip()
+    '{"score": 1}'
+    >>> strip_reasoning('first guess 0</think>\n{"score": 1}'), strip_reasoning('{"a": 1} <think>cut off')
+    ('\n{"score": 1}', '{"a": 1} ')
+    """
+    text = _CLOSED_BLOCK.sub(" ", text)
+    closes = list(_CLOSE_TAG.finditer(text))
+    if closes:
+        text = text[closes[-1].end():]
+    m = _OPEN_TAG.search(text)
+    return text[: m.start()] if m else text
+
+
+def json_values(text: str) -> list[Any]:
+    r"""Every top-level JSON object or array in ``text``, in order of position.
+
+    Scans for ``{`` / ``[`` and decodes a complete value from each; a decoded value's
+    inside is not scanned again (so a nested object is not a separate value). Prose,
+    markdown fences and citation markers such as ``[1]`` around the values are skipped
+    over (``[1]`` is itself a value: callers filter by what validates).
+
+    >>> json_values('as in source [1]. ```json\n{"score": 1, "why": "[2]"}\n``` {oops}')
+    [[1], {'score': 1, 'why': '[2]'}]
+    """
+    dec = json.JSONDecoder()
+    out: list[Any] = []
+    pos = 0
+    while True:
+        m = _JSON_START.search(text, pos)
+        if m is None:
+            return out
+        try:
+            val, end = dec.raw_decode(text, m.start())
+        except json.JSONDecodeError:
+            pos = m.start() + 1
+            continue
+        out.append(val)
+        pos = end
 
 
 def extract_json(text: str) -> Any:
-    """Return the first JSON object or array found in a judge's text.
+    """Return the first JSON object or array of a judge's text, outside reasoning blocks.
 
-    Accepts plain JSON, JSON inside a markdown fence, or JSON surrounded by prose (the
-    first ``{``/``[`` from which a complete value decodes wins).
+    Accepts plain JSON, JSON inside a markdown fence, or JSON surrounded by prose.
+    :func:`parse_verdict` is what judges use: it prefers the last value that validates.
 
     Raises:
         JudgeOutputError: no decodable JSON value (malformed output or a refusal).
     """
     if not isinstance(text, str) or not text.strip():
         raise JudgeOutputError("empty judge output")
-    candidates = [m.group(1) for m in _FENCE.finditer(text)] + [text]
-    dec = json.JSONDecoder()
-    for cand in candidates:
-        s = cand.strip()
-        try:
-            return json.loads(s)
-        except json.JSONDecodeError:
-            pass
-        for i, ch in enumerate(s):
-            if ch in "{[":
-                try:
-                    return dec.raw_decode(s, i)[0]
-                except json.JSONDecodeError:
-                    continue
+    values = json_values(strip_reasoning(text))
+    if values:
+        return values[0]
     snippet = text.strip().replace("\n", " ")[:120]
     raise JudgeOutputError(f"no JSON object in judge output (malformed or refusal): {snippet!r}")
 
 
 def parse_verdict(text: str, model: type[BaseModel]) -> BaseModel:
-    """Extract JSON from ``text`` and validate it as ``model``.
+    r"""The judge's verdict in ``text``, validated as ``model``.
 
-    A bare list is accepted for a model whose only required field is a list (it is
-    wrapped as ``{field: list}``).
+    Reasoning blocks are removed first (:func:`strip_reasoning`). Of the JSON values left
+    (:func:`json_values`), the LAST object that validates against ``model`` wins: a judge
+    writes its final verdict last, after prose that may cite sources as ``[1]`` or quote
+    an earlier guess. A bare list is accepted only when no object validates, and only for
+    a model whose one required field is a list (it is wrapped as ``{field: list}``).
+
+    >>> from drgym.judges.prompts import SoftMatchVerdict
+    >>> parse_verdict('Names Paris, as in source [1]. {"score": 1, "justification": "same city"}', SoftMatchVerdict).score
+    1.0
+    >>> parse_verdict('<think>First guess {"score": 0}; but it does name Paris.</think>\n{"score": 1}', SoftMatchVerdict).score
+    1.0
 
     Raises:
-        JudgeOutputError: no JSON, or the JSON does not validate (missing field, bad label).
+        JudgeOutputError: empty text, no JSON outside reasoning, or no value that validates
+            (the message names the last candidate's first validation error).
     """
-    obj = extract_json(text)
-    if isinstance(obj, list):
-        req = [n for n, f in model.model_fields.items() if f.is_required()]
-        if len(req) == 1:
-            obj = {req[0]: obj}
-    try:
-        return model.model_validate(obj)
-    except ValidationError as e:
-        first = e.errors()[0]
-        loc = ".".join(str(x) for x in first.get("loc", ()))
-        raise JudgeOutputError(f"verdict does not match {model.__name__}: {loc}: {first.get('msg')}") from None
+    if not isinstance(text, str) or not text.strip():
+        raise JudgeOutputError("empty judge output")
+    body = strip_reasoning(text)
+    values = json_values(body)
+    if not values:
+        snippet = text.strip().replace("\n", " ")[:120]
+        where = "outside the reasoning block " if body.strip() != text.strip() else ""
+        raise JudgeOutputError(f"no JSON object {where}in judge output (malformed or refusal): {snippet!r}")
+    req = [n for n, f in model.model_fields.items() if f.is_required()]
+    list_field = req[0] if len(req) == 1 and _is_list_field(model, req[0]) else None
+    candidates = [v for v in values if isinstance(v, dict)][::-1]
+    if list_field is not None:
+        candidates += [{list_field: v} for v in values if isinstance(v, list)][::-1]
+    last_error: ValidationError | None = None
+    for obj in candidates:
+        try:
+            return model.model_validate(obj)
+        except ValidationError as e:
+            last_error = last_error or e
+    if last_error is None:
+        raise JudgeOutputError(f"verdict does not match {model.__name__}: the output holds no JSON object, only {values[-1]!r}")
+    first = last_error.errors()[0]
+    loc = ".".join(str(x) for x in first.get("loc", ()))
+    raise JudgeOutputError(f"verdict does not match {model.__name__}: {loc}: {first.get('msg')}") from None
+
+
+def _is_list_field(model: type[BaseModel], name: str) -> bool:
+    import typing
+
+    ann = model.model_fields[name].annotation
+    return ann is list or typing.get_origin(ann) is list
 
 
 # ---------------------------------------------------------------------------------------
@@ -308,8 +385,16 @@ class Judge(abc.ABC):
 
     # -- public API ---------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
-        """Settings to record next to scores (model id, temperature, samples)."""
-        return {"model": self.model_id, "temperature": self.temperature, "n_samples": self.n_samples}
+        """Settings to record next to scores: model id, temperature, samples, and validity.
+
+        ``valid`` is False (with a ``note``) for a judge drgym has measured as no judge
+        (:func:`judge_validity`); its scores test the plumbing and must not be read as results.
+        """
+        valid, note = judge_validity(self)
+        d: dict[str, Any] = {"model": self.model_id, "temperature": self.temperature, "n_samples": self.n_samples, "valid": valid}
+        if note:
+            d["note"] = note
+        return d
 
     def judge(self, template: PromptTemplate, **inputs: Any) -> JudgeResult:
         """Judge one request (see :meth:`judge_many`)."""
@@ -377,13 +462,17 @@ class Judge(abc.ABC):
             hit = self.cache.get(key) if self.cache is not None else None
             if hit is not None:
                 try:
-                    res.verdicts.append(req.template.verdict.model_validate(hit["verdict"]))
-                    res.raw.append(hit.get("raw", ""))
+                    # the stored raw text is parsed again, so verdicts cached by an older
+                    # parser (one that took a [1] marker or a first guess) follow the current one
+                    raw = hit.get("raw") or ""
+                    v = parse_verdict(raw, req.template.verdict) if raw else req.template.verdict.model_validate(hit["verdict"])
+                    res.verdicts.append(v)
+                    res.raw.append(raw)
                     res.cached += 1
                     self._bump("cache_hits")
                     continue
-                except ValidationError:
-                    log.warning("cached verdict for %s no longer validates; re-judging", req.template.tag)
+                except (ValidationError, JudgeOutputError) as e:
+                    log.warning("cached verdict for %s no longer parses (%s); re-judging", req.template.tag, e)
             try:
                 verdict, raw, attempts = self._sample(req.template, messages, s)
             except JudgeError as e:
@@ -422,5 +511,33 @@ class Judge(abc.ABC):
 
 
 # ---------------------------------------------------------------------------------------
-# Judge specs
+# Judge validity
 # ---------------------------------------------------------------------------------------
+
+NOT_A_VALID_JUDGE = (
+    "not a valid judge: SmolLM2-135M agrees with gpt-4.1-mini no better than chance (Cohen's kappa 0.0 on "
+    "DeepResearchGym key points, README 'Rewards and judges'); its scores test the plumbing, they are not results"
+)
+
+
+def judge_validity(judge: "Judge | str | None") -> tuple[bool, str]:
+    """Whether ``judge`` (a :class:`Judge` or a spec) can be read as a judge, and why not.
+
+    The bundled SmolLM2-135M (``hf:smollm2`` and its aliases) runs end to end but is no
+    judge: on one DeepResearchGym query it marked all 40 key points Supported (agreement
+    with gpt-4.1-mini 0.875, Cohen's kappa 0.0). Any other model is assumed valid: drgym
+    cannot measure it here.
+
+    Returns:
+        ``(True, "")``, or ``(False, NOT_A_VALID_JUDGE)``; ``(False, "no judge")`` for None.
+    """
+    if judge is None:
+        return False, "no judge"
+    spec = judge.model_id if isinstance(judge, Judge) else str(judge).strip()
+    kind, _, rest = spec.partition(":")
+    if kind.lower() == "hf":
+        from drgym.models import SMOLLM2_ALIASES
+
+        if (rest or "smollm2").strip().lower() in SMOLLM2_ALIASES:
+            return False, NOT_A_VALID_JUDGE
+    return True, ""

@@ -47,3 +47,22 @@ def make_judge(spec: str | Judge, **kwargs: Any) -> Judge:
         model, _, base = rest.partition("@")
         return OpenAIJudge(model=model or None, base_url=base or None, **kwargs)
     raise ConfigError(f"Unknown judge backend {kind!r} in {spec!r}: use 'hf:NAME' or 'openai:MODEL@BASE_URL'.")
+
+
+def require_judge(judge: "Judge | str | None", reward: str) -> Judge:
+    """The judge of a judged reward; a missing one is an error, never a silent fallback.
+
+    Args:
+        judge: a :class:`Judge`, a spec for :func:`make_judge`, or None.
+        reward: the reward's name, for the message.
+
+    Raises:
+        ConfigError: ``judge`` is None (the message names how to give one), or a bad spec.
+    """
+    if judge is None:
+        raise ConfigError(
+            f"reward {reward!r} is scored by an LLM judge and none was given: pass judge='openai:MODEL@BASE_URL' "
+            "(CLI: --judge openai:MODEL@BASE_URL; a vLLM server of any instruct model works). "
+            "'hf:smollm2' also runs, but it is not a valid judge (its scores are flagged)."
+        )
+    return make_judge(judge)

@@ -13,6 +13,54 @@ import abc
 from drgym.errors import BadQueryError
 from drgym.types import Document, SearchResult
 
+COLLAPSE_MODES: tuple[str, ...] = ("document", "passage")
+"""How a passage index answers: ``"document"`` (k distinct documents, each shown by its
+best-scoring passage: max-score aggregation, as DeepResearchGym's API returns distinct
+documents) or ``"passage"`` (the k best passages, several possibly from one document,
+as Search-R1's retriever over 100-word wiki-18 passages)."""
+
+DEFAULT_COLLAPSE = "document"
+
+
+def check_collapse(collapse: str) -> str:
+    """Validate a collapse mode (:data:`COLLAPSE_MODES`).
+
+    Raises:
+        BadQueryError: any other value (named, with the accepted ones).
+    """
+    if collapse not in COLLAPSE_MODES:
+        raise BadQueryError(f"collapse must be one of {', '.join(COLLAPSE_MODES)}, got {collapse!r}.")
+    return collapse
+
+
+def collapse_to_documents(results: list[SearchResult], k: int) -> list[SearchResult]:
+    """Keep the first (best) hit of each document, re-ranked 1..n, at most ``k``.
+
+    A document is named by ``metadata["parent_doc_id"]`` when the backend sets it (the
+    local engine does), else by ``url``, else by ``doc_id``. ``results`` must be best
+    first; the kept hit's passage text and score stand for its document (max-score
+    aggregation).
+
+    >>> from drgym.types import SearchResult
+    >>> hits = [SearchResult(f"d{d}#p{p}", f"u{d}", "", "", s, r + 1)
+    ...         for r, (d, p, s) in enumerate([(1, 0, .9), (1, 1, .8), (2, 0, .7)])]
+    >>> [(h.doc_id, h.rank) for h in collapse_to_documents(hits, 2)]
+    [('d1#p0', 1), ('d2#p0', 2)]
+    """
+    from dataclasses import replace
+
+    seen: set[str] = set()
+    out: list[SearchResult] = []
+    for r in results:
+        key = str(r.metadata.get("parent_doc_id") or r.url or r.doc_id)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(r if r.rank == len(out) + 1 else replace(r, rank=len(out) + 1))
+        if len(out) == k:
+            break
+    return out
+
 
 class PartialResults(list):
     """The hits of one query from a sharded backend when some shards did not answer:
@@ -95,6 +143,11 @@ class SearchBackend(abc.ABC):
         client there would be slow or impossible.
         """
         return self
+
+    def credentials(self) -> tuple[str, ...]:
+        """The secret values this backend sends (API keys): never to be logged or stored.
+        Recordings mask them (:mod:`drgym.redact`). Default: none."""
+        return ()
 
     def close(self) -> None:
         """Release resources (HTTP connections, file handles). Idempotent."""

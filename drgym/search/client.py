@@ -42,7 +42,8 @@ from drgym.errors import (
     DocumentNotFoundError,
     SearchError,
 )
-from drgym.search.base import SearchBackend
+from drgym.redact import scrub
+from drgym.search.base import COLLAPSE_MODES, SearchBackend, check_collapse
 from drgym.search.retry import send_with_retries
 from drgym.search.wire import decode_b64_json
 from drgym.types import Document, SearchResult
@@ -111,6 +112,9 @@ class HTTPSearchClient(SearchBackend):
         workers: threads for ``search_batch`` against non-drgym servers.
         retrieve_chunk: most queries per ``/retrieve`` request.
         name: backend name; default ``"deepresearchgym"`` for clueweb22.us, else ``"http"``.
+        collapse: ask a drgym server for ``"document"`` (k distinct documents) or
+            ``"passage"`` results; None takes the server's ``/search`` default, for
+            ``search`` and ``search_batch`` alike. Other servers ignore it.
         deterministic: whether rankings are repeatable. True by default: both a drgym
             server and DeepResearchGym search a fixed index (DeepResearchGym's point);
             pass False for a service that may be re-indexed under you.
@@ -137,6 +141,7 @@ class HTTPSearchClient(SearchBackend):
         retrieve_chunk: int = 256,
         name: str | None = None,
         deterministic: bool = True,
+        collapse: str | None = None,
     ) -> None:
         parsed = urlparse(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
@@ -158,6 +163,8 @@ class HTTPSearchClient(SearchBackend):
         self.retrieve_chunk = max(1, retrieve_chunk)
         self.name = name or ("deepresearchgym" if parsed.hostname and parsed.hostname.endswith("clueweb22.us") else "http")
         self.deterministic = deterministic
+        self.collapse = None if collapse is None else check_collapse(collapse)
+        self._server_collapse: str | None = None
         self._drgym = drgym
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -182,12 +189,17 @@ class HTTPSearchClient(SearchBackend):
         except RuntimeError as e:  # the client was closed
             raise BackendUnavailableError(f"{self.name}: client is closed ({e}).") from e
 
+    def credentials(self) -> tuple[str, ...]:
+        """The ``x-api-key`` sent, if any (see :meth:`SearchBackend.credentials`)."""
+        return tuple(self._headers.values())
+
     def _json(self, resp: httpx.Response) -> Any:
         """Body of a 2xx answer as JSON; 4xx become BadQueryError / SearchError."""
         if resp.status_code in (400, 422):
-            raise BadQueryError(f"{self.name}: {_detail(resp)}")
+            raise BadQueryError(scrub(f"{self.name}: {_detail(resp)}", self.credentials()))
         if resp.status_code >= 400:
-            raise SearchError(f"{self.name}: HTTP {resp.status_code} from {resp.request.url}: {_detail(resp)}")
+            raise SearchError(scrub(f"{self.name}: HTTP {resp.status_code} from {resp.request.url}: {_detail(resp)}",
+                                    self.credentials()))
         try:
             return resp.json()
         except ValueError as e:
@@ -216,6 +228,8 @@ class HTTPSearchClient(SearchBackend):
                 self._drgym = isinstance(info, dict) and info.get("service") == "drgym"
                 if self._drgym and isinstance(info.get("max_k"), int):
                     self.max_k = info["max_k"]
+                if self._drgym and info.get("collapse") in COLLAPSE_MODES:
+                    self._server_collapse = info["collapse"]
             return self._drgym
 
     # -- SearchBackend -----------------------------------------------------------------
@@ -230,8 +244,10 @@ class HTTPSearchClient(SearchBackend):
             BadQueryError, AuthError, BackendUnavailableError, SearchError (see module doc).
         """
         self.check_request([query], k)
-        resp = self._send("GET", f"{self.base_url}{self.route}",
-                          params={"query": query, "k": k, "with_distance": "true"})
+        params: dict[str, Any] = {"query": query, "k": k, "with_distance": "true"}
+        if self.collapse:
+            params["collapse"] = self.collapse
+        resp = self._send("GET", f"{self.base_url}{self.route}", params=params)
         body = self._json(resp)
         if not isinstance(body, dict) or not isinstance(body.get("results"), list):
             raise BackendUnavailableError(f"{self.name}: expected {{'results': [...]}} from {self.route}, got {str(body)[:120]!r}")
@@ -277,8 +293,11 @@ class HTTPSearchClient(SearchBackend):
         return list(pool.map(lambda q: self.search(q, k), queries))
 
     def _retrieve(self, queries: list[str], k: int) -> list[list[SearchResult]]:
-        resp = self._send("POST", f"{self.base_url}/retrieve",
-                          json={"queries": queries, "topk": k, "return_scores": True})
+        body: dict[str, Any] = {"queries": queries, "topk": k, "return_scores": True}
+        collapse = self.collapse or self._server_collapse  # /retrieve's own default is passages
+        if collapse:
+            body["collapse"] = collapse
+        resp = self._send("POST", f"{self.base_url}/retrieve", json=body)
         body = self._json(resp)
         rows = body.get("result") if isinstance(body, dict) else None
         if not isinstance(rows, list) or len(rows) != len(queries):

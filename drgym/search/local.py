@@ -12,6 +12,13 @@ Three methods share one index folder:
 * ``"bm25"``: bm25s lexical scores (:mod:`drgym.index.bm25`).
 * ``"hybrid"``: reciprocal rank fusion (k=60) of the dense and BM25 top-100.
 
+Results are collapsed to documents by default (``collapse="document"``): the k best
+*documents*, each shown by its best-scoring passage (max-score aggregation), as
+DeepResearchGym's API returns distinct documents. The engine over-fetches passages
+(:data:`OVERFETCH` x k, then more while the index has more) until k documents are found.
+``collapse="passage"`` gives the k best passages, several possibly from one document
+(Search-R1's retriever over wiki-18 passages).
+
 A batch costs one encoder call for all queries and one FAISS search per shard. Equal
 scores are ordered by passage_id, so rankings are deterministic: the same index gives
 the same ranking in every process. One caveat: a query encoded inside a larger batch
@@ -30,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from drgym.errors import ConfigError, DocumentNotFoundError
-from drgym.search.base import SearchBackend
+from drgym.search.base import DEFAULT_COLLAPSE, SearchBackend, check_collapse, collapse_to_documents
 from drgym.types import Document, SearchResult
 
 log = logging.getLogger(__name__)
@@ -47,6 +54,10 @@ its own window, 256 tokens for MiniLM): long queries are truncated, never reject
 
 RRF_DEPTH = 100
 """Candidates taken from each of dense and BM25 before reciprocal rank fusion."""
+
+OVERFETCH = 4
+"""Passages fetched per wanted document when collapsing to documents; the depth grows by
+this factor again while fewer than k documents are found and the index has more rows."""
 
 _ENCODE_LOCKS: "weakref.WeakKeyDictionary[object, threading.Lock]" = weakref.WeakKeyDictionary()
 _ENCODE_LOCKS_GUARD = threading.Lock()
@@ -140,12 +151,15 @@ class LocalSearchEngine(SearchBackend):
         search_params: FAISS search parameters (``{"efSearch": 64, "nprobe": 16}`` by default).
         max_k: largest accepted ``k``.
         rrf_depth: candidates per method fused by hybrid search.
+        collapse: ``"document"`` (default: k distinct documents, best passage each) or
+            ``"passage"`` (k best passages); see :data:`drgym.search.base.COLLAPSE_MODES`.
 
     Raises:
         IndexNotFoundError: no index in ``folder``.
         IndexMismatchError: ``encoder`` differs from the manifest's (both names given).
         CorruptIndexError: an index file is missing, truncated or unreadable.
         ConfigError: unknown method.
+        BadQueryError: unknown collapse mode.
     """
 
     name = "local"
@@ -161,6 +175,7 @@ class LocalSearchEngine(SearchBackend):
         search_params: dict[str, int] | None = None,
         max_k: int = 100,
         rrf_depth: int = RRF_DEPTH,
+        collapse: str = DEFAULT_COLLAPSE,
         _shared: _Shared | None = None,
     ) -> None:
         if method not in METHODS:
@@ -168,6 +183,7 @@ class LocalSearchEngine(SearchBackend):
 
             raise unknown_name("search method", method, METHODS)
         self.method = method
+        self.collapse = check_collapse(collapse)
         self.max_k = int(max_k)
         self.rrf_depth = int(rrf_depth)
         if _shared is None:
@@ -211,6 +227,7 @@ class LocalSearchEngine(SearchBackend):
         device: str | None = None,
         search_params: dict[str, int] | None = None,
         max_k: int = 100,
+        collapse: str = DEFAULT_COLLAPSE,
     ) -> "LocalSearchEngine":
         """Build the index of ``corpus`` if it is missing or outdated, then load it.
 
@@ -234,7 +251,8 @@ class LocalSearchEngine(SearchBackend):
         spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
                          shard_size=shard_size or DEFAULT_SHARD_SIZE, name=name)
         res = build_index(spec, root=root, encoder=enc, force=rebuild, progress=progress)
-        return cls(res.folder, method=method, encoder=enc, device=device, search_params=search_params, max_k=max_k)
+        return cls(res.folder, method=method, encoder=enc, device=device, search_params=search_params, max_k=max_k,
+                   collapse=collapse)
 
     @classmethod
     def open(cls, name_or_folder: str | Path, **kwargs) -> "LocalSearchEngine":
@@ -266,9 +284,11 @@ class LocalSearchEngine(SearchBackend):
                     p = root / found[0]
         return cls(p, **kwargs)
 
-    def with_method(self, method: str) -> "LocalSearchEngine":
-        """Another engine on the same loaded index (no reload) with a different method."""
-        return LocalSearchEngine(self.folder, method=method, max_k=self.max_k, rrf_depth=self.rrf_depth, _shared=self._shared)
+    def with_method(self, method: str, *, collapse: str | None = None) -> "LocalSearchEngine":
+        """Another engine on the same loaded index (no reload) with a different method
+        (and collapse mode; None keeps this engine's)."""
+        return LocalSearchEngine(self.folder, method=method, max_k=self.max_k, rrf_depth=self.rrf_depth,
+                                 collapse=collapse or self.collapse, _shared=self._shared)
 
     # -- properties ----------------------------------------------------------------------
     @property
@@ -283,7 +303,7 @@ class LocalSearchEngine(SearchBackend):
 
     def __repr__(self) -> str:
         m = self.manifest
-        return (f"LocalSearchEngine({m.name!r}, method={self.method!r}, passages={m.n_passages}, "
+        return (f"LocalSearchEngine({m.name!r}, method={self.method!r}, collapse={self.collapse!r}, passages={m.n_passages}, "
                 f"encoder={m.encoder!r}, factory={m.factory!r}, shards={len(m.shards)})")
 
     # -- search --------------------------------------------------------------------------
@@ -329,26 +349,53 @@ class LocalSearchEngine(SearchBackend):
 
         return [rrf_fuse([dense_runs[i][1], bm25_runs[i][1]], k, sh.tie_rank) for i in range(len(cut))]
 
-    def search_batch(self, queries: list[str], k: int = 10, *, method: str | None = None) -> list[list[SearchResult]]:
-        """Top-``k`` passages of each query (see :meth:`SearchBackend.search_batch`).
+    def search_batch(self, queries: list[str], k: int = 10, *, method: str | None = None,
+                     collapse: str | None = None) -> list[list[SearchResult]]:
+        """Top-``k`` documents (or passages) of each query (see :meth:`SearchBackend.search_batch`).
 
         Args:
             queries: non-empty strings; longer than the encoder window is fine (truncated).
             k: 1 <= k <= max_k.
             method: override the engine's method for this call.
+            collapse: override the engine's collapse mode for this call: ``"document"``
+                (k distinct documents, each its best passage; fewer only when the method
+                ranks fewer, e.g. BM25 ranks only passages sharing a query term) or
+                ``"passage"`` (k best passages).
 
         Returns:
             One list per query of at most ``k`` :class:`SearchResult` (``doc_id`` is the
             passage id, ``url``/``title`` the parent document's, ``text`` the passage,
-            ``score`` cosine / BM25 / RRF score, ``rank`` 1-based), best first.
-            ``metadata`` holds ``parent_doc_id`` and ``method``.
+            ``score`` cosine / BM25 / RRF score of that passage, ``rank`` 1-based), best
+            first. ``metadata`` holds ``parent_doc_id`` and ``method``.
 
         Raises:
-            BadQueryError: empty query or k outside 1..max_k.
+            BadQueryError: empty query, k outside 1..max_k, or unknown collapse mode.
         """
         self.check_request(queries, k)
         method = method or self.method
-        runs = self.search_rows(list(queries), k, method)
+        collapse = check_collapse(collapse or self.collapse)
+        queries = list(queries)
+        if collapse == "passage":
+            return self._results(self.search_rows(queries, k, method), method)
+        n_rows = self.n_passages
+        out: list[list[SearchResult] | None] = [None] * len(queries)
+        todo = list(range(len(queries)))
+        depth = min(n_rows, k * OVERFETCH)
+        while todo:
+            runs = self.search_rows([queries[i] for i in todo], depth, method)
+            more = []
+            for i, passages in zip(todo, self._results(runs, method)):
+                docs = collapse_to_documents(passages, k)
+                # done: k documents, or every passage the method can rank was seen
+                if len(docs) == k or len(passages) < depth or depth >= n_rows:
+                    out[i] = docs
+                else:
+                    more.append(i)
+            todo, depth = more, min(n_rows, depth * OVERFETCH)
+        return out  # type: ignore[return-value]
+
+    def _results(self, runs: list[tuple[np.ndarray, np.ndarray]], method: str) -> list[list[SearchResult]]:
+        """Ranked index rows -> :class:`SearchResult` lists (one docstore lookup)."""
         all_rows = {int(r) for _, rows in runs for r in rows}
         recs = self.docstore.passages(sorted(all_rows))
         out: list[list[SearchResult]] = []

@@ -22,6 +22,11 @@ URL (stripped). Recorded failures (timeouts, HTTP 5xx after retries, 404 on a fe
 are replayed as the same error class with the same message, so a replayed rollout
 that met a failure meets it again and stays identical.
 
+Secrets: API keys are never stored. A recorded answer or failure message that holds the
+value of a key (the wrapped backend's :meth:`~drgym.search.base.SearchBackend.credentials`,
+or any environment variable named like a key, e.g. ``SERPER_API_KEY``) has it replaced by
+``<redacted>`` before it is written (:mod:`drgym.redact`).
+
 Storage: one SQLite file (WAL journal); each write is its own transaction, so a crash
 never leaves half an entry. Tables ``searches(backend, query, k, results_json, error_type,
 error_message, latency_s, recorded_at)`` and ``fetches(backend, url, document_json, ...)``.
@@ -42,6 +47,7 @@ from typing import Any, Literal
 
 from drgym import errors as _errors
 from drgym.errors import AuthError, BadQueryError, ConfigError, ReplayMissError, SearchError
+from drgym.redact import scrub, secret_values
 from drgym.search.base import SearchBackend
 from drgym.types import Document, SearchResult
 
@@ -135,6 +141,7 @@ class RecordStore:
                 self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (_SCHEMA_VERSION,))
                 self._conn.execute("INSERT OR IGNORE INTO meta VALUES ('created_at', ?)", (_utcnow(),))
         self._lock = threading.Lock()
+        self._secrets: set[str] = set()
         try:
             with self._lock:
                 self._conn.execute("SELECT 1 FROM searches LIMIT 1").fetchall()
@@ -142,15 +149,23 @@ class RecordStore:
             raise ConfigError(f"{self.path} is not a drgym recording ({e}).") from e
 
     # -- writes (each one transaction) -------------------------------------------------
+    def add_secrets(self, values) -> None:
+        """Also mask these values (API keys) in everything written from now on."""
+        self._secrets.update(v for v in values if v)
+
+    def _clean(self, text: str | None) -> str | None:
+        """``text`` without any known secret value (environment keys and added ones)."""
+        return None if text is None else scrub(text, secret_values(self._secrets))
+
     def put_search(self, backend: str, query: str, k: int, results: list[SearchResult] | None,
                    error: BaseException | None, latency_s: float) -> None:
         """Store the answer (or the failure) of one search; replaces an older recording."""
         self._check_writable()
         row = (
             backend, normalize_query(query), int(k),
-            None if results is None else json.dumps([r.to_dict() for r in results], ensure_ascii=False),
+            self._clean(None if results is None else json.dumps([r.to_dict() for r in results], ensure_ascii=False)),
             None if error is None else type(error).__name__,
-            None if error is None else str(error),
+            self._clean(None if error is None else str(error)),
             float(latency_s), _utcnow(),
         )
         with self._lock, self._conn:
@@ -162,9 +177,9 @@ class RecordStore:
         self._check_writable()
         row = (
             backend, url.strip(),
-            None if doc is None else json.dumps(doc.to_dict(), ensure_ascii=False),
+            self._clean(None if doc is None else json.dumps(doc.to_dict(), ensure_ascii=False)),
             None if error is None else type(error).__name__,
-            None if error is None else str(error),
+            self._clean(None if error is None else str(error)),
             float(latency_s), _utcnow(),
         )
         with self._lock, self._conn:
@@ -290,6 +305,8 @@ class RecordReplayBackend(SearchBackend):
         self.mode = mode
         self._own_store = not isinstance(store, RecordStore)
         self.store = store if isinstance(store, RecordStore) else RecordStore(store, readonly=(mode == "replay"))
+        if inner is not None:
+            self.store.add_secrets(inner.credentials())
         self.name = name or inner.name  # type: ignore[union-attr]
         self.deterministic = True if mode == "replay" else bool(inner.deterministic)  # type: ignore[union-attr]
         self.max_k = max_k or (inner.max_k if inner is not None else 100)

@@ -12,7 +12,9 @@ One function, :func:`send_with_retries`, shared by the web backends
 - After the last attempt a :class:`~drgym.errors.BackendUnavailableError` says what
   failed (status, timeout, connection) and how many attempts were made.
 
-The API key is never put into an error message or a log line.
+The API key is never put into an error message or a log line: an answer body that
+echoes it (some providers quote the key they refused) has it masked
+(:func:`drgym.redact.scrub` with the request's secret headers).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import httpx
 import tenacity
 
 from drgym.errors import AuthError, BackendUnavailableError
+from drgym.redact import header_secrets, scrub
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +142,7 @@ def send_with_retries(
 
     def once() -> httpx.Response:
         request = client.build_request(method, url, **request_kwargs)
+        secrets = header_secrets(request.headers)  # a body that echoes the key must not carry it on
         resp = client.send(request, stream=stream)
         status = resp.status_code
         if status in (401, 403):
@@ -146,18 +150,18 @@ def send_with_retries(
                 resp.read()
             resp.close()
             who = f"; set {env_var} to a valid key" if env_var else ""
-            raise AuthError(
-                f"{backend}: the API refused the credentials (HTTP {status}){who}. Server said: {_body_excerpt(resp)!r}"
-            )
+            raise AuthError(scrub(
+                f"{backend}: the API refused the credentials (HTTP {status}){who}. Server said: {_body_excerpt(resp)!r}",
+                secrets))
         if status == 429 or status >= 500:
             retry_after = parse_retry_after(resp.headers.get("retry-after"))
             if stream:
                 resp.read()
             resp.close()
             raise RetryableHTTPError(
-                f"{backend}: HTTP {status} from {url}"
-                + (f" (Retry-After {retry_after:g} s)" if retry_after is not None else "")
-                + f": {_body_excerpt(resp)!r}",
+                scrub(f"{backend}: HTTP {status} from {url}"
+                      + (f" (Retry-After {retry_after:g} s)" if retry_after is not None else "")
+                      + f": {_body_excerpt(resp)!r}", secrets),
                 status=status,
                 retry_after=retry_after,
             )

@@ -50,6 +50,7 @@ from typing import Any
 import httpx
 
 from drgym.errors import AuthError, BackendUnavailableError, BadQueryError, SearchError
+from drgym.redact import scrub
 from drgym.search.base import SearchBackend
 from drgym.search.pages import PageFetcher
 from drgym.search.retry import send_with_retries
@@ -164,17 +165,18 @@ class WebSearchBackend(SearchBackend):
             max_retry_after_s=self.max_retry_after_s,
             **req,
         )
+        keys = self.credentials()  # an answer that echoes the key must not carry it into messages
         if resp.status_code == 400 or resp.status_code == 422:
-            raise BadQueryError(f"{self.name}: the API rejected the query {query!r} (HTTP {resp.status_code}): {resp.text[:300]!r}")
+            raise BadQueryError(scrub(f"{self.name}: the API rejected the query {query!r} (HTTP {resp.status_code}): "
+                                      f"{resp.text[:300]!r}", keys))
         if resp.status_code >= 400:
-            raise SearchError(f"{self.name}: HTTP {resp.status_code} for query {query!r}: {resp.text[:300]!r}")
+            raise SearchError(scrub(f"{self.name}: HTTP {resp.status_code} for query {query!r}: {resp.text[:300]!r}", keys))
         try:
             payload = resp.json()
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BackendUnavailableError(
+            raise BackendUnavailableError(scrub(
                 f"{self.name}: the API answered HTTP {resp.status_code} with malformed JSON for query {query!r} "
-                f"({e}); body starts {resp.text[:120]!r}."
-            ) from e
+                f"({e}); body starts {resp.text[:120]!r}.", keys)) from e
         items = self._parse(payload)
         out: list[SearchResult] = []
         seen: set[str] = set()
@@ -215,6 +217,10 @@ class WebSearchBackend(SearchBackend):
     def fetch(self, url: str) -> Document:
         """Download the page at ``url`` and return its main text (see :class:`PageFetcher`)."""
         return self.page_fetcher.fetch(url)
+
+    def credentials(self) -> tuple[str, ...]:
+        """The provider key (see :meth:`SearchBackend.credentials`)."""
+        return (self._api_key,)
 
     def close(self) -> None:
         if self._closed:

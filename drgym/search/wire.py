@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, SecretStr, create_model, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from drgym.types import Document, SearchResult
+
+
+Collapse = Literal["document", "passage"]
+"""Values of ``collapse`` on the wire (:data:`drgym.search.base.COLLAPSE_MODES`)."""
 
 
 class ServerSettings(BaseSettings):
@@ -53,8 +57,14 @@ class ServerSettings(BaseSettings):
         cache_size: entries of the LRU result cache (0 disables it).
         max_pending: most queries waiting for the batcher; beyond it requests get 429
             with ``Retry-After: 1`` (the drgym client retries them).
+        collapse: what ``/search`` returns by default: ``"document"`` (k distinct
+            documents, each its best passage, as DeepResearchGym) or ``"passage"`` (k best
+            passages); a request's ``collapse`` parameter overrides it.
+        retrieve_collapse: the same for ``POST /retrieve``; default ``"passage"``, as
+            Search-R1's retriever (whose corpus rows are 100-word passages).
         api_keys: comma-separated keys accepted in the ``x-api-key`` header; empty means
-            no authentication (the default, for loopback use).
+            no authentication (the default, for loopback use). A secret: never printed
+            (``repr`` shows ``**********``), compared in constant time.
         log_level: uvicorn log level.
     """
 
@@ -75,7 +85,9 @@ class ServerSettings(BaseSettings):
     max_batch_size: int = Field(64, ge=1)
     cache_size: int = Field(4096, ge=0)
     max_pending: int = Field(16384, ge=1)
-    api_keys: str = ""
+    collapse: Collapse = "document"
+    retrieve_collapse: Collapse = "passage"
+    api_keys: SecretStr = SecretStr("")
     log_level: str = "warning"
 
     @model_validator(mode="after")
@@ -87,7 +99,7 @@ class ServerSettings(BaseSettings):
 
     def key_set(self) -> frozenset[str]:
         """The accepted API keys (empty: authentication off)."""
-        return frozenset(k.strip() for k in self.api_keys.split(",") if k.strip())
+        return frozenset(k.strip() for k in self.api_keys.get_secret_value().split(",") if k.strip())
 
 
 # -- DeepResearchGym document encoding --------------------------------------------------
@@ -198,12 +210,44 @@ class FetchResponse(BaseModel):
     clean_text: str = Field(description="base64 of the JSON of the whole document")
 
 
-class RetrieveRequest(BaseModel):
-    """``POST /retrieve`` body (Search-R1's ``QueryRequest``)."""
+def _json_integer(v: Any) -> Any:
+    """A JSON number with no fraction (``3`` or ``3.0``, as JSON Schema's ``integer``); not
+    ``"3"`` nor ``true``, which lax pydantic would turn into ints."""
+    if isinstance(v, (str, bool)):
+        raise ValueError("must be a JSON integer, not a string or boolean")
+    return v
 
-    queries: list[str]
-    topk: int | None = None
-    return_scores: bool = False
+
+JsonInt = Annotated[int, BeforeValidator(_json_integer)]
+
+
+class RetrieveRequest(BaseModel):
+    """``POST /retrieve`` body: Search-R1's ``QueryRequest`` plus ``collapse``.
+
+    As Search-R1's server, ``topk`` null, missing or 0 means the server default, and an
+    empty or whitespace query gets an empty result list (Search-R1 rollouts send ``""``
+    when a model writes ``<search> </search>``). Types follow the JSON schema: ``"3"``
+    and ``true`` are not a topk (``3.0`` is), ``1`` is not a boolean.
+    """
+
+    queries: list[str] = Field(description="queries; an empty or whitespace one gets []")
+    topk: JsonInt | None = Field(None, description="results per query; null or 0 = the server default")
+    return_scores: bool = Field(False, strict=True, description="hits as {document, score} instead of bare documents")
+    collapse: Collapse | None = Field(
+        None, description="document: distinct documents (best passage each); passage: best passages; null: the server default")
+
+
+def retrieve_request_model(max_k: int, max_queries: int) -> type[RetrieveRequest]:
+    """:class:`RetrieveRequest` whose JSON schema states this server's limits (``topk`` in
+    0..max_k, at most ``max_queries`` queries), so schema-driven clients and fuzzers know
+    them. The limits are checked by the endpoint (400 naming the limit), not by pydantic."""
+    return create_model(
+        "RetrieveRequest", __base__=RetrieveRequest, __doc__=RetrieveRequest.__doc__,
+        queries=(list[str], Field(description=RetrieveRequest.model_fields["queries"].description,
+                                  json_schema_extra={"maxItems": max_queries})),
+        topk=(JsonInt | None, Field(None, description=RetrieveRequest.model_fields["topk"].description,
+                                json_schema_extra={"minimum": 0, "maximum": max_k})),
+    )
 
 
 class RetrieveDocument(BaseModel):
@@ -242,6 +286,8 @@ class HealthResponse(BaseModel):
     index: str = Field("", description="what is served, e.g. LocalSearchEngine('wiki-default--...', method='hybrid', ...)")
     deterministic: bool
     max_k: int
+    collapse: Collapse | None = Field(None, description="default of /search; null: the backend cannot collapse (its own results)")
+    retrieve_collapse: Collapse | None = Field(None, description="default of /retrieve (null as above)")
     stats: dict[str, int | float] = Field(default_factory=dict)
 
 

@@ -5,40 +5,50 @@ Endpoints (shapes in :mod:`drgym.search.wire`):
 =========================  ==========================================================
 ``GET /search``            DeepResearchGym search: ``query``, ``k`` (default 10),
                            ``with_distance`` (default false, as upstream; the drgym
-                           client always asks for it). Other upstream parameters
-                           (``complexity``, ``shard_ids``, ``rerank``...) are ignored.
+                           client always asks for it), ``collapse`` (``document``:
+                           k distinct documents, the default; ``passage``: k best
+                           passages). Other upstream parameters (``complexity``,
+                           ``shard_ids``, ``rerank``...) are ignored.
 ``GET /fineweb/search``    the same, with ``outlinks: null`` as upstream's FineWeb route.
 ``GET /fetch``             ``url`` -> the whole document; 404 ``URL not found.``
-``POST /retrieve``         Search-R1's batch retrieval.
-``GET /health``            liveness, version, max_k and batching/cache counters (no auth).
-``GET /docs``              OpenAPI UI; ``/openapi.json`` the schema.
+                           The URL is a key looked up in the local document store;
+                           nothing is ever opened or downloaded (``file:``, ``../``,
+                           loopback addresses are keys like any other).
+``POST /retrieve``         Search-R1's batch retrieval; passages by default
+                           (``--retrieve-collapse``); an empty query gets ``[]``.
+``GET /health``            liveness, version, max_k, collapse defaults and counters (no auth).
+``GET /docs``              OpenAPI UI; ``/openapi.json`` the schema, which states every
+                           limit and error answer (checked by schemathesis).
 =========================  ==========================================================
 
-Errors are ``{"detail": ...}``: 400 empty or whitespace query, ``k``/``topk`` outside
-1..max_k, too many queries; 401 bad API key (only when keys are configured); 404 unknown
-URL; 422 missing or mistyped parameter; 429 (``Retry-After: 1``) more than
-``max_pending`` queries waiting; 500 backend failure. A failed request never
-stops the server.
+Errors are ``{"detail": ...}``: 400 empty or whitespace query on ``/search``, ``k``/``topk``
+outside 1..max_k (``topk`` 0 or null: the default), too many queries; 401 bad API key
+(only when keys are configured; keys are compared in constant time); 404 unknown URL;
+422 missing or mistyped parameter; 429 (``Retry-After: 1``) more than ``max_pending``
+queries waiting; 500 backend failure. A failed request never stops the server.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: FastAPI must resolve the parameter types
+# that create_app builds per app (limits in the schema) when it registers the routes.
 import asyncio
+import hmac
+import inspect
 import logging
 from contextlib import asynccontextmanager
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
 from fastapi.responses import JSONResponse
+from fastapi.security import APIKeyHeader
 
 from drgym.errors import BadQueryError, DocumentNotFoundError, DrgymError, SearchError
 from drgym.search.base import SearchBackend
 from drgym.search.wire import (
+    Collapse,
     ErrorResponse,
     FetchResponse,
     HealthResponse,
     RetrieveHit,
-    RetrieveRequest,
     RetrieveResponse,
     SearchResponse,
     ServerSettings,
@@ -47,6 +57,7 @@ from drgym.search.wire import (
     partial_info,
     result_record,
     retrieve_document,
+    retrieve_request_model,
 )
 from drgym.server.batching import MicroBatcher, OverloadedError
 
@@ -55,24 +66,32 @@ log = logging.getLogger(__name__)
 EMPTY_QUERY_DETAIL = "No query text in request: the query must contain a non-space character."
 URL_NOT_FOUND_DETAIL = "URL not found."
 BAD_KEY_DETAIL = "Invalid or missing API Key: send a key accepted by this server in the x-api-key header."
+API_KEY_HEADER = "x-api-key"
 
 UVICORN_H11_MAX_EVENT = 1 << 20
 """Largest request head (bytes) uvicorn's h11 parser accepts; 10k-character queries need
 more than its 16 KiB default once percent-encoded (httptools has no such limit)."""
 
-_ERRORS = {
-    400: {"model": ErrorResponse, "description": "empty query or k outside 1..max_k"},
-    401: {"model": ErrorResponse, "description": "invalid or missing API key (when keys are configured)"},
-    429: {"model": ErrorResponse, "description": "too many queries waiting (Retry-After: 1)"},
-    500: {"model": ErrorResponse, "description": "backend failure"},
-}
+
+def _error(description: str, **extra) -> dict:
+    return {"model": ErrorResponse, "description": description, **extra}
 
 
-QueryParam = Annotated[str, Query(description="free-text query; must contain a non-space character")]
-KParam = Annotated[int | None, Query(description="number of results, 1..max_k (default 10)")]
-DistParam = Annotated[bool, Query(description="also return each hit's score (higher is better)")]
-UrlParam = Annotated[str, Query(description="document URL (exact or normalised match)")]
-ApiKeyHeader = Annotated[str | None, Header(description="API key (only checked when the server has keys)")]
+_E400 = {400: _error("empty query, k/topk outside 1..max_k, or too many queries")}
+_E401 = {401: _error("invalid or missing API key (only when the server has keys)")}
+_E404 = {404: _error("URL not found.")}
+_E429 = {429: _error("too many queries waiting; retry after the given seconds",
+                     headers={"Retry-After": {"description": "seconds to wait", "schema": {"type": "string"}}})}
+_E500 = {500: _error("backend failure")}
+# 422 (missing or mistyped parameter) is declared by FastAPI itself (HTTPValidationError).
+
+
+def _backend_collapses(backend: SearchBackend) -> bool:
+    """Whether ``backend.search_batch`` takes ``collapse=`` (the local engine does)."""
+    try:
+        return "collapse" in inspect.signature(backend.search_batch).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *,
@@ -81,18 +100,27 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
 
     Args:
         backend: any thread-safe :class:`SearchBackend` (usually a ``LocalSearchEngine``);
-            its ``search_batch`` is called from a worker thread, one call at a time.
-        settings: limits, batching and cache settings; None reads ``DRGYM_*`` env vars.
+            its ``search_batch`` is called from a worker thread, one call at a time, with
+            ``collapse=`` when it accepts it (else the backend's own results are served).
+        settings: limits, batching, collapse and cache settings; None reads ``DRGYM_*`` env vars.
         close_backend: call ``backend.close()`` on shutdown (the CLI owns its backend;
             tests that pass a shared one keep it open).
 
     Returns:
-        The FastAPI app; the backend, settings and batcher are on ``app.state``.
+        The FastAPI app; the backend, settings and batcher are on ``app.state``. Each
+        call builds an independent app (a Ray Serve replica or a test can make several).
     """
     settings = settings or ServerSettings()
     max_k = min(settings.max_k, getattr(backend, "max_k", settings.max_k))
-    keys = settings.key_set()
-    batcher = MicroBatcher(backend.search_batch, window_ms=settings.batch_window_ms,
+    keys = [k.encode("utf-8") for k in sorted(settings.key_set())]
+    collapses = _backend_collapses(backend)
+
+    def search_fn(queries: list[str], k: int, collapse: str) -> list:
+        if collapses:
+            return backend.search_batch(queries, k, collapse=collapse)
+        return backend.search_batch(queries, k)
+
+    batcher = MicroBatcher(search_fn, window_ms=settings.batch_window_ms,
                            max_batch_size=settings.max_batch_size, cache_size=settings.cache_size,
                            max_pending=settings.max_pending)
 
@@ -140,11 +168,23 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
         log.exception("%s %s failed", request.method, request.url.path)
         return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
 
-    async def check_key(x_api_key: ApiKeyHeader = None) -> None:
-        if keys and x_api_key not in keys:
+    # Authentication is declared (an OpenAPI apiKey scheme) only when the server has keys.
+    api_key_header = APIKeyHeader(name=API_KEY_HEADER, auto_error=False,
+                                  description="API key; required because this server was started with --api-keys")
+
+    async def check_key(x_api_key: Annotated[str | None, Security(api_key_header)]) -> None:
+        # Every key is compared, each in constant time (hmac.compare_digest), so the
+        # answer time does not tell how much of a guess was right. Header values arrive
+        # latin-1 decoded (RFC 9110); encoding them back gives the bytes sent.
+        given = (x_api_key or "").encode("latin-1", "replace")
+        ok = False
+        for k in keys:
+            ok |= hmac.compare_digest(given, k)
+        if not ok or x_api_key is None:
             raise HTTPException(status_code=401, detail=BAD_KEY_DETAIL)
 
-    Auth = Depends(check_key)
+    auth = [Depends(check_key)] if keys else []
+    e401 = _E401 if keys else {}
 
     def check_k(k: int, name: str = "k") -> None:
         if not 1 <= k <= max_k:
@@ -166,10 +206,22 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
             raise BadQueryError(EMPTY_QUERY_DETAIL)
         return q[: settings.max_query_chars]
 
-    async def run_search(query: str, k: int | None, with_distance: bool, outlinks: list | None) -> SearchResponse:
+    QueryParam = Annotated[str, Query(description="free-text query; must contain a non-space character (else 400)",
+                                      json_schema_extra={"minLength": 1, "pattern": r"\S"})]
+    KParam = Annotated[int | None, Query(description=f"number of results, 1..{max_k} (else 400; default {settings.default_k})",
+                                         json_schema_extra={"minimum": 1, "maximum": max_k})]
+    DistParam = Annotated[bool, Query(description="also return each hit's score (higher is better)")]
+    CollapseParam = Annotated[Collapse | None, Query(
+        description=f"document: k distinct documents, each its best passage; passage: k best passages "
+                    f"(default {settings.collapse})")]
+    UrlParam = Annotated[str, Query(description="document URL, looked up in the local store (exact or normalised "
+                                                "match); never opened or downloaded")]
+
+    async def run_search(query: str, k: int | None, with_distance: bool, collapse: str | None,
+                         outlinks: list | None) -> SearchResponse:
         k = settings.default_k if k is None else k
         check_k(k)
-        hits = await guarded(batcher.search(clean_query(query), k))
+        hits = await guarded(batcher.search(clean_query(query), k, collapse or settings.collapse))
         return SearchResponse(
             results=[b64_json(result_record(r)) for r in hits],
             distances=[float(r.score) for r in hits] if with_distance else None,
@@ -177,19 +229,23 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
             partial=partial_info([hits]),
         )
 
-    @app.get("/search", response_model=SearchResponse, responses=_ERRORS, dependencies=[Auth], tags=["search"])
-    async def search(query: QueryParam, k: KParam = None, with_distance: DistParam = False) -> SearchResponse:
-        """Top-k passages for ``query`` in DeepResearchGym's shape (base64 JSON documents)."""
-        return await run_search(query, k, with_distance, [])
+    search_errors = {**_E400, **e401, **_E429, **_E500}
 
-    @app.get("/fineweb/search", response_model=SearchResponse, responses=_ERRORS, dependencies=[Auth],
+    @app.get("/search", response_model=SearchResponse, responses=search_errors, dependencies=auth, tags=["search"])
+    async def search(query: QueryParam, k: KParam = None, with_distance: DistParam = False,
+                     collapse: CollapseParam = None) -> SearchResponse:
+        """Top-k documents (or passages) for ``query`` in DeepResearchGym's shape (base64 JSON documents)."""
+        return await run_search(query, k, with_distance, collapse, [])
+
+    @app.get("/fineweb/search", response_model=SearchResponse, responses=search_errors, dependencies=auth,
              tags=["search"])
-    async def fineweb_search(query: QueryParam, k: KParam = None, with_distance: DistParam = False) -> SearchResponse:
+    async def fineweb_search(query: QueryParam, k: KParam = None, with_distance: DistParam = False,
+                             collapse: CollapseParam = None) -> SearchResponse:
         """Alias of ``/search`` (DeepResearchGym's FineWeb route; ``outlinks`` is null)."""
-        return await run_search(query, k, with_distance, None)
+        return await run_search(query, k, with_distance, collapse, None)
 
-    @app.get("/fetch", response_model=FetchResponse, dependencies=[Auth], tags=["search"],
-             responses={**_ERRORS, 404: {"model": ErrorResponse, "description": "URL not found."}})
+    @app.get("/fetch", response_model=FetchResponse, dependencies=auth, tags=["search"],
+             responses={**e401, **_E404, **_E500})
     async def fetch(url: UrlParam) -> FetchResponse:
         """The whole document at ``url`` as base64 JSON (``{"clean_text": ...}``)."""
         url = url.rstrip("\n")
@@ -198,20 +254,27 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
         doc = await guarded(asyncio.to_thread(backend.fetch, url))
         return FetchResponse(clean_text=b64_json(document_record(doc)))
 
-    @app.post("/retrieve", response_model=RetrieveResponse, responses=_ERRORS, dependencies=[Auth], tags=["search"])
-    async def retrieve(req: RetrieveRequest) -> RetrieveResponse:
+    RetrieveBody = retrieve_request_model(max_k, settings.max_batch_queries)
+
+    @app.post("/retrieve", response_model=RetrieveResponse, responses={**_E400, **e401, **_E429, **_E500},
+              dependencies=auth, tags=["search"])
+    async def retrieve(req: RetrieveBody) -> RetrieveResponse:  # type: ignore[valid-type]
         """Search-R1 batch retrieval: ``{"queries", "topk", "return_scores"}`` ->
-        ``{"result": [[{"document": {"id", "contents"}, "score"}, ...] per query]}``."""
-        k = settings.retrieve_topk if req.topk is None else req.topk
+        ``{"result": [[{"document": {"id", "contents"}, "score"}, ...] per query]}``.
+
+        As Search-R1's server: ``topk`` null or 0 is the server default, and an empty or
+        whitespace query answers ``[]`` in its place (the other queries are searched).
+        """
+        k = req.topk or settings.retrieve_topk
         check_k(k, "topk")
         if len(req.queries) > settings.max_batch_queries:
             raise BadQueryError(f"at most {settings.max_batch_queries} queries per request, got {len(req.queries)}.")
-        queries = []
-        for i, q in enumerate(req.queries):
-            if not q.strip():
-                raise BadQueryError(f"query {i} is empty: a query needs at least one non-space character.")
-            queries.append(q[: settings.max_query_chars])
-        hits = await guarded(batcher.search_many(queries, k)) if queries else []
+        live = [i for i, q in enumerate(req.queries) if q.strip()]
+        found = await guarded(batcher.search_many([req.queries[i][: settings.max_query_chars] for i in live], k,
+                                                  req.collapse or settings.retrieve_collapse)) if live else []
+        hits: list[list] = [[] for _ in req.queries]
+        for i, hs in zip(live, found):
+            hits[i] = hs
         if req.return_scores:
             return RetrieveResponse(result=[[RetrieveHit(document=retrieve_document(r), score=float(r.score))
                                              for r in hs] for hs in hits], partial=partial_info(hits))
@@ -219,10 +282,12 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
 
     @app.get("/health", response_model=HealthResponse, tags=["meta"])
     async def health() -> HealthResponse:
-        """Liveness plus what clients need: ``service == "drgym"``, ``max_k``, counters."""
+        """Liveness plus what clients need: ``service == "drgym"``, ``max_k``, collapse defaults, counters."""
         return HealthResponse(version=__version__, backend=getattr(backend, "name", type(backend).__name__),
                               index=repr(backend),
                               deterministic=bool(getattr(backend, "deterministic", True)), max_k=max_k,
+                              collapse=settings.collapse if collapses else None,
+                              retrieve_collapse=settings.retrieve_collapse if collapses else None,
                               stats=batcher.stats())
 
     return app

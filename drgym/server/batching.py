@@ -5,8 +5,8 @@ query. Encoding 64 queries in one forward pass and searching them with one FAISS
 far cheaper than 64 separate calls, so :class:`MicroBatcher` collects the queries that
 arrive while the previous batch runs (plus a short window after the first one) and sends
 them to ``backend.search_batch`` together, in a worker thread so the event loop keeps
-accepting requests. Repeated ``(query, k)`` pairs are answered by an LRU cache without
-touching the backend.
+accepting requests. Repeated ``(query, k, collapse)`` requests are answered by an LRU
+cache without touching the backend.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from drgym.types import SearchResult
 
 log = logging.getLogger(__name__)
 
-SearchBatchFn = Callable[[list[str], int], list[list[SearchResult]]]
+SearchBatchFn = Callable[[list[str], int, "str | None"], list[list[SearchResult]]]
+"""``search_fn(queries, k, collapse)``: one result list per query."""
 
 
 class OverloadedError(BackendUnavailableError):
@@ -69,21 +70,23 @@ class LRUCache:
 class _Item:
     query: str
     k: int
+    collapse: str | None
     future: asyncio.Future = field(repr=False)
 
 
 class MicroBatcher:
-    """Coalesce concurrent ``(query, k)`` requests into ``search_batch`` calls.
+    """Coalesce concurrent ``(query, k, collapse)`` requests into ``search_batch`` calls.
 
     One worker task takes the first queued query, waits up to ``window_ms`` for more (or
-    until ``max_batch_size`` are queued), groups them by ``k`` and runs one
-    ``search_fn(queries, k)`` per group in a thread (``asyncio.to_thread``). Queries that
+    until ``max_batch_size`` are queued), groups them by ``(k, collapse)`` and runs one
+    ``search_fn(queries, k, collapse)`` per group in a thread (``asyncio.to_thread``). Queries that
     arrive while a batch runs form the next batch, so batches grow with load. If a batch
     of several queries fails, each query is retried alone so one bad query cannot fail
     its neighbours.
 
     Args:
-        search_fn: ``backend.search_batch``; called from a worker thread, one call at a time.
+        search_fn: ``search_fn(queries, k, collapse)``, usually ``backend.search_batch``;
+            called from a worker thread, one call at a time.
         window_ms: wait after the first query of a batch, in milliseconds.
         max_batch_size: most queries in one call.
         cache_size: LRU entries (0 disables the cache).
@@ -131,15 +134,15 @@ class MicroBatcher:
             if not item.future.done():
                 item.future.set_exception(RuntimeError("server is shutting down"))
 
-    async def search(self, query: str, k: int) -> list[SearchResult]:
+    async def search(self, query: str, k: int, collapse: str | None = None) -> list[SearchResult]:
         """Top-``k`` results of one (already validated) query, from cache or a batch.
 
         Raises:
             Whatever ``search_fn`` raised for this query.
         """
-        return (await self.search_many([query], k))[0]
+        return (await self.search_many([query], k, collapse))[0]
 
-    async def search_many(self, queries: list[str], k: int) -> list[list[SearchResult]]:
+    async def search_many(self, queries: list[str], k: int, collapse: str | None = None) -> list[list[SearchResult]]:
         """Results of several queries; cache hits are answered at once, misses batched."""
         if self._queue is None:
             raise RuntimeError("MicroBatcher.start() was not awaited")
@@ -148,7 +151,7 @@ class MicroBatcher:
         out: list[list[SearchResult] | None] = [None] * len(queries)
         misses: list[int] = []
         for i, q in enumerate(queries):
-            hit = self.cache.get((q, k))
+            hit = self.cache.get((q, k, collapse))
             if hit is not None:
                 out[i] = list(hit)
             else:
@@ -163,7 +166,7 @@ class MicroBatcher:
         pending: list[tuple[int, asyncio.Future]] = []
         for i in misses:
             fut = loop.create_future()
-            self._queue.put_nowait(_Item(queries[i], k, fut))
+            self._queue.put_nowait(_Item(queries[i], k, collapse, fut))
             pending.append((i, fut))
         if pending:
             # return_exceptions: every future's outcome is retrieved (no "never retrieved"
@@ -212,12 +215,12 @@ class MicroBatcher:
     async def _run(self) -> None:
         while True:
             batch = await self._collect()
-            groups: dict[int, list[_Item]] = {}
+            groups: dict[tuple[int, str | None], list[_Item]] = {}
             for item in batch:
-                groups.setdefault(item.k, []).append(item)
-            for k, items in groups.items():
+                groups.setdefault((item.k, item.collapse), []).append(item)
+            for (k, collapse), items in groups.items():
                 try:
-                    await self._run_group(k, items)
+                    await self._run_group(k, collapse, items)
                 except asyncio.CancelledError:
                     raise
                 except BaseException as e:  # never let the worker die: fail this group only
@@ -226,7 +229,7 @@ class MicroBatcher:
                         if not it.future.done():
                             it.future.set_exception(e if isinstance(e, Exception) else RuntimeError(str(e)))
 
-    async def _run_group(self, k: int, items: list[_Item]) -> None:
+    async def _run_group(self, k: int, collapse: str | None, items: list[_Item]) -> None:
         live = [it for it in items if not it.future.done()]  # a cancelled request needs no answer
         if not live:
             return
@@ -235,7 +238,7 @@ class MicroBatcher:
         self.batched_queries += len(queries)
         self.largest_batch = max(self.largest_batch, len(queries))
         try:
-            results = await asyncio.to_thread(self.search_fn, queries, k)
+            results = await asyncio.to_thread(self.search_fn, queries, k, collapse)
             if len(results) != len(queries):
                 raise RuntimeError(f"backend returned {len(results)} result lists for {len(queries)} queries")
             by_query: dict[str, list[SearchResult] | BaseException] = dict(zip(queries, results))
@@ -247,7 +250,7 @@ class MicroBatcher:
                 by_query = {}
                 for q in queries:
                     try:
-                        by_query[q] = (await asyncio.to_thread(self.search_fn, [q], k))[0]
+                        by_query[q] = (await asyncio.to_thread(self.search_fn, [q], k, collapse))[0]
                     except Exception as e1:
                         by_query[q] = e1
         for q, res in by_query.items():
@@ -255,7 +258,7 @@ class MicroBatcher:
                 self.errors += 1
             else:
                 if not getattr(res, "partial", False):  # shards missing: never cached
-                    self.cache.put((q, k), tuple(res))
+                    self.cache.put((q, k, collapse), tuple(res))
         for it in live:
             if it.future.done():
                 continue
