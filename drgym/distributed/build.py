@@ -155,6 +155,9 @@ class RayRunner:
         n_actors = min(n_actors, len(units))
         dctx = ray.data.DataContext.get_current()
         dctx.execution_options.preserve_order = True  # units come back in corpus order
+        dctx.enable_progress_bars = bool(ctx.progress)
+        if not ctx.progress:
+            logging.getLogger("ray.data").setLevel(logging.WARNING)
         ds = ray.data.from_items([{"unit": json.dumps(u.to_dict())} for u in units], override_num_blocks=len(units))
         ds = ds.map_batches(
             UnitEncoder,
