@@ -452,34 +452,59 @@ def build_index(
     announce = (lambda m: print(m, flush=True)) if progress else None
 
     with build_lock(root, planned.name, announce=announce):
-        if not force and (folder / "manifest.json").exists():
-            try:
-                existing = IndexManifest.read(folder)
-                if same_identity(existing, planned):
-                    existing.check_files(folder)
-                    return BuildResult(folder, existing, False, time.perf_counter() - t0)
-                log.info("index %s: manifest changed, rebuilding", folder)
-            except (CorruptIndexError, IndexNotFoundError) as e:
-                log.warning("index %s is corrupt (%s); rebuilding", folder, e)
-        build_dir = root / f"{BUILD_PREFIX}{planned.name}"
+        existing = reusable_index(folder, planned, force)
+        if existing is not None:
+            return BuildResult(folder, existing, False, time.perf_counter() - t0)
         state = {"identity": planned.identity(), "corpus_fingerprint": planned.corpus_fingerprint,
                  "sources": source_key(planned.sources), "chunk_docs": spec.chunk_docs,
                  "bm25": spec.bm25, "units": len(units)}
-        state = json.loads(json.dumps(state))
-        prepare_build_dir(build_dir, state, resume)
         ctx = BuildContext(encoder, planned.chunking["max_tokens"], planned.chunking["overlap"], docs, progress,
                            encoder_spec=spec.encoder)
-        try:
-            manifest, resumed = run_build(build_dir, planned, units, ctx, runner, timings, bm25=spec.bm25)
-            swap_into_place(build_dir, folder)
-        except (ConfigError, CorpusError):
-            shutil.rmtree(build_dir, ignore_errors=True)  # the input or spec is wrong: nothing to resume
-            raise
-        except BaseException:
-            log.warning("build of %s stopped; the partial build in %s is resumed by running the same build again",
-                        planned.name, build_dir)
-            raise
+        manifest, resumed = build_into_place(root, planned, state, units, ctx, runner, timings, bm25=spec.bm25,
+                                             resume=resume)
     return BuildResult(folder, manifest, True, time.perf_counter() - t0, resumed)
+
+
+def reusable_index(folder: Path, planned: IndexManifest, force: bool) -> IndexManifest | None:
+    """The manifest of an index at ``folder`` that :func:`same_identity` finds equal to
+    ``planned`` and whose files are intact, or None (also with ``force``)."""
+    if force or not (folder / "manifest.json").exists():
+        return None
+    try:
+        existing = IndexManifest.read(folder)
+        if same_identity(existing, planned):
+            existing.check_files(folder)
+            return existing
+        log.info("index %s: manifest changed, rebuilding", folder)
+    except (CorruptIndexError, IndexNotFoundError) as e:
+        log.warning("index %s is corrupt (%s); rebuilding", folder, e)
+    return None
+
+
+def build_into_place(root: Path, planned: IndexManifest, state: dict, units: list[Unit], ctx: BuildContext, runner,
+                     timings: dict, *, bm25: bool, resume: bool, dense=None) -> tuple[IndexManifest, int]:
+    """Build ``planned`` in ``<root>/.build-<name>`` (resuming a partial build whose
+    ``state`` matches) and rename it to ``<root>/<name>``; the caller holds the lock.
+
+    A wrong input or spec (:class:`ConfigError`, :class:`CorpusError`) removes the
+    partial build; any other failure keeps it for the next run to resume.
+
+    Returns:
+        ``(manifest, units resumed)``.
+    """
+    build_dir = root / f"{BUILD_PREFIX}{planned.name}"
+    prepare_build_dir(build_dir, json.loads(json.dumps(state)), resume)
+    try:
+        manifest, resumed = run_build(build_dir, planned, units, ctx, runner, timings, bm25=bm25, dense=dense)
+        swap_into_place(build_dir, root / planned.name)
+    except (ConfigError, CorpusError):
+        shutil.rmtree(build_dir, ignore_errors=True)  # the input or spec is wrong: nothing to resume
+        raise
+    except BaseException:
+        log.warning("build of %s stopped; the partial build in %s is resumed by running the same build again",
+                    planned.name, build_dir)
+        raise
+    return manifest, resumed
 
 
 def prepare_build_dir(build_dir: Path, state: dict, resume: bool) -> None:
