@@ -28,7 +28,8 @@ own, read from ``getrusage``):
 4. ``search`` per factory and search setting: single queries and batches of 64 at
    k=10 through :class:`drgym.index.dense.DenseIndex` (shard merge and tie-break
    included; FAISS files memory-mapped for flat codes), p50/p99 latency, recall@10 vs
-   exact.
+   exact. drgym's defaults (efSearch 64; nprobe ``max(16, nlist/16)``; exact re-rank of
+   100 IVF-PQ candidates), and for IVF-PQ also nprobe 16 and no re-rank.
 5. ``bm25`` for N <= ``--bm25-max``: drgym's streamed BM25 over the docstore: time,
    peak RSS, passage-term pairs (calibrates the memory check of
    :func:`drgym.index.bm25.write_bm25`).
@@ -390,7 +391,7 @@ def main() -> None:
         "settings": {"dim": DIM, "queries": N_QUERIES, "k": K, "shard_size": a.shard_size, "hnsw_max": a.hnsw_max,
                      "words_per_passage": WORDS, "vocab": VOCAB, "seed": SEED,
                      "vectors": "topic mixture fitted to drgym's 21,123 shipped MiniLM vectors (see docstring)",
-                     "search_defaults": "efSearch 64, nprobe 16, rerank 100 (drgym's DEFAULT_SEARCH_PARAMS)",
+                     "search_defaults": "drgym's DEFAULT_SEARCH_PARAMS: efSearch 64, nprobe 0 = max(16, nlist/16), rerank 100",
                      "flat_search": "FAISS files memory-mapped (IO_FLAG_MMAP_IFC): RSS counts the page cache"},
         "started": res.get("started") or now(),
         "code_commit": os.environ.get("DRGYM_BENCH_COMMIT") or subprocess.run(
@@ -411,6 +412,8 @@ def main() -> None:
             r["import"] = run_stage(["import", key, str(work), str(a.shard_size)], log)
             write(res, a.out)
         sys.path.insert(0, str(REPO))
+        from drgym.index.dense import DEFAULT_SEARCH_PARAMS
+
         families = {"Flat": "Flat", "IVF-PQ": ivfpq(n, a.shard_size)}
         if n <= a.hnsw_max:
             families["HNSW32"] = "HNSW32"
@@ -422,10 +425,10 @@ def main() -> None:
                 write(res, a.out)
             settings = [(fam, {})]  # drgym defaults
             if fam == "IVF-PQ":
-                settings += [("IVF-PQ rerank 0", {"nprobe": 16, "rerank": 0}), ("IVF-PQ nprobe 64", {"nprobe": 64, "rerank": 100})]
+                settings += [("IVF-PQ nprobe 16", {"nprobe": 16}), ("IVF-PQ rerank 0", {"rerank": 0})]
             for label, params in settings:
                 if label not in r["search"] or "error" in r["search"][label]:
-                    full = {"efSearch": 64, "nprobe": 16, "rerank": 100, **params}
+                    full = {**DEFAULT_SEARCH_PARAMS, **params}
                     r["search"][label] = run_stage(["search", str(work), factory, json.dumps(full), str(a.budget)], log)
                     write(res, a.out)
             shutil.rmtree(alt_folder(work, factory), ignore_errors=True)
