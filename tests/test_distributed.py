@@ -64,6 +64,22 @@ def test_ray_data_build_equals_local_build(tmp_path, encoder, ray_cluster):
     assert_same_index(local.folder, distributed.folder)
 
 
+def test_cli_index_build_with_ray_on_a_named_corpus(tmp_path, encoder, ray_cluster):
+    """``drgym index build --ray`` joins the running cluster; the HotpotQA corpus (named,
+    read by name in the actors, vectors from the shipped cache) gives the local index."""
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+    from test_index_scale import assert_same_index
+
+    args = ["index", "build", "--corpus", "hotpotqa", "--no-bm25", "--chunk-docs", "400"]
+    res = CliRunner().invoke(app, [*args, "--ray", "--root", str(tmp_path / "ray")])
+    assert res.exit_code == 0, res.output
+    assert "built: 994 documents" in res.output and ray.is_initialized()  # the test's cluster stays up
+    local = build_index(IndexSpec(corpus="hotpotqa", bm25=False, chunk_docs=400), root=tmp_path / "local", encoder=encoder)
+    assert_same_index(local.folder, tmp_path / "ray" / local.folder.name)
+
+
 def test_ray_serve_router_with_two_shards(tmp_path, encoder, ray_cluster):
     from ray import serve
 
