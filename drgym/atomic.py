@@ -94,25 +94,46 @@ def read_jsonl(path: str | os.PathLike, *, skip_bad: bool = True) -> list[Any]:
     return out
 
 
-def load_jsonl_strict(path: str | os.PathLike, *, error: type[Exception] = ValueError) -> list[Any]:
+def decode_line(raw: bytes, path: str | os.PathLike, lineno: int, *, error: type[Exception] = ValueError) -> str:
+    """Decode one line of a user's text file as UTF-8, naming the bad byte if it is not.
+
+    Raises:
+        error: the line is not UTF-8 (message: file, line, column, byte, and the fix).
+    """
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{path}:{lineno} is not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1}); "
+                    "save the file as UTF-8.") from None
+
+
+def load_jsonl_strict(path: str | os.PathLike, *, error: type[Exception] = ValueError,
+                      blank_lines: list[int] | None = None) -> list[Any]:
     """Read a JSONL file whole, refusing bad lines (for inputs a user hands in).
 
     Args:
-        path: the file; blank lines are skipped.
+        path: the file; blank lines are skipped (their numbers appended to
+            ``blank_lines`` when given, so the caller can report them).
         error: the exception class raised (e.g. ``ConfigError`` or ``CorpusError``).
+        blank_lines: a list collecting the 1-based numbers of blank lines.
 
     Raises:
-        error: the file is missing, or a line is not JSON (the message names file and line).
+        error: the file is missing, or a line is not UTF-8 or not JSON (the message names
+            file and line).
     """
     path = Path(path)
     if not path.is_file():
         raise error(f"No file at {path}.")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise error(f"{path}:{n} is not valid JSON ({e.msg}: column {e.colno}).") from None
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            line = decode_line(raw, path, n, error=error)
+            if not line.strip():
+                if blank_lines is not None:
+                    blank_lines.append(n)
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise error(f"{path}:{n} is not valid JSON ({e.msg}: column {e.colno}).") from None
     return rows

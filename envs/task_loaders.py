@@ -247,6 +247,15 @@ def load_researchy(queries: str | Path, key_points: str | Path | None = None, *,
     ]
 
 
+MAX_QUESTION_CHARS = 100_000
+"""Longest question a task file may hold, in characters (about 25k tokens: beyond the
+context of the models drgym runs); longer rows are skipped and counted."""
+
+ANSWER_KEYS = ("answer", "answers", "golden_answers")
+"""Answer columns looked for, in order, when ``answer_key`` is the default: drgym's
+``answer``, and ``answers`` / ``golden_answers`` (Search-R1 and FlashRAG files)."""
+
+
 def load_hf_tasks(
     path: str | Path,
     *,
@@ -257,45 +266,132 @@ def load_hf_tasks(
     source: str | None = None,
     split: str = "train",
 ) -> list[Task]:
-    """Any local file ``datasets`` can read (json/jsonl/csv/parquet), via
-    ``datasets.load_dataset(<format>, data_files=path)``.
+    """A user's task file: JSON Lines (read line by line, so errors name the line), or
+    any file ``datasets`` can read (json/csv/tsv/parquet, via
+    ``datasets.load_dataset(<format>, data_files=path)``).
+
+    Rows that cannot be a task are skipped and counted in one warning naming them
+    (``tasks.jsonl: skipped 3 of 40 rows, 37 tasks left: 2 without an answer (lines 4,
+    9); ...``; lines of a JSONL file, data rows from 1 of other files):
+    no question, no answer (QA), or a question over :data:`MAX_QUESTION_CHARS`
+    characters; blank lines of a JSONL file are counted the same way. Task ids are
+    ``<source>-<row>`` with rows counted from 0 over the non-blank rows (unchanged by
+    skipping), or ``<source>-<id_key value>``.
 
     Args:
         path: the file.
         question_key: column holding the question or prompt.
         answer_key: column holding the answer (string, list, or ``<|answer_split|>``
-            joined aliases); None for research tasks.
+            joined aliases); the default ``"answer"`` also finds ``answers`` and
+            ``golden_answers`` (:data:`ANSWER_KEYS`); None for research tasks.
         id_key: column with an id (default: row number).
         kind: ``"qa"`` or ``"research"``.
         source: the set name (default: file stem).
 
     Raises:
-        ConfigError: unknown file type, or a missing column.
+        ConfigError: unknown file type, a missing column (the columns found are listed),
+            duplicate ids, or no usable row at all.
+        CorpusError: the file is not UTF-8 or not JSON (file and line named), or
+            ``datasets`` cannot read it.
     """
-    import datasets
+    import logging
 
     path = Path(path)
     fmt = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".tsv": "csv"}.get(path.suffix)
     if fmt is None:
         raise ConfigError(f"Cannot tell the format of {path}: expected .json, .jsonl, .csv, .tsv or .parquet.")
+    blank: list[int] = []
+    if path.suffix == ".jsonl":
+        rows = load_jsonl_strict(path, error=CorpusError, blank_lines=blank)
+        # messages name file lines: data row i is the i-th non-blank line
+        blank_set = set(blank)
+        line_of = [n for n in range(1, len(rows) + len(blank) + 1) if n not in blank_set]
+        unit, number = "line", (lambda i: line_of[i])
+        bad = [i for i, r in enumerate(rows) if not isinstance(r, dict)]
+        if bad:
+            raise CorpusError(f"{path}:{number(bad[0])} is a JSON {type(rows[bad[0]]).__name__}, not an object "
+                              f"{{\"{question_key}\": ..., \"{answer_key or 'answer'}\": ...}}.")
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    else:
+        rows, columns = _read_with_datasets(path, fmt, split)
+        unit, number = "row", (lambda i: i + 1)  # data rows, from 1
+    for key in (question_key, id_key):
+        if key is not None and key not in columns:
+            raise ConfigError(f"{path} has no column {key!r}; columns: {', '.join(map(str, columns)) or 'none'}.")
+    # the default answer column is the first of ANSWER_KEYS a row has (files may mix them)
+    answer_keys = [k for k in ANSWER_KEYS if k in columns] if answer_key == "answer" else [answer_key]
+    if answer_key is not None and not answer_keys:
+        answer_keys = [answer_key]
+    if answer_key is not None and answer_keys[0] not in columns:
+        wanted = " / ".join(map(repr, ANSWER_KEYS)) if answer_key == "answer" else repr(answer_key)
+        raise ConfigError(f"{path} has no answer column {wanted}; columns: {', '.join(map(str, columns)) or 'none'}. "
+                          "Every QA task needs its gold answers (research tasks: kind='research').")
+    source = source or path.stem
+    tasks: list[Task] = []
+    skipped: dict[str, list[int]] = {}
+    seen_ids: dict[str, int] = {}
+    for i, r in enumerate(rows):
+        q = r.get(question_key)
+        ans: Any = next((r[k] for k in answer_keys if r.get(k) is not None), None) if answer_key else []
+        if isinstance(ans, str):
+            ans = ans.split(ANSWER_SPLIT)
+        elif ans is not None and not isinstance(ans, (list, tuple)):
+            ans = [ans]
+        answers = _dedupe([a for a in (ans or []) if a is not None])
+        if not isinstance(q, str) or not q.strip():
+            skipped.setdefault("without a question", []).append(i)
+            continue
+        if len(q) > MAX_QUESTION_CHARS:
+            skipped.setdefault(f"with a question over {MAX_QUESTION_CHARS:,} characters", []).append(i)
+            continue
+        if answer_key and kind == "qa" and not answers:
+            skipped.setdefault("without an answer", []).append(i)
+            continue
+        tid = f"{source}-{r[id_key] if id_key else i}"
+        if tid in seen_ids:
+            raise ConfigError(f"{path}: {unit}s {number(seen_ids[tid])} and {number(i)} have the same id {tid!r}; task "
+                              "ids must be unique (a rerun resumes by task id).")
+        seen_ids[tid] = i
+        tasks.append(Task(task_id=tid, question=q.strip(), answers=answers, kind=kind, source=source))  # type: ignore[arg-type]
+    n_skipped = sum(len(v) for v in skipped.values())
+    if not tasks:
+        why = "; ".join(f"{len(v)} {k}" for k, v in skipped.items()) or "the file has no rows"
+        raise ConfigError(f"{path} holds no usable task ({why}).")
+    if n_skipped or blank:
+        parts = [f"{len(v)} {k} ({unit}{'s' if len(v) > 1 else ''} {_rows([number(i) for i in v])})"
+                 for k, v in skipped.items()]
+        if blank:
+            parts.append(f"{len(blank)} blank line{'s' if len(blank) > 1 else ''} ignored "
+                         f"(line{'s' if len(blank) > 1 else ''} {_rows(blank)})")
+        logging.getLogger(__name__).warning("%s: skipped %d of %d rows, %d task%s left: %s", path, n_skipped, len(rows),
+                                            len(tasks), "s" if len(tasks) != 1 else "", "; ".join(parts))
+    return tasks
+
+
+def _rows(numbers: list[int], most: int = 10) -> str:
+    """``[3, 8, 9]`` -> ``"3, 8, 9"``; long lists end with ``"... (+n more)"``."""
+    head = ", ".join(str(n) for n in numbers[:most])
+    return head + (f", ... (+{len(numbers) - most} more)" if len(numbers) > most else "")
+
+
+def _read_with_datasets(path: Path, fmt: str, split: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """Rows and columns of a json/csv/tsv/parquet file read by ``datasets`` (text files
+    are checked for UTF-8 first, so a bad byte is reported by line)."""
+    import datasets
+
+    from drgym.atomic import decode_line
+
+    if fmt in ("json", "csv"):
+        with open(path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                decode_line(raw, path, n, error=CorpusError)
     kw = {"delimiter": "\t"} if path.suffix == ".tsv" else {}
     try:
         ds = datasets.load_dataset(fmt, data_files=str(path), split=split, **kw)
     except Exception as e:  # datasets raises its own hierarchy for unreadable files
         cause = e.__cause__ or e
         raise CorpusError(f"Cannot read tasks from {path} as {fmt}: {type(cause).__name__}: {str(cause)[:300]}") from e
-    for key in (question_key, answer_key, id_key):
-        if key is not None and key not in ds.column_names:
-            raise ConfigError(f"{path} has no column {key!r}; columns: {', '.join(ds.column_names)}.")
-    source = source or path.stem
-    tasks = []
-    for i, r in enumerate(ds):
-        ans: Any = r[answer_key] if answer_key else []
-        if isinstance(ans, str):
-            ans = ans.split(ANSWER_SPLIT)
-        tasks.append(Task(task_id=f"{source}-{r[id_key] if id_key else i}", question=str(r[question_key]).strip(),
-                          answers=_dedupe(ans or []), kind=kind, source=source))  # type: ignore[arg-type]
-    return tasks
+    return [dict(r) for r in ds], list(ds.column_names)
 
 
 # -- name registry ---------------------------------------------------------------------

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 from drgym.corpus.urls import find_urls, strip_urls
-from drgym.errors import ConfigError, DrgymError
+from drgym.errors import ConfigError, DrgymError, ServiceUnavailableError
 from drgym.judges.base import Judge, JudgeRequest
 from drgym.judges.factory import require_judge
 from drgym.judges.prompts import CITATION_SUPPORT, CLAIM_EXTRACT, SUPPORT_VALUE
@@ -82,6 +82,8 @@ class CitationReward(Reward):
             try:
                 doc = self.backend.fetch(url)
                 pages[url] = strip_urls(f"{doc.title}\n{doc.text}")[: self.max_page_chars]
+            except ServiceUnavailableError:
+                raise  # the search server is down: no score, the run stops (not a page that failed)
             except (DrgymError, KeyError, OSError):
                 pages[url] = None
         return pages[url]

@@ -34,7 +34,7 @@ from typing import Any
 
 from drgym.rewards.citation import strip_urls
 
-from drgym.errors import ConfigError, DrgymError
+from drgym.errors import ConfigError, DrgymError, ServiceUnavailableError
 from drgym.judges.base import Judge, JudgeRequest
 from drgym.judges.factory import require_judge
 from drgym.judges.prompts import FACT_EXTRACT, FACT_VALIDATE
@@ -168,6 +168,8 @@ class FactReward(Reward):
     def _page(self, url: str) -> str | None:
         try:
             doc = self.backend.fetch(url)
+        except ServiceUnavailableError:
+            raise  # the search server is down: no score, the run stops (not a page that failed)
         except (DrgymError, KeyError, OSError):
             return None
         text = strip_urls(f"{doc.title}\n{doc.text}").strip()

@@ -236,5 +236,5 @@ def test_unknown_env_option_and_unreadable_tasks_are_named(default_engine, tmp_p
     junk = tmp_path / "t.jsonl"
     junk.write_text("junk\n")
     cfg = RolloutConfig(policy="scripted", n=1, out=str(tmp_path / "b"), tasks=str(junk))
-    with pytest.raises(CorpusError, match=r"Cannot read tasks from .*t\.jsonl as json"):
+    with pytest.raises(CorpusError, match=r"t\.jsonl:1 is not valid JSON \(Expecting value: column 1\)"):
         run_rollout(cfg, backend=default_engine, progress=False)

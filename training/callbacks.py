@@ -47,6 +47,51 @@ class JsonlLoggerCallback(TrainerCallback):
         append_jsonl(self.path, rec)
 
 
+class BatchLogCallback(TrainerCallback):
+    """Append the task ids each optimizer step's rollouts ran to ``batches.jsonl``
+    (``{"step", "task_ids"}``, in generation order), so that a resumed run can be checked
+    against an uninterrupted one: same questions, same order, from the step after the
+    checkpoint on.
+
+    Args:
+        rollout: the :class:`~drgym.training.rollout.SearchRolloutFunc` (its ``history``).
+        path: the JSONL file (appended atomically; a resumed run continues it).
+    """
+
+    def __init__(self, rollout, path: str | Path):
+        self.rollout = rollout
+        self.path = Path(path)
+        self._logged = 0
+
+    def on_step_end(self, args, state, control, **kwargs):
+        history = self.rollout.history
+        new, self._logged = history[self._logged:], len(history)
+        if new and state.is_world_process_zero:
+            append_jsonl(self.path, {"step": state.global_step, "task_ids": [t for call in new for t in call]})
+
+
+def last_complete_checkpoint(out: str | Path) -> str | None:
+    """The ``checkpoint-N`` folder of ``out`` with the highest N whose save finished.
+
+    The HF Trainer writes a checkpoint in place and its ``trainer_state.json`` last, so a
+    process killed while saving leaves a folder without it; such folders are skipped (with
+    a warning), where ``transformers``' ``get_last_checkpoint`` would pick them and the
+    resume would fail. None when there is no complete checkpoint.
+    """
+    import re
+
+    out = Path(out)
+    if not out.is_dir():
+        return None
+    found = sorted((int(m.group(1)), p) for p in out.iterdir()
+                   if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name)))
+    for _, p in reversed(found):
+        if (p / "trainer_state.json").is_file():
+            return str(p)
+        log.warning("%s is incomplete (no trainer_state.json: the run was killed while saving it); skipping it", p)
+    return None
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """Read ``metrics.jsonl``, merging the records of one step (later values win).
 

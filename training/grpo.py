@@ -91,6 +91,7 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import torch
     from drgym.training.callbacks import (
+        BatchLogCallback,
         EvalCallback,
         JsonlLoggerCallback,
         TrainingRecordCallback,
@@ -148,6 +149,7 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     else:
         dataset, table = build_dataset(train_tasks, env_factory, tok)
         rollout = SearchRolloutFunc(env_factory, table, cfg.rollout_settings())
+        callbacks.append(BatchLogCallback(rollout, Path(args.output_dir) / "batches.jsonl"))
         trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
                               processing_class=tok, callbacks=callbacks, rollout_func=rollout)
     monitor.trainer = trainer
@@ -181,8 +183,11 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
 
     Args:
         cfg: the run config.
-        resume: continue from the last ``checkpoint-N`` in ``output_dir`` (optimizer,
-            scheduler, RNG states and data order restored by the HF Trainer).
+        resume: continue from the last complete ``checkpoint-N`` in ``output_dir``
+            (optimizer, scheduler, RNG states and data order restored by the HF Trainer;
+            a checkpoint torn by a kill while saving is skipped). The next batch is the
+            one an uninterrupted run would have drawn (``batches.jsonl`` records each
+            step's task ids).
         max_steps: overrides ``grpo.max_steps``.
 
     Returns:
@@ -194,9 +199,8 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
     """
     import time
 
-    from transformers.trainer_utils import get_last_checkpoint
-
     from drgym.atomic import atomic_write_json
+    from drgym.training.callbacks import last_complete_checkpoint
 
     if not resume:
         refuse_earlier_run(Path(cfg.output_dir))
@@ -204,9 +208,9 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
     out = Path(trainer.args.output_dir)
     ckpt = None
     if resume:
-        ckpt = get_last_checkpoint(str(out)) if out.is_dir() else None
+        ckpt = last_complete_checkpoint(out)  # a checkpoint torn by a kill is skipped
         if ckpt is None:
-            raise ConfigError(f"--resume: no checkpoint-N folder in {out}.")
+            raise ConfigError(f"--resume: no complete checkpoint-N folder in {out}.")
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=ckpt)
     wall = time.perf_counter() - t0

@@ -253,11 +253,9 @@ def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None =
 
 
 def _last_checkpoint(out: Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+    from drgym.training.callbacks import last_complete_checkpoint
 
-    if not out.is_dir():
-        return None
-    return get_last_checkpoint(str(out))
+    return last_complete_checkpoint(out)  # a checkpoint torn by a kill is skipped
 
 
 def _tasks_for(cfg, ids: set[str]) -> dict[str, Any]:

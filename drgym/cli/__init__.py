@@ -54,7 +54,9 @@ def main() -> None:
 
     A :class:`~drgym.errors.DrgymError` that a command does not handle itself (a bad
     file, name or option) ends the command with a one-line ``error:`` and exit status 2,
-    not a traceback; anything else is a bug and keeps its traceback.
+    not a traceback; so does a file that cannot be written because its disk is full or
+    read-only, or permission is denied (:func:`write_failure_message`). Anything else is
+    a bug and keeps its traceback.
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -65,6 +67,42 @@ def main() -> None:
     except DrgymError as e:
         typer.echo(f"error: {e}", err=True)
         raise SystemExit(2) from None
+    except OSError as e:
+        msg = write_failure_message(e)
+        if msg is None:
+            raise
+        typer.echo(f"error: {msg}", err=True)
+        raise SystemExit(2) from None
+
+
+def write_failure_message(e: OSError) -> str | None:
+    """One line for a write that failed for a reason the user must fix (disk full,
+    read-only file system, permission denied), naming the file and what to do; None for
+    other errors.
+
+    Example: ``cannot write /data/drgym/indexes: Read-only file system (DRGYM_HOME is
+    /data/drgym: the file system is read-only, or point DRGYM_HOME at a writable folder
+    with room).``
+    """
+    import errno
+
+    from drgym.paths import home_path
+
+    hints = {
+        errno.ENOSPC: "the disk is full: free some space",
+        errno.EDQUOT: "the disk quota is exceeded: free some space",
+        errno.EROFS: "the file system is read-only",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+    }
+    if e.errno not in hints:
+        return None
+    home = home_path()
+    where = str(e.filename) if e.filename else "a file"
+    in_home = bool(e.filename) and os.path.abspath(str(e.filename)).startswith(os.path.abspath(str(home)) + os.sep)
+    fix = (f"DRGYM_HOME is {home}: {hints[e.errno]}, or point DRGYM_HOME at a writable folder with room"
+           if in_home or not e.filename else f"{hints[e.errno]}, or write somewhere else")
+    return f"cannot write {where}: {e.strerror or e} ({fix})."
 
 
 if __name__ == "__main__":

@@ -14,7 +14,12 @@ URL from ``DRGYM_JUDGE_BASE_URL`` / ``OPENAI_BASE_URL``), ``hf:/path/to/model``,
 the screen, the summary JSON and every per-item row say so).
 
 Outputs: a summary table (per system, per metric, each with its scale), per-item JSONL
-(``--out``) and a summary JSON (``--summary``), both written atomically.
+(``--out``) and a summary JSON (``--summary``), both written atomically, once, at the end.
+
+A judge endpoint that dies mid-run is retried with backoff (and waited for up to
+``reconnect_s`` once it has answered); if it stays down, the command stops with exit
+status 75, writes no output file, and rerunning it resumes: every valid verdict is in the
+judge cache, so only what is left is judged.
 """
 
 from __future__ import annotations
@@ -172,7 +177,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from drgym.atomic import atomic_write_json, atomic_write_text
-        from drgym.errors import ConfigError
+        from drgym.errors import ConfigError, ServiceUnavailableError
         from drgym.judges.base import judge_validity
         from drgym.judges.factory import make_judge
         from drgym.records import Episode
@@ -245,6 +250,15 @@ def register(app: typer.Typer) -> None:
         except ConfigError as e:
             console.print(f"[red]error:[/red] {e}")
             raise typer.Exit(2) from None
+        except ServiceUnavailableError as e:
+            # the judge (or the search server of citation/fact) stayed down: valid verdicts
+            # are in the cache, so a rerun judges only what is left
+            where = f"the verdict cache {j.cache.path}" if j.cache is not None else "no cache (--cache was off)"
+            console.print(f"[red]error:[/red] {e} -- evaluation stopped after {len(rows)} of {len(items)} reports; "
+                          f"every valid verdict so far is in {where}. Rerun the same "
+                          "command to resume once the endpoint is back (cached verdicts are not judged again); "
+                          "no output file was written.", soft_wrap=True)
+            raise typer.Exit(75) from None
         finally:
             j.close()
         summ = summarize(rows, ms)

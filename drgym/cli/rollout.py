@@ -8,6 +8,10 @@ import typer
 
 from drgym.evaluation.runner import DEFAULT_N
 
+EX_TEMPFAIL = 75
+"""Exit status of a run stopped because a service stayed down (sysexits.h EX_TEMPFAIL:
+a temporary failure; rerunning the same command resumes)."""
+
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to ``app``."""
@@ -34,16 +38,19 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Run a policy through a drgym env on real tasks; write config, trajectories, metrics and plots.
 
-        Rerunning the same command resumes: finished task ids are skipped.
+        Rerunning the same command resumes: finished task ids are skipped. If the search
+        server or the model/judge endpoint stays down through its retries, the run stops
+        with exit status 75 (EX_TEMPFAIL) and rerunning resumes it.
         """
         from rich.console import Console
 
-        from drgym.errors import DrgymError
+        from drgym.errors import DrgymError, ServiceUnavailableError
         from drgym.evaluation.metrics import rich_table
         from drgym.evaluation.runner import RolloutConfig, run_rollout
         from drgym.policies.factory import parse_options
 
         console = Console()
+        errors = Console(stderr=True, soft_wrap=True)  # one line per error, on stderr
         try:
             popts = parse_options(policy_opt)
             if max_new_tokens is not None:
@@ -71,8 +78,11 @@ def register(app: typer.Typer) -> None:
                 console.print(rich_table(res.metrics, title=f"{policy} (interrupted)"))
             console.print("[yellow]Interrupted: finished episodes are saved; rerun the same command to resume.[/]")
             raise typer.Exit(130)
+        except ServiceUnavailableError as e:  # a server stayed down: finished episodes are saved
+            errors.print(f"[red]error:[/] {e}")
+            raise typer.Exit(EX_TEMPFAIL)
         except DrgymError as e:
-            console.print(f"[red]error:[/] {e}")
+            errors.print(f"[red]error:[/] {e}")
             raise typer.Exit(2)
         m = res.metrics
         jm = m.get("judge_model") or {}

@@ -39,10 +39,20 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
         from rich.table import Table
 
-        from drgym.errors import DrgymError
-        from drgym.search.local import DEFAULT_METHOD
+        from drgym.errors import BadQueryError, DrgymError, unknown_name
+        from drgym.search.base import check_collapse
+        from drgym.search.local import DEFAULT_METHOD, METHODS
 
         try:
+            # checked before the index and the encoder load (the backend checks k <= max_k)
+            if k < 1:
+                raise BadQueryError(f"k must be between 1 and the backend's max_k (100 locally), got {k}.")
+            if not query.strip():
+                raise BadQueryError("the query is empty: a query needs at least one non-space character.")
+            if method is not None and method not in METHODS:
+                raise unknown_name("search method", method, METHODS)
+            if collapse is not None:
+                check_collapse(collapse)
             backend = _backend(corpus, index, method or DEFAULT_METHOD, server, collapse)
             results = backend.search(query, k)
         except DrgymError as e:

@@ -37,10 +37,21 @@ from drgym.types import Document
 FORMATS = ("wiki18", "web", "clueweb22", "hipporag", "ovos", "drgym")
 
 
-def _open_text(path: Path):
-    if path.suffix == ".gz":
-        return gzip.open(path, "rt", encoding="utf-8")
-    return open(path, encoding="utf-8")
+def _load_json(path: Path) -> Any:
+    """A whole JSON corpus file; not UTF-8 or not JSON is a CorpusError naming the place."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise CorpusError(f"{path}:{line} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                          "save the file as UTF-8.") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CorpusError(f"{path}:{e.lineno} is not valid JSON ({e.msg}: column {e.colno}).") from None
 
 
 @dataclass(frozen=True)
@@ -61,8 +72,10 @@ class Span:
 
 
 def _iter_jsonl(path: Path, span: Span | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    from drgym.atomic import decode_line
+
     if span is None:
-        f, lines = _open_text(path), None
+        f, lines = (gzip.open if path.suffix == ".gz" else open)(path, "rb"), None
     else:
         if path.suffix == ".gz":
             raise CorpusError(f"{path}: a gzip file cannot be read by byte range; read it whole.")
@@ -72,11 +85,7 @@ def _iter_jsonl(path: Path, span: Span | None = None) -> Iterator[tuple[int, dic
     with f:
         first = 1 if span is None else span.first
         for lineno, line in enumerate(lines if lines is not None else f, first):
-            if isinstance(line, bytes):
-                try:
-                    line = line.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise CorpusError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start}).") from e
+            line = decode_line(line, path, lineno, error=CorpusError)
             if not line.strip():
                 continue
             try:
@@ -160,9 +169,9 @@ def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span |
 
 
 def _web_row(row: dict[str, Any], i: int, source: str, where: str) -> Document:
-    text = row.get("text")
-    if text is None:
+    if "text" not in row:
         raise CorpusError(f"{where}: web rows need 'text', got keys {sorted(row)}.")
+    text = row["text"] if row["text"] is not None else ""  # no text: skipped and counted by the loader
     rid = row.get("id", i)
     title = str(row.get("title") or "")
     meta = {k: v for k, v in row.items() if k not in ("id", "url", "text", "title")}
@@ -238,8 +247,7 @@ def read_hipporag(path: str | os.PathLike, *, source: str = "hipporag") -> Itera
         CorpusError: the JSON has another shape.
     """
     path = Path(path)
-    with _open_text(path) as f:
-        data = json.load(f)
+    data = _load_json(path)
     if isinstance(data, dict):
         items = [(t, "".join(s) if isinstance(s, list) else str(s)) for t, s in data.items()]
     elif isinstance(data, list):
@@ -269,8 +277,7 @@ def read_ovos(path: str | os.PathLike, *, source: str = "ovos") -> Iterator[Docu
         CorpusError: the JSON is not a dict of records with ``title`` and ``extract``.
     """
     path = Path(path)
-    with _open_text(path) as f:
-        data = json.load(f)
+    data = _load_json(path)
     if not isinstance(data, dict):
         raise CorpusError(f"{path}: expected a JSON object of summaries, got {type(data).__name__}.")
     for i, rec in enumerate(data.values()):
@@ -335,8 +342,7 @@ def sniff_format(path: str | os.PathLike) -> str:
             return "clueweb22"
         return "web"
     if path.suffix in (".json",) or path.name.endswith(".json.gz"):
-        with _open_text(path) as f:
-            data = json.load(f)
+        data = _load_json(path)
         if isinstance(data, dict) and data and all(isinstance(v, dict) and "extract" in v for v in list(data.values())[:5]):
             return "ovos"
         return "hipporag"

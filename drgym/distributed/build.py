@@ -66,7 +66,7 @@ class UnitEncoder:
         self.max_tokens, self.overlap = max_tokens, overlap
 
     def __call__(self, batch: dict) -> dict:
-        out = {"no": [], "docs": [], "passages": [], "vectors": [], "n_live": [], "revision": []}
+        out = {"no": [], "docs": [], "passages": [], "vectors": [], "n_live": [], "revision": [], "skipped": []}
         for raw in batch["unit"]:
             unit = Unit.from_dict(json.loads(raw))
             eu = encode_unit(unit, self.encoder, max_tokens=self.max_tokens, overlap=self.overlap)
@@ -77,7 +77,9 @@ class UnitEncoder:
             out["vectors"].append(np.ascontiguousarray(eu.vectors, dtype=np.float32).tobytes())
             out["n_live"].append(eu.n_live)
             out["revision"].append(self.encoder.revision)
-        return {k: np.asarray(v, dtype=object) if k in ("docs", "passages", "vectors", "revision") else np.asarray(v)
+            out["skipped"].append(json.dumps(eu.skipped_no_text))
+        return {k: np.asarray(v, dtype=object) if k in ("docs", "passages", "vectors", "revision", "skipped")
+                else np.asarray(v)
                 for k, v in out.items()}
 
 
@@ -88,7 +90,7 @@ def _decode(row: dict, dim: int) -> EncodedUnit:
     docs = [Document.from_dict(d) for d in json.loads(row["docs"])]
     passages = [Passage(*p) for p in json.loads(row["passages"])]
     vecs = np.frombuffer(row["vectors"], dtype=np.float32).reshape(len(passages), dim)
-    return EncodedUnit(int(row["no"]), docs, passages, vecs, int(row["n_live"]))
+    return EncodedUnit(int(row["no"]), docs, passages, vecs, int(row["n_live"]), json.loads(row["skipped"]))
 
 
 def _run_shard(task: ShardTask) -> ShardInfo:

@@ -26,6 +26,10 @@ Definitions (every mean is over the episodes of the run, each episode weighted 1
 - ``wall_s_per_episode``: run wall time / episodes (episodes run in parallel batches,
   so this is the throughput figure, not one episode's latency); ``episode_latency_s``:
   mean time from an episode's reset to its end.
+- ``errors``: episodes in which a search or fetch failed (shown to the agent) or a model
+  request failed (the server refused it; its turn is an empty action). A search server
+  or model endpoint that is down stops the run instead (see
+  :mod:`drgym.evaluation.faults`), so such episodes are never counted here.
 - ``time_share``: shares of the summed per-episode timings (generation is split evenly
   over a batch's rows, but each env records the whole latency of its batched search, so
   search is over-weighted by the batch size); the runner's ``last_session`` entry holds
@@ -65,6 +69,14 @@ def episode_tokens(t: dict[str, Any]) -> tuple[int, int]:
     """``(prompt_tokens, completion_tokens)`` summed over the episode's turns."""
     usage = (t.get("metadata") or {}).get("usage") or []
     return (sum(int(u.get("prompt_tokens") or 0) for u in usage), sum(int(u.get("completion_tokens") or 0) for u in usage))
+
+
+def episode_has_error(t: dict[str, Any]) -> bool:
+    """True when a search/fetch of the episode failed (``steps[i].error``) or a model
+    request failed (a turn whose usage says ``finish == "error"``)."""
+    if any(s.get("error") for s in t.get("steps") or []):
+        return True
+    return any(u.get("finish") == "error" for u in (t.get("metadata") or {}).get("usage") or [] if isinstance(u, dict))
 
 
 JUDGED = ("judge", "llm_match", "race", "citation", "kpr", "quality", "fact")
@@ -126,7 +138,7 @@ def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None 
         "scores": scores,
         "timings_s": {k: round(v, 4) for k, v in timings.items()},
         "time_share": {k: (v / total_t if total_t else 0.0) for k, v in timings.items()},
-        "errors": sum(1 for t in trajectories if any(s.get("error") for s in t.get("steps") or [])),
+        "errors": sum(1 for t in trajectories if episode_has_error(t)),
     }
     if wall_s is not None:
         m["wall_s"] = round(wall_s, 3)
@@ -176,6 +188,9 @@ def rich_table(metrics: dict[str, Any], title: str = "rollout"):
         if k in ("em", "f1", "judge", "llm_match"):
             continue
         table.add_row(k, format_value(k, v))
+    for k in ("errors", "judge_failures"):  # shown when there are some
+        if metrics.get(k):
+            table.add_row(k.replace("_", " "), str(metrics[k]))
     share = (metrics.get("last_session") or {}).get("share") or metrics.get("time_share") or {}
     if share:
         table.add_row("wall time share", " ".join(f"{k} {100 * v:.0f}%" for k, v in share.items()))

@@ -14,6 +14,12 @@ Rerunning the same command resumes: task ids already in ``trajectories.jsonl`` a
 skipped, so an interrupted run (Ctrl-C, kill) loses only unfinished episodes. Episodes
 are stepped in batches through :class:`drgym.envs.driver.BatchedDriver` (one
 ``search_batch`` per turn).
+
+A search server, policy endpoint or judge endpoint that stays down through its client's
+retries stops the run with :class:`~drgym.errors.ServiceUnavailableError`; no episode
+that saw the failure is written, so a rerun redoes it (:mod:`drgym.evaluation.faults`).
+Options are checked before the index, the model or the judge is loaded
+(:func:`check_options`), so a typo costs no loading time.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from drgym.atomic import append_jsonl, atomic_write_json, read_jsonl
-from drgym.errors import ConfigError
+from drgym.errors import ConfigError, ServiceUnavailableError
 from drgym.policies.base import Conversation, Policy
 
 log = logging.getLogger(__name__)
@@ -130,6 +136,66 @@ class RolloutConfig:
             )
 
 
+def check_options(config: RolloutConfig, tasks: Sequence[Any] | None = None, *,
+                  policy: bool = True, backend: bool = True) -> None:
+    """Check a run's options before anything heavy is loaded (index, model, judge).
+
+    Checks the policy spec and its options (:func:`drgym.policies.factory.check_policy`),
+    the backend spec, the judge spec, the extra reward names, and the env options (by
+    building one env without a backend: Gymnasium envs validate their arguments in the
+    constructor, and drgym's build their backend on first use).
+
+    Args:
+        config: the run definition (already :meth:`RolloutConfig.validate`-d).
+        tasks: the run's tasks (None: a one-task stand-in, for the option check only).
+        policy: check ``config.policy`` (False when the caller passes a built policy).
+        backend: check ``config.backend`` (False when the caller passes a built backend).
+
+    Raises:
+        ConfigError: the first bad option, named.
+    """
+    import gymnasium as gym
+
+    import drgym.envs  # noqa: F401  (registers the ids)
+    from drgym.policies.factory import check_policy
+    from drgym.records import Task
+    from drgym.search.registry import check_spec
+
+    if policy:
+        check_policy(config.policy, dict(config.policy_options))
+    if backend:
+        check_spec(config.backend)
+    if config.judge is not None:
+        kind = str(config.judge).split(":", 1)[0].lower()
+        if kind not in ("hf", "openai"):
+            raise ConfigError(f"Unknown judge backend {kind!r} in {config.judge!r}: use 'hf:NAME' or 'openai:MODEL@BASE_URL'.")
+    if config.rewards:
+        from drgym.errors import unknown_name
+        from drgym.rewards.registry import reward_names
+
+        known = reward_names()
+        for r in config.rewards:
+            if r not in known:
+                raise unknown_name("reward", r, known)
+    env_kw = dict(config.env_options)
+    if config.max_turns is not None:
+        env_kw["max_turns"] = config.max_turns
+    probe_tasks = list(tasks) if tasks else [Task(task_id="probe", question="probe", answers=["probe"])]
+    try:
+        probe = gym.make(config.env, backend=None, tasks=probe_tasks, **env_kw)
+    except TypeError as e:
+        # An unknown env option (-e KEY=VALUE) reaches the env constructor; name it
+        # and the valid ones instead of dumping the kwargs.
+        import inspect
+
+        entry = gym.spec(config.env).entry_point
+        cls = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
+        valid = sorted(p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "backend", "tasks"))
+        bad = sorted(set(env_kw) - set(valid))
+        raise ConfigError(f"{config.env} has no option {', '.join(map(repr, bad)) or '?'}; env options: {', '.join(valid)}.") from e
+    probe.close()
+
+
 def default_run_name(env: str, tasks: str, policy: str) -> str:
     """``("drgym/SearchQA-v0", "hotpotqa-dev", "hf:smollm2")`` -> ``"searchqa-hotpotqa-dev-hf-smollm2"``."""
     e = env.split("/")[-1].lower()
@@ -200,8 +266,9 @@ def backend_fingerprint(backend: Any) -> dict[str, Any]:
 class _RecordingPolicy(Policy):
     """Wraps a policy: records per-episode token usage and generation time."""
 
-    def __init__(self, inner: Policy) -> None:
+    def __init__(self, inner: Policy, watch: Any = None) -> None:
         self.inner = inner
+        self.watch = watch  # a drgym.evaluation.faults.ServiceWatch: stop before acting on a dead service
         self.name = inner.name
         self.usage: dict[str, list[dict[str, Any]]] = {}
         self.gen_s: dict[str, float] = {}
@@ -209,6 +276,8 @@ class _RecordingPolicy(Policy):
         self.total_act_s = 0.0
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
+        if self.watch is not None:
+            self.watch.check()
         now = time.perf_counter()
         ids = [str((i or {}).get("episode_id", f"?{k}")) for k, i in enumerate(infos or [{}] * len(conversations))]
         for e in ids:
@@ -288,12 +357,18 @@ def run_rollout(
     Raises:
         ConfigError: bad config, or ``out`` holds a different run (same directory,
             different env/tasks/policy/backend/seed/options); pass ``fresh=True`` or
-            another ``out``.
+            another ``out``. Options are checked before anything is loaded.
+        ServiceUnavailableError: the search server, the policy's or the judge's endpoint
+            stayed down through its retries. The episodes finished before are saved (and
+            ``metrics.json`` covers them, with ``stopped`` set); the ones in progress are
+            not written, so rerunning resumes with them. The error's ``result`` attribute
+            is the :class:`RunResult` so far.
         KeyboardInterrupt: re-raised after the finished episodes and the metrics of the
             run so far are saved.
     """
     t_start = time.perf_counter()
     config.validate()
+    check_options(config, tasks, policy=policy is None, backend=backend is None)
     out = config.out_dir()
     traj_path = out / "trajectories.jsonl"
     cfg_path = out / "config.json"
@@ -325,6 +400,7 @@ def run_rollout(
     skipped = len(tasks) - len(todo)
 
     interrupted = False
+    stopped: ServiceUnavailableError | None = None
     session_phases: dict[str, Any] = {}
     new = 0
     setup_s = 0.0
@@ -336,6 +412,7 @@ def run_rollout(
 
         import drgym.envs  # noqa: F401
         from drgym.envs.driver import BatchedDriver
+        from drgym.evaluation.faults import ServiceWatch
         from drgym.policies.factory import describe_policy, make_policy
         from drgym.redact import redact
         from drgym.search.registry import get_backend
@@ -350,18 +427,9 @@ def run_rollout(
         if config.max_turns is not None:
             env_kw["max_turns"] = config.max_turns
         n_envs = min(config.batch_size, len(todo))
-        try:
-            envs = [gym.make(config.env, backend=be, tasks=tasks, **env_kw) for _ in range(n_envs)]
-        except TypeError as e:
-            # An unknown env option (-e KEY=VALUE) reaches the env constructor; name it
-            # and the valid ones instead of dumping the kwargs.
-            import inspect
-
-            entry = gym.spec(config.env).entry_point
-            cls = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry
-            valid = sorted(p for p in inspect.signature(cls.__init__).parameters if p not in ("self", "backend", "tasks"))
-            bad = sorted(set(env_kw) - set(valid))
-            raise ConfigError(f"{config.env} has no option {', '.join(map(repr, bad)) or '?'}; env options: {', '.join(valid)}.") from e
+        # the envs search through a watch that remembers a service failure (faults.py)
+        watch = ServiceWatch(be)
+        envs = [gym.make(config.env, backend=watch, tasks=tasks, **env_kw) for _ in range(n_envs)]
         raw0 = envs[0].unwrapped
         kind = getattr(raw0, "kind", "qa")
         extra_rewards = _reward_objects(config, kind, be)
@@ -416,9 +484,10 @@ def run_rollout(
         last_flush = [time.perf_counter()]
         bar = _Progress(len(tasks), skipped, enabled=progress, console=console, label=config.policy)
         driver = BatchedDriver(envs)
-        rec = _RecordingPolicy(pol)
+        rec = _RecordingPolicy(pol, watch)
 
         def flush(trajs: list[Any]) -> None:
+            watch.check()  # after a service failure no episode is written (a rerun redoes it)
             trajs = [t for t in trajs if t is not None and t.episode_id not in written and t.task_id in tasks_by_id]
             if not trajs:
                 return
@@ -445,6 +514,9 @@ def run_rollout(
             # so an interrupt loses no finished episode.
             jobs = [{"task_id": t.task_id} for t in todo]
             driver.run(rec, jobs, seed=config.seed, on_episode=lambda t: flush([t]))
+        except ServiceUnavailableError as e:  # a service stayed down: stop, keep what is finished
+            stopped = e
+            log.warning("stopping the run: %s", e)
         except KeyboardInterrupt:
             interrupted = True
             try:
@@ -471,6 +543,7 @@ def run_rollout(
     metrics["setup_s_last_session"] = round(setup_s, 3)
     metrics["wall_s_last_session"] = round(wall, 3)
     metrics["interrupted"] = interrupted
+    metrics["stopped"] = f"{type(stopped).__name__}: {stopped}" if stopped is not None else None
     metrics["tasks_total"] = len(tasks)
     metrics["last_session"] = session_phases
     if config.judge:
@@ -492,6 +565,13 @@ def run_rollout(
                        wall_s=wall, setup_s=setup_s, interrupted=interrupted)
     if interrupted:
         raise KeyboardInterrupt(result)
+    if stopped is not None:
+        from drgym.evaluation.faults import stopped_message
+
+        err = ServiceUnavailableError(stopped_message(stopped, saved=len(trajectories), total=len(tasks), new=new,
+                                                      path=traj_path))
+        err.result = result  # type: ignore[attr-defined]
+        raise err from stopped
     return result
 
 
@@ -523,6 +603,8 @@ def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _Re
         t0r = time.perf_counter()
         try:
             res = r.score(eps)
+        except ServiceUnavailableError:
+            raise  # the judge's endpoint is down: the run stops, these episodes are not written
         except Exception as e:  # a failing reward is recorded, the run goes on
             log.warning("reward %s failed: %s", getattr(r, "name", r), e)
             for t in trajs:

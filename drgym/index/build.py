@@ -30,12 +30,14 @@ write the same files.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
 import os
 import re
 import shutil
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -422,8 +424,14 @@ def build_index(
         A :class:`BuildResult`.
 
     Raises:
-        ConfigError: bad spec (factory string, shard size, name), or an empty corpus.
-        CorpusError: the corpus cannot be read, or repeats a doc_id.
+        ConfigError: bad spec (factory string, shard size, name), an empty corpus, or an
+            encoder that cannot be loaded here (checked before the corpus is read).
+        CorpusError: the corpus cannot be read (not UTF-8, not JSON: file and line
+            named), or repeats a doc_id (file and doc_id named). Documents with no text
+            are skipped and counted in one warning.
+        IndexMismatchError: the destination holds an index of a newer format.
+        OSError: ENOSPC naming the partial build folder when the disk filled up (free
+            space and rerun: the build resumes).
     """
     from drgym.paths import indexes_dir
 
@@ -433,6 +441,10 @@ def build_index(
     runner = runner or LocalRunner()
     timings: dict[str, float] = {}
 
+    if encoder is None:  # before the corpus is read: a missing model is reported at once
+        from drgym.embedding import check_encoder
+
+        check_encoder(spec.encoder)
     t = time.perf_counter()
     units, sources, label, fingerprint = _plan(spec, root, docs)
     timings["plan"] = time.perf_counter() - t
@@ -451,8 +463,14 @@ def build_index(
     folder = root / planned.name
     announce = (lambda m: print(m, flush=True)) if progress else None
 
+    # An identical index is reused before taking the lock (whose file needs a writable
+    # root): indexes on a read-only disk stay usable. A manifest of a newer format
+    # (IndexMismatchError) stops here with what to do.
+    existing = reusable_index(folder, planned, force)
+    if existing is not None:
+        return BuildResult(folder, existing, False, time.perf_counter() - t0)
     with build_lock(root, planned.name, announce=announce):
-        existing = reusable_index(folder, planned, force)
+        existing = reusable_index(folder, planned, force)  # built by another process while we waited
         if existing is not None:
             return BuildResult(folder, existing, False, time.perf_counter() - t0)
         state = {"identity": planned.identity(), "corpus_fingerprint": planned.corpus_fingerprint,
@@ -467,7 +485,11 @@ def build_index(
 
 def reusable_index(folder: Path, planned: IndexManifest, force: bool) -> IndexManifest | None:
     """The manifest of an index at ``folder`` that :func:`same_identity` finds equal to
-    ``planned`` and whose files are intact, or None (also with ``force``)."""
+    ``planned`` and whose files are intact, or None (also with ``force``).
+
+    Raises:
+        IndexMismatchError: the manifest there is of a newer format.
+    """
     if force or not (folder / "manifest.json").exists():
         return None
     try:
@@ -491,6 +513,9 @@ def build_into_place(root: Path, planned: IndexManifest, state: dict, units: lis
 
     Returns:
         ``(manifest, units resumed)``.
+
+    Raises:
+        OSError: ENOSPC naming the partial build folder when the disk filled up.
     """
     build_dir = root / f"{BUILD_PREFIX}{planned.name}"
     prepare_build_dir(build_dir, json.loads(json.dumps(state)), resume)
@@ -500,11 +525,30 @@ def build_into_place(root: Path, planned: IndexManifest, state: dict, units: lis
     except (ConfigError, CorpusError):
         shutil.rmtree(build_dir, ignore_errors=True)  # the input or spec is wrong: nothing to resume
         raise
-    except BaseException:
+    except BaseException as e:
         log.warning("build of %s stopped; the partial build in %s is resumed by running the same build again",
                     planned.name, build_dir)
+        if _disk_full(e, root):  # one line naming the folder, whichever library hit the full disk
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(build_dir)) from e
         raise
     return manifest, resumed
+
+
+def _disk_full(e: BaseException, root: Path) -> bool:
+    """True for a write that failed because the disk is full, whichever library raised it
+    (OSError ENOSPC from numpy, SQLite's "database or disk is full", FAISS's C++ error,
+    whose text does not say why: then less than 1 MiB left on ``root`` decides)."""
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if not isinstance(e, (OSError, RuntimeError, sqlite3.Error)):
+        return False
+    text = str(e).lower()
+    if "disk is full" in text or "no space left" in text:
+        return True
+    try:
+        return shutil.disk_usage(root).free < (1 << 20)
+    except OSError:
+        return False
 
 
 def prepare_build_dir(build_dir: Path, state: dict, resume: bool) -> None:
@@ -580,9 +624,19 @@ def run_build(build_dir: Path, planned: IndexManifest, units: list[Unit], ctx: B
                 print(f"resuming: {len(done)} of {len(units)} units already built", flush=True)
         t = time.perf_counter()
         n_live = 0
+        no_text: list[str] = []
         for eu in runner.encode_units(todo, ctx):
-            commit_unit(writer, build_dir, eu)
+            try:
+                commit_unit(writer, build_dir, eu)
+            except CorpusError as e:  # a duplicate doc_id: name the file it is in
+                where = units[eu.no].path if eu.no < len(units) and units[eu.no].path else planned.corpus
+                raise CorpusError(f"{where}: {e}") from None
             n_live += eu.n_live
+            no_text += eu.skipped_no_text
+        if no_text:
+            shown = ", ".join(repr(x) for x in no_text[:10]) + (f" and {len(no_text) - 10} more" if len(no_text) > 10 else "")
+            log.warning("%s: skipped %d document%s with no text: doc_ids %s", planned.corpus, len(no_text),
+                        "s" if len(no_text) > 1 else "", shown)
         timings["encode"] = time.perf_counter() - t
         manifest = finalize(build_dir, planned, writer, runner, timings, bm25=bm25, dense=dense, progress=ctx.progress)
         manifest.timings["passages_encoded_live"] = n_live

@@ -291,6 +291,9 @@ def import_index(
     planned.normalized = normalized
     planned.chunking = {"max_tokens": 0, "overlap": 0, "tokenizer": "", "encoder_max_length": enc.max_length,
                         "imported": "faiss" if faiss_index is not None else "npy"}
+    existing = reusable_index(root / planned.name, planned, force)  # before the lock: read-only disks work
+    if existing is not None:
+        return BuildResult(root / planned.name, existing, False, time.perf_counter() - t0)
     with build_lock(root, planned.name, announce=(lambda m: print(m, flush=True)) if progress else None):
         existing = reusable_index(root / planned.name, planned, force)
         if existing is not None:

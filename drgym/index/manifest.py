@@ -140,6 +140,8 @@ class IndexManifest:
         Raises:
             IndexNotFoundError: no manifest in ``folder``.
             CorruptIndexError: the manifest is not valid JSON or lacks fields.
+            IndexMismatchError: a newer ``format_version`` than :data:`FORMAT_VERSION`
+                (written by a newer drgym); the message says to upgrade or rebuild.
         """
         path = Path(folder) / MANIFEST
         if not path.exists():
@@ -150,6 +152,14 @@ class IndexManifest:
             raise CorruptIndexError(f"{path} is not valid JSON ({e}); rebuild the index.") from e
         if not isinstance(data, dict):
             raise CorruptIndexError(f"{path} must hold a JSON object, got {type(data).__name__}.")
+        version = data.get("format_version", FORMAT_VERSION)
+        if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+            from drgym import __version__
+
+            raise IndexMismatchError(
+                f"{path} is index format {version}, written by a newer drgym ({data.get('drgym_version', '?')}); "
+                f"drgym {__version__} reads format {FORMAT_VERSION}: upgrade drgym (pip install -U drgym), or "
+                "rebuild the index with this version (drgym index build --force).")
         return cls.from_dict(data)
 
     def check_files(self, folder: str | Path) -> None:

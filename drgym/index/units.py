@@ -19,7 +19,7 @@ makes the two builds give identical vectors.
 from __future__ import annotations
 
 import functools
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -253,6 +253,8 @@ class EncodedUnit:
         vectors: float32 ``(len(passages), dim)`` unit rows, or None (an import, whose
             vectors come from elsewhere).
         n_live: passages encoded live (the rest came from the shipped cache).
+        skipped_no_text: doc_ids of a corpus file's documents with no text, left out
+            (the builder counts them in one warning).
     """
 
     no: int
@@ -260,6 +262,7 @@ class EncodedUnit:
     passages: list
     vectors: np.ndarray | None
     n_live: int = 0
+    skipped_no_text: list[str] = field(default_factory=list)
 
 
 def encode_unit(unit: Unit, encoder=None, *, max_tokens: int = 0, overlap: int = 0,
@@ -282,11 +285,18 @@ def encode_unit(unit: Unit, encoder=None, *, max_tokens: int = 0, overlap: int =
     from drgym.corpus.chunking import split_documents
 
     docs = unit.read(memory_docs)
+    skipped: list[str] = []
+    # a user's corpus file: a document with no text is skipped and counted (not in an import,
+    # whose rows must line up with the imported vectors)
+    if encoder is not None and unit.kind in ("span", "file"):
+        skipped = [d.doc_id for d in docs if not (d.text and d.text.strip())]
+        if skipped:
+            docs = [d for d in docs if d.text and d.text.strip()]
     tok = encoder.tokenizer if encoder is not None else None
     passages = split_documents(docs, tok, max_tokens=max_tokens or None, overlap=overlap)
     if encoder is None:
-        return EncodedUnit(unit.no, docs, passages, None, 0)
+        return EncodedUnit(unit.no, docs, passages, None, 0, skipped)
     from drgym.embedding import embed_passages_cached
 
     vecs, n_live = embed_passages_cached(encoder, [p.embed_text for p in passages])
-    return EncodedUnit(unit.no, docs, passages, vecs, n_live)
+    return EncodedUnit(unit.no, docs, passages, vecs, n_live, skipped)

@@ -11,6 +11,13 @@ way: ``cxcscmu/deepresearch_benchmarking`` ``eval_kpr_async.py`` and
 
 - malformed JSON, missing or out-of-range fields, refusals (no JSON at all), timeouts
   and 429/5xx answers are retried with exponential backoff (tenacity);
+- an endpoint that cannot be reached at all (connection refused or reset) is retried
+  the same way, and, once it has answered before, for at least ``reconnect_s`` seconds
+  (a judge server being restarted); if it is still down, :meth:`Judge.judge_many`
+  raises :class:`JudgeUnavailableError` (a
+  :class:`~drgym.errors.ServiceUnavailableError`) instead of recording a failure per
+  request: ``drgym evaluate`` and ``drgym rollout`` stop, the verdicts so far are in the
+  cache, and rerunning the command resumes from there;
 - after ``max_attempts`` the request becomes a *recorded failure*: a
   :class:`JudgeResult` with ``ok == False`` and an ``error`` string. Rewards exclude it
   (score ``None``) and count it in ``RewardOutput.failures``; nothing crashes and
@@ -41,11 +48,10 @@ from pydantic import BaseModel, ValidationError
 from tenacity import (
     Retrying,
     retry_if_exception_type,
-    stop_after_attempt,
     wait_exponential,
 )
 
-from drgym.errors import ConfigError, JudgeError
+from drgym.errors import ConfigError, JudgeError, ServiceUnavailableError
 from drgym.judges.cache import VerdictCache
 
 log = logging.getLogger(__name__)
@@ -59,6 +65,15 @@ class JudgeOutputError(JudgeError):
 
 class JudgeTransportError(JudgeError):
     """The judge backend did not answer: timeout, connection error, HTTP 429/5xx (retryable)."""
+
+
+class JudgeUnreachableError(JudgeTransportError):
+    """The judge endpoint refused or dropped the connection (retryable; see ``reconnect_s``)."""
+
+
+class JudgeUnavailableError(ServiceUnavailableError, JudgeError):
+    """The judge endpoint stayed unreachable through its retries: the run stops (the
+    verdicts so far are cached, so rerunning the command resumes)."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -320,6 +335,9 @@ class Judge(abc.ABC):
         backoff_s: base of the exponential backoff between attempts, in seconds.
         max_concurrency: worker threads of :meth:`judge_many`.
         max_tokens: completion length limit, in tokens.
+        reconnect_s: once the endpoint has answered, an unreachable endpoint is retried
+            for at least this many seconds before :class:`JudgeUnavailableError`; None:
+            :func:`drgym.search.retry.default_reconnect_s` (60, or ``$DRGYM_RECONNECT_S``).
 
     Attributes:
         model_id: ``"<backend>:<model>"``, part of the cache key and of every score record.
@@ -340,6 +358,7 @@ class Judge(abc.ABC):
         backoff_s: float = 1.0,
         max_concurrency: int = 8,
         max_tokens: int = 1024,
+        reconnect_s: float | None = None,
     ) -> None:
         if n_samples < 1:
             raise ConfigError(f"n_samples must be >= 1, got {n_samples}.")
@@ -359,8 +378,15 @@ class Judge(abc.ABC):
         self.backoff_s = float(backoff_s)
         self.max_concurrency = int(max_concurrency)
         self.max_tokens = int(max_tokens)
+        if reconnect_s is None:
+            from drgym.search.retry import default_reconnect_s
+
+            reconnect_s = default_reconnect_s()
+        self.reconnect_s = float(reconnect_s)
         self.stats = {"calls": 0, "cache_hits": 0, "failures": 0, "retries": 0}
         self._stats_lock = threading.Lock()
+        self._answered = False  # the endpoint has answered once (then reconnect_s applies)
+        self._down: JudgeUnavailableError | None = None  # set once the endpoint is given up on
 
     # -- backend ------------------------------------------------------------------------
     @abc.abstractmethod
@@ -410,10 +436,13 @@ class Judge(abc.ABC):
         """Judge a batch concurrently; one :class:`JudgeResult` per request, in order.
 
         Never raises for a bad judge answer or a backend timeout: those become failed
-        results. Raises only for programming/config errors (a template input missing).
+        results. Raises for programming/config errors (a template input missing) and
+        :class:`JudgeUnavailableError` when the endpoint stays unreachable (the other
+        requests of the batch then stop at once; the next call tries the endpoint again).
         """
         if not requests:
             return []
+        self._down = None
         workers = min(max_concurrency or self.max_concurrency, len(requests))
         if workers == 1:
             out = []
@@ -475,6 +504,13 @@ class Judge(abc.ABC):
                     log.warning("cached verdict for %s no longer parses (%s); re-judging", req.template.tag, e)
             try:
                 verdict, raw, attempts = self._sample(req.template, messages, s)
+            except JudgeUnreachableError as e:
+                with self._stats_lock:
+                    if self._down is None:
+                        self._down = JudgeUnavailableError(
+                            f"judge {self.model_id} is unreachable: {e} (after {self.max_attempts} attempt(s)"
+                            + (f" and {self.reconnect_s:g} s of retries" if self._answered else "") + ")")
+                raise self._down from e
             except JudgeError as e:
                 self._bump("failures")
                 log.warning("judge %s failed on %s after %d attempts: %s", self.model_id, req.template.tag, self.max_attempts, e)
@@ -492,20 +528,35 @@ class Judge(abc.ABC):
                 )
         return res
 
+    def _stop(self, state: Any) -> bool:
+        """Tenacity stop rule: ``max_attempts`` tries; an unreachable endpoint that has
+        answered before is retried until ``reconnect_s`` have passed; a judge already
+        given up on (another request found it down) stops at once."""
+        if self._down is not None:
+            return True
+        if state.attempt_number < self.max_attempts:
+            return False
+        exc = state.outcome.exception() if state.outcome is not None else None
+        return not (isinstance(exc, JudgeUnreachableError) and self._answered
+                    and state.seconds_since_start < self.reconnect_s)
+
     def _sample(self, template: PromptTemplate, messages: Messages, sample: int) -> tuple[BaseModel, str, int]:
         retrying = Retrying(
-            stop=stop_after_attempt(self.max_attempts),
+            stop=self._stop,
             wait=wait_exponential(multiplier=self.backoff_s, max=30.0),
             retry=retry_if_exception_type((JudgeOutputError, JudgeTransportError)),
             reraise=True,
         )
         for attempt in retrying:
             with attempt:
+                if self._down is not None:
+                    raise JudgeUnreachableError(str(self._down))
                 n = attempt.retry_state.attempt_number
                 if n > 1:
                     self._bump("retries")
                 self._bump("calls")
                 raw = self.complete(messages, temperature=self.temperature, seed=sample, attempt=n, template=template)
+                self._answered = True
                 return parse_verdict(raw, template.verdict), raw, n
         raise AssertionError("unreachable")  # pragma: no cover
 

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 
 from drgym.errors import AuthError, ConfigError
-from drgym.judges.base import Judge, JudgeTransportError, Messages
+from drgym.judges.base import Judge, JudgeTransportError, JudgeUnreachableError, Messages
 
 
 class OpenAIJudge(Judge):
@@ -95,8 +95,8 @@ class OpenAIJudge(Judge):
             r = self.client.post("/chat/completions", json=body)
         except httpx.TimeoutException as e:
             raise JudgeTransportError(f"timeout after {self.timeout_s} s from {self.base_url}") from e
-        except httpx.HTTPError as e:
-            raise JudgeTransportError(f"{type(e).__name__} talking to {self.base_url}: {e}") from e
+        except httpx.HTTPError as e:  # refused, reset, dropped mid-answer: the endpoint is down
+            raise JudgeUnreachableError(f"{type(e).__name__} talking to {self.base_url}: {e}") from e
         if r.status_code in (401, 403):
             raise AuthError(f"judge endpoint {self.base_url} refused the key (HTTP {r.status_code}); set DRGYM_JUDGE_API_KEY.")
         if r.status_code == 429 or r.status_code >= 500:

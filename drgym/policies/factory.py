@@ -71,6 +71,48 @@ def _accepts(cls: type, kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+_POLICY_CLASSES = {"hf": ("drgym.policies.hf", "HFPolicy"), "openai": ("drgym.policies.openai", "OpenAIPolicy"),
+                   "vllm": ("drgym.policies.vllm", "VLLMPolicy"), "scripted": ("drgym.policies.scripted", "ScriptedPolicy")}
+
+
+def _policy_class(kind: str) -> type:
+    import importlib
+
+    module, name = _POLICY_CLASSES[kind]
+    return getattr(importlib.import_module(module), name)
+
+
+def check_policy(spec: str, options: dict[str, Any] | None = None) -> None:
+    """Check a policy spec and its options without building the policy (no model load,
+    no connection), so that ``drgym rollout`` refuses a typo before loading anything.
+
+    Checks the kind, the option names (against the policy's constructor), the
+    ``openai:`` URL, and for ``hf:`` (and a ``rag:`` reader) that a model folder exists
+    and, offline, that a hub name is in the local Hugging Face cache
+    (:func:`drgym.models.check_lm`).
+
+    Raises:
+        ConfigError: what :func:`make_policy` would raise for these arguments, naming
+            the bad part.
+    """
+    kind, arg = split_spec(spec)
+    options = dict(options or {})
+    if kind == "rag":
+        unknown = [k for k in options if k not in RAG_OPTIONS]
+        reader_spec = arg if ":" in arg and arg.split(":", 1)[0].lower() in ("hf", "openai", "vllm") else f"hf:{arg}"
+        check_policy(reader_spec, {k: v for k, v in options.items() if k in unknown})
+        return
+    _accepts(_policy_class(kind), options)
+    if kind == "openai":
+        from drgym.policies.openai import parse_spec
+
+        parse_spec(arg)
+    elif kind == "hf":
+        from drgym.models import check_lm
+
+        check_lm(arg)
+
+
 def make_policy(spec: str, **options: Any) -> Policy:
     """Build the policy named by ``spec`` (see the module table).
 

@@ -2,9 +2,15 @@
 
 Works with ``vllm serve``, OpenAI, OpenRouter, llama.cpp's server... Requests of one
 batch run concurrently on a thread pool over one pooled ``httpx.Client``; transport
-errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff (tenacity),
-then the turn becomes an empty action recorded with ``finish="error"`` (the env turns it
-into a corrective observation; a remote failure never kills the rollout).
+errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff (tenacity):
+``retries`` attempts, and once the server has answered, for at least ``reconnect_s``
+seconds (a restarting server). If the endpoint still fails, :meth:`OpenAIPolicy.act`
+raises :class:`~drgym.errors.ServiceUnavailableError`: an unreachable model cannot act,
+so the rollout stops (finished episodes are kept; rerunning resumes) instead of
+recording turns the model never wrote. A request the server refuses (HTTP 4xx, e.g. a
+prompt over the context length) or a malformed completion is that turn's failure: an
+empty action with ``finish="error"`` in its usage (the env shows a corrective
+observation, and the run counts it in ``errors``).
 
 Native function calling (the request's ``tools`` field) is used when ``tools`` is
 ``"auto"`` or True; a server that rejects ``tools`` with HTTP 400 switches the policy to
@@ -21,7 +27,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from drgym.errors import BackendUnavailableError, ConfigError
+from drgym.errors import BackendUnavailableError, ConfigError, ServiceUnavailableError
 from drgym.policies.base import Conversation, Policy
 from drgym.policies.generation import DEFAULT_STOPS, Timer, Usage, close_open_tag
 
@@ -78,6 +84,9 @@ class OpenAIPolicy(Policy):
         concurrency: requests in flight at once.
         timeout: seconds per request.
         retries: attempts per request (>= 1).
+        reconnect_s: once the server has answered, a request failing for transport
+            reasons (refused, timeout, 429/5xx) is retried for at least this many seconds;
+            None: :func:`drgym.search.retry.default_reconnect_s` (60, or ``$DRGYM_RECONNECT_S``).
         stops: stop strings in text mode (the server drops them; they are re-appended).
         extra_body: extra JSON fields merged into each request (e.g. vLLM's
             ``{"top_k": 1}``).
@@ -100,6 +109,7 @@ class OpenAIPolicy(Policy):
         concurrency: int = 8,
         timeout: float = 60.0,
         retries: int = 4,
+        reconnect_s: float | None = None,
         stops: tuple[str, ...] | list[str] = DEFAULT_STOPS,
         extra_body: dict[str, Any] | None = None,
     ) -> None:
@@ -121,6 +131,13 @@ class OpenAIPolicy(Policy):
         self.concurrency = int(concurrency)
         self.timeout = float(timeout)
         self.retries = int(retries)
+        if reconnect_s is None:
+            from drgym.search.retry import default_reconnect_s
+
+            reconnect_s = default_reconnect_s()
+        self.reconnect_s = float(reconnect_s)
+        self._answered = False  # the server has answered once (then reconnect_s applies)
+        self._down: ServiceUnavailableError | None = None  # set when the endpoint is given up on
         self.stops = tuple(stops)
         self.extra_body = dict(extra_body or {})
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
@@ -138,7 +155,8 @@ class OpenAIPolicy(Policy):
         """Settings recorded in run configs (never the API key)."""
         return {"kind": "openai", "model": self.model, "base_url": self.base_url, "tools": self.tools_mode,
                 "max_tokens": self.max_tokens, "temperature": self.temperature, "concurrency": self.concurrency,
-                "timeout": self.timeout, "retries": self.retries, "stops": list(self.stops)}
+                "timeout": self.timeout, "retries": self.retries, "reconnect_s": self.reconnect_s,
+                "stops": list(self.stops)}
 
     # -- message conversion -----------------------------------------------------------------
     def to_api_messages(self, conversation: Conversation) -> list[dict[str, Any]]:
@@ -193,18 +211,28 @@ class OpenAIPolicy(Policy):
 
     # -- requests ---------------------------------------------------------------------------
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST one chat completion with retries.
+
+        Raises:
+            ServiceUnavailableError: still unreachable, timing out or answering 429/5xx
+                (or invalid JSON) after ``retries`` attempts (and ``reconnect_s`` once the
+                server has answered before).
+            BackendUnavailableError: HTTP 4xx (not retried).
+        """
         import httpx
         from tenacity import (
-            retry,
+            Retrying,
             retry_if_exception_type,
             stop_after_attempt,
+            stop_after_delay,
             wait_exponential,
         )
 
-        @retry(stop=stop_after_attempt(self.retries), wait=wait_exponential(multiplier=0.5, max=8),
-               retry=retry_if_exception_type((httpx.TransportError, _Retryable)), reraise=True)
         def go() -> dict[str, Any]:
+            if self._down is not None:  # another request of this batch gave up on the server
+                raise self._down
             r = self._client.post("/chat/completions", json=body)
+            self._answered = True
             if r.status_code == 429 or r.status_code >= 500:
                 raise _Retryable(f"HTTP {r.status_code}: {r.text[:200]}")
             if r.status_code >= 400:
@@ -214,7 +242,21 @@ class OpenAIPolicy(Policy):
             except ValueError as e:
                 raise _Retryable(f"invalid JSON from server: {r.text[:200]}") from e
 
-        return go()
+        stop: Any = stop_after_attempt(self.retries)
+        if self._answered and self.reconnect_s > 0:
+            stop = stop & stop_after_delay(self.reconnect_s)
+        retrying = Retrying(stop=stop, wait=wait_exponential(multiplier=0.5, max=8),
+                            retry=retry_if_exception_type((httpx.TransportError, _Retryable)), reraise=True)
+        try:
+            return retrying(go)
+        except (httpx.TransportError, _Retryable) as e:
+            made = retrying.statistics.get("attempt_number") or self.retries
+            err = ServiceUnavailableError(
+                f"policy endpoint {self.base_url}/chat/completions failed {made} attempt(s): {type(e).__name__}: {e}")
+            with self._lock:
+                if self._down is None:
+                    self._down = err
+            raise err from e
 
     def _one(self, conversation: Conversation) -> tuple[str, Usage]:
         with Timer() as t:
@@ -228,6 +270,8 @@ class OpenAIPolicy(Policy):
             body.update(self.extra_body)
             try:
                 data = self._post(body)
+            except ServiceUnavailableError:
+                raise  # the endpoint is down: act() ends the run
             except BackendUnavailableError as e:
                 if self.native_tools and self.tools_mode == "auto" and "400" in str(e):
                     log.warning("server refused the tools field (%s); switching to text tags", e)
@@ -235,7 +279,7 @@ class OpenAIPolicy(Policy):
                         self.native_tools = False
                     return self._one(conversation)
                 return self._fail(e)
-            except Exception as e:  # retries exhausted
+            except Exception as e:  # an unexpected failure of this one request
                 return self._fail(e)
         try:
             choice = data["choices"][0]
@@ -258,7 +302,7 @@ class OpenAIPolicy(Policy):
     def _fail(self, e: Exception) -> tuple[str, Usage]:
         with self._lock:
             self.n_errors += 1
-        log.warning("chat completion failed after %d attempts: %s", self.retries, e)
+        log.warning("chat completion failed: %s: %s", type(e).__name__, e)
         return "", Usage(finish="error", extra={"error": str(e)[:300]})
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
@@ -266,8 +310,14 @@ class OpenAIPolicy(Policy):
 
         Returns:
             The assistant text, or the JSON of ``{"content", "tool_calls"}`` when the
-            model called a tool natively; ``""`` for a request that failed after retries.
+            model called a tool natively; ``""`` for a request the server refused (its
+            usage has ``finish="error"``).
+
+        Raises:
+            ServiceUnavailableError: the endpoint stayed unreachable (see the module doc);
+                the other requests of the batch stop at once.
         """
+        self._down = None  # a new batch tries the server again
         results = list(self._pool.map(self._one, conversations))
         self.last_usage = [u for _, u in results]
         return [a for a, _ in results]

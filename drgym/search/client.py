@@ -19,7 +19,11 @@ encoder call; against other servers it runs ``/search`` calls in a thread pool.
 
 Transient failures (HTTP 429 honouring ``Retry-After``, 5xx, timeouts, connection
 errors) are retried with exponential backoff (:func:`drgym.search.retry.send_with_retries`,
-tenacity), then raised as :class:`BackendUnavailableError`. 400/422 raise
+tenacity), then raised as :class:`~drgym.errors.ServiceUnavailableError` (which ends a
+rollout run: see :mod:`drgym.evaluation.runner`). Before the server has answered once,
+``attempts`` tries are made (a wrong URL fails in seconds); once it has answered, failures
+are retried for at least ``reconnect_s`` seconds, so a server that is killed and restarted
+mid-run is waited for and the run goes on. 400/422 raise
 :class:`BadQueryError`, 404 on a fetch :class:`DocumentNotFoundError`, 401/403
 :class:`AuthError` with the server's detail.
 """
@@ -41,10 +45,11 @@ from drgym.errors import (
     ConfigError,
     DocumentNotFoundError,
     SearchError,
+    ServiceUnavailableError,
 )
 from drgym.redact import scrub
 from drgym.search.base import COLLAPSE_MODES, SearchBackend, check_collapse
-from drgym.search.retry import send_with_retries
+from drgym.search.retry import default_reconnect_s, send_with_retries
 from drgym.search.wire import decode_b64_json
 from drgym.types import Document, SearchResult
 
@@ -103,6 +108,10 @@ class HTTPSearchClient(SearchBackend):
         backoff_s: first retry delay in seconds (doubles per retry, jittered).
         max_backoff_s: cap of one retry delay.
         max_retry_after_s: longest ``Retry-After`` honoured; longer fails at once.
+        reconnect_s: once the server has answered, a failing request is retried for at
+            least this many seconds (a restarting server); 0 keeps ``attempts`` only;
+            None reads :func:`drgym.search.retry.default_reconnect_s` (60 s, or
+            ``$DRGYM_RECONNECT_S``).
         route: search route, ``"/search"`` (ClueWeb22) or ``"/fineweb/search"``.
         fetch_url: root of the fetch service when it is not ``base_url`` (the public
             DeepResearchGym runs ``/fetch`` as a separate service).
@@ -133,6 +142,7 @@ class HTTPSearchClient(SearchBackend):
         backoff_s: float = 0.5,
         max_backoff_s: float = 8.0,
         max_retry_after_s: float = 60.0,
+        reconnect_s: float | None = None,
         route: str = "/search",
         fetch_url: str | None = None,
         drgym: bool | None = None,
@@ -158,6 +168,8 @@ class HTTPSearchClient(SearchBackend):
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.max_retry_after_s = max_retry_after_s
+        self.reconnect_s = default_reconnect_s() if reconnect_s is None else float(reconnect_s)
+        self._answered = False  # the server has answered once (then reconnect_s applies)
         self.max_k = max_k
         self.workers = max(1, workers)
         self.retrieve_chunk = max(1, retrieve_chunk)
@@ -181,13 +193,18 @@ class HTTPSearchClient(SearchBackend):
     # -- HTTP --------------------------------------------------------------------------
     def _send(self, method: str, url: str, **kw: Any) -> httpx.Response:
         try:
-            return send_with_retries(
+            resp = send_with_retries(
                 self._client, method, url, backend=self.name, env_var=API_KEY_ENV_VARS[0],
                 attempts=self.attempts, backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s,
-                max_retry_after_s=self.max_retry_after_s, **kw,
+                max_retry_after_s=self.max_retry_after_s, min_elapsed_s=self.reconnect_s if self._answered else 0.0,
+                **kw,
             )
         except RuntimeError as e:  # the client was closed
             raise BackendUnavailableError(f"{self.name}: client is closed ({e}).") from e
+        except BackendUnavailableError as e:  # retries spent: the service itself is down
+            raise ServiceUnavailableError(str(e)) from e
+        self._answered = True
+        return resp
 
     def credentials(self) -> tuple[str, ...]:
         """The ``x-api-key`` sent, if any (see :meth:`SearchBackend.credentials`)."""
@@ -214,7 +231,7 @@ class HTTPSearchClient(SearchBackend):
         detected once, which also adopts the server's ``max_k``.
 
         Raises:
-            BackendUnavailableError: the server cannot be reached.
+            ServiceUnavailableError: the server cannot be reached.
         """
         with self._lock:
             if self._drgym is None:
@@ -241,7 +258,7 @@ class HTTPSearchClient(SearchBackend):
             server sends none) and ranks 1..n; empty or ``_error`` entries are skipped.
 
         Raises:
-            BadQueryError, AuthError, BackendUnavailableError, SearchError (see module doc).
+            BadQueryError, AuthError, ServiceUnavailableError (retries spent), BackendUnavailableError (a malformed answer), SearchError (see module doc).
         """
         self.check_request([query], k)
         params: dict[str, Any] = {"query": query, "k": k, "with_distance": "true"}
@@ -325,7 +342,7 @@ class HTTPSearchClient(SearchBackend):
 
         Raises:
             DocumentNotFoundError: HTTP 404 (the server's detail is in the message).
-            AuthError, BackendUnavailableError, SearchError.
+            AuthError, ServiceUnavailableError, BackendUnavailableError, SearchError.
         """
         if not isinstance(url, str) or not url.strip():
             raise DocumentNotFoundError(f"URL not found: {url!r} (empty URL).")

@@ -138,6 +138,26 @@ def _build_live(spec: str, kind: str, kwargs: dict[str, Any]) -> SearchBackend:
     return HTTPSearchClient(spec.strip(), **kwargs)
 
 
+def check_spec(spec: str) -> None:
+    """Check a backend spec without building the backend (no index load, no connection).
+
+    Raises:
+        ConfigError: unknown spec, a mode prefix without its file or backend, or a
+            ``replay:`` recording that does not exist.
+    """
+    from urllib.parse import urlparse
+
+    mode, store, inner = split_mode(spec)
+    if mode == "replay" and not Path(str(store)).exists():
+        raise ConfigError(f"replay: no recording at {store}.")
+    if inner is None:
+        return
+    if _kind(inner) == "http":
+        u = urlparse(inner.strip())
+        if not u.netloc:
+            raise ConfigError(f"backend URL {inner!r} has no host; give e.g. 'http://127.0.0.1:8000'.")
+
+
 def _replay_max_k(kind: str) -> int:
     if kind in ("serper", "tavily", "brave"):
         from drgym.search.web import WEB_BACKENDS

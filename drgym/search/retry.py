@@ -28,10 +28,37 @@ from typing import Any
 import httpx
 import tenacity
 
-from drgym.errors import AuthError, BackendUnavailableError
+from drgym.errors import AuthError, BackendUnavailableError, ConfigError
 from drgym.redact import header_secrets, scrub
 
 log = logging.getLogger(__name__)
+
+RECONNECT_ENV = "DRGYM_RECONNECT_S"
+DEFAULT_RECONNECT_S = 60.0
+
+
+def default_reconnect_s() -> float:
+    """How long a client keeps retrying a service that answered before and then went
+    away (a server being restarted), in seconds: ``$DRGYM_RECONNECT_S``, else 60.
+
+    Used by the HTTP search client, the ``openai:`` policy and the OpenAI-compatible
+    judge when their ``reconnect_s`` is not given.
+
+    Raises:
+        ConfigError: the variable is not a number >= 0.
+    """
+    import os
+
+    raw = os.environ.get(RECONNECT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_RECONNECT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise ConfigError(f"{RECONNECT_ENV} must be a number of seconds >= 0, got {raw!r}.")
+    return value
 
 
 class RetryableHTTPError(BackendUnavailableError):
@@ -95,6 +122,7 @@ def send_with_retries(
     backoff_s: float = 0.5,
     max_backoff_s: float = 20.0,
     max_retry_after_s: float = 60.0,
+    min_elapsed_s: float = 0.0,
     stream: bool = False,
     **request_kwargs: Any,
 ) -> httpx.Response:
@@ -109,6 +137,9 @@ def send_with_retries(
         backoff_s: first backoff in seconds; doubles per retry (plus up to ``backoff_s``
             of jitter), capped at ``max_backoff_s``.
         max_retry_after_s: the longest ``Retry-After`` honoured; a longer one fails at once.
+        min_elapsed_s: keep retrying until at least this many seconds have passed since
+            the first try, even after ``attempts`` tries (e.g. to wait for a server that
+            answered before and is being restarted); 0 stops after ``attempts``.
         stream: return a streaming response (the caller must close it).
         request_kwargs: passed to ``client.build_request`` (``headers``, ``params``, ``json``).
 
@@ -119,7 +150,8 @@ def send_with_retries(
     Raises:
         AuthError: 401 or 403.
         BackendUnavailableError: still 429/5xx, timing out or unreachable after
-            ``attempts`` tries (or a Retry-After beyond ``max_retry_after_s``).
+            ``attempts`` tries and ``min_elapsed_s`` seconds (or a Retry-After beyond
+            ``max_retry_after_s``); the message gives the number of tries made.
     """
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}.")
@@ -167,8 +199,11 @@ def send_with_retries(
             )
         return resp
 
+    stop: Any = tenacity.stop_after_attempt(attempts)
+    if min_elapsed_s > 0:
+        stop = stop & tenacity.stop_after_delay(min_elapsed_s)
     retrying = tenacity.Retrying(
-        stop=tenacity.stop_after_attempt(attempts),
+        stop=stop,
         wait=wait,
         retry=tenacity.retry_if_exception(should_retry),
         before_sleep=before_sleep,
@@ -176,19 +211,19 @@ def send_with_retries(
     )
     try:
         return retrying(once)
-    except RetryableHTTPError as e:
-        if e.retry_after is not None and e.retry_after > max_retry_after_s:
-            raise RetryableHTTPError(
-                f"{e} — gave up: the server asks to wait longer than max_retry_after_s={max_retry_after_s:g} s.",
-                e.status,
-                e.retry_after,
-            ) from e
-        raise RetryableHTTPError(f"{e} — still failing after {attempts} attempt(s).", e.status, e.retry_after) from e
-    except httpx.TimeoutException as e:
-        raise BackendUnavailableError(
-            f"{backend}: {method} {url} timed out ({type(e).__name__}) on all {attempts} attempt(s)."
-        ) from e
-    except httpx.TransportError as e:
-        raise BackendUnavailableError(
-            f"{backend}: could not reach {url} ({type(e).__name__}: {e}) after {attempts} attempt(s)."
-        ) from e
+    except (RetryableHTTPError, httpx.TransportError) as e:  # TransportError covers the timeouts
+        made = int(retrying.statistics.get("attempt_number") or attempts)
+        tries = f"{made} attempt(s)"
+        if min_elapsed_s > 0:
+            tries += f" over {float(retrying.statistics.get('delay_since_first_attempt') or 0.0):.0f} s"
+        if isinstance(e, RetryableHTTPError):
+            if e.retry_after is not None and e.retry_after > max_retry_after_s:
+                raise RetryableHTTPError(
+                    f"{e} — gave up: the server asks to wait longer than max_retry_after_s={max_retry_after_s:g} s.",
+                    e.status,
+                    e.retry_after,
+                ) from e
+            raise RetryableHTTPError(f"{e} — still failing after {tries}.", e.status, e.retry_after) from e
+        if isinstance(e, httpx.TimeoutException):
+            raise BackendUnavailableError(f"{backend}: {method} {url} timed out ({type(e).__name__}) on all {tries}.") from e
+        raise BackendUnavailableError(f"{backend}: could not reach {url} ({type(e).__name__}: {e}) after {tries}.") from e
