@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import math
@@ -372,23 +373,22 @@ def _plan(spec: IndexSpec, root: Path, docs: list[Document] | None) -> tuple[lis
     if docs is not None or spec.corpus in NAMED:
         units, sources, label = plan_units(spec.corpus, spec.format, chunk_docs=spec.chunk_docs, docs=docs)
         return units, sources, label, corpus_fingerprint(docs if docs is not None else _named(spec.corpus))
+    from drgym.index.units import corpus_files, source_stat
+
     p = Path(spec.corpus).expanduser()
-    if p.exists():
-        from drgym.index.units import corpus_files, source_stat
-
-        sources = [source_stat(f) for f in corpus_files(p)]
-        key = json.dumps([source_key(sources), spec.format, spec.chunk_docs])
-        import hashlib
-
-        cache = root / ".plans" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
-        if cache.exists():
-            try:
-                d = json.loads(cache.read_text())
-                return [Unit.from_dict(u) for u in d["units"]], d["sources"], d["label"], ""
-            except (ValueError, KeyError, TypeError) as e:
-                log.warning("ignoring unreadable plan cache %s (%s)", cache, e)
+    if not p.exists():
+        return (*plan_units(spec.corpus, spec.format, chunk_docs=spec.chunk_docs), "")  # raises: unknown corpus
+    sources = [source_stat(f) for f in corpus_files(p)]
+    key = json.dumps([source_key(sources), spec.format, spec.chunk_docs])
+    cache = root / ".plans" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+    if cache.exists():
+        try:
+            d = json.loads(cache.read_text())
+            return [Unit.from_dict(u) for u in d["units"]], d["sources"], d["label"], ""
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("ignoring unreadable plan cache %s (%s)", cache, e)
     units, sources, label = plan_units(spec.corpus, spec.format, chunk_docs=spec.chunk_docs)
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):  # a read-only root: plan again next time
         atomic_write_json(cache, {"units": [u.to_dict() for u in units], "sources": sources, "label": label}, indent=None)
     return units, sources, label, ""
 
