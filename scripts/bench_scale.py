@@ -462,26 +462,34 @@ def _stage(argv: list[str]) -> None:
 
 
 def table(res: dict) -> str:
-    """Markdown table of a result JSON (the README's Scale table)."""
+    """Markdown tables of a result JSON (the README's Scale tables): the import (docstore,
+    embeddings) per size, then each FAISS index and search setting."""
     gb = lambda b: f"{b / 2**30:.2f}" if b else "-"  # noqa: E731
-    lines = ["| N | index | build (s) | index GB | docstore GB | build peak RSS GB | 1 query p50 / p99 (ms) | 64 queries p50 / p99 (ms) | recall@10 | search RSS GB |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for key in sorted(res["sizes"], key=int):
+    ms = lambda s, k: f"{s[k + '_p50']:.1f} / {s[k + '_p99']:.1f}"  # noqa: E731
+    sizes = sorted(res["sizes"], key=int)
+    out = ["| N | import (s) | import peak RSS GB | docstore GB | float16 embeddings GB | BM25 build (s) | BM25 peak RSS GB | BM25 index GB |",
+           "|---|---|---|---|---|---|---|---|"]
+    for key in sizes:
+        imp, bm = res["sizes"][key].get("import", {}), res["sizes"][key].get("bm25", {})
+        out.append(f"| {int(key):,} | {imp.get('seconds', '-')} | {gb(imp.get('peak_rss_mb', 0) * 2**20)} "
+                   f"| {gb(imp.get('docstore_bytes'))} | {gb(imp.get('embeddings_bytes'))} | {bm.get('seconds', '-')} "
+                   f"| {gb(bm.get('peak_rss_mb', 0) * 2**20)} | {gb(bm.get('index_bytes'))} |")
+    out += ["", "| N | index (search setting) | FAISS build (s) | build peak RSS GB | index GB | 1 query p50 / p99 (ms) "
+                "| 64 queries p50 / p99 (ms) | recall@10 | search peak RSS GB |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for key in sizes:
         r = res["sizes"][key]
-        imp = r.get("import", {})
         for label, s in r.get("search", {}).items():
-            if "error" in s:
-                lines.append(f"| {int(key):,} | {label} | error: {s['error'][:60]} | | | | | | | |")
-                continue
             fam = "IVF-PQ" if label.startswith("IVF-PQ") else label
             d = r.get("dense", {}).get(fam, {})
             name = d.get("factory", fam) + ("" if label == fam else " (" + label.split(" ", 1)[1] + ")")
-            lines.append(
-                f"| {int(key):,} | {name} | {d.get('seconds', '-')} | {gb(d.get('index_bytes'))} | {gb(imp.get('docstore_bytes'))} "
-                f"| {max(d.get('peak_rss_mb', 0), imp.get('peak_rss_mb', 0)) / 1024:.2f} "
-                f"| {s['single_ms_p50']} / {s['single_ms_p99']} | {s['batch64_ms_p50']} / {s['batch64_ms_p99']} "
-                f"| {s['recall@10']} | {s['peak_rss_mb'] / 1024:.2f} |")
-    return "\n".join(lines)
+            if "error" in s:
+                out.append(f"| {int(key):,} | {name} | error: {s['error'][:80]} | | | | | | |")
+                continue
+            out.append(f"| {int(key):,} | {name} | {d.get('seconds', '-')} | {gb(d.get('peak_rss_mb', 0) * 2**20)} "
+                       f"| {gb(d.get('index_bytes'))} | {ms(s, 'single_ms')} | {ms(s, 'batch64_ms')} "
+                       f"| {s['recall@10']:.3f} | {gb(s['peak_rss_mb'] * 2**20)} |")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
