@@ -375,9 +375,13 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=90.0, help="seconds per latency measurement (min 20 singles, 3 batches)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder of each size")
     ap.add_argument("--table", type=Path, help="print the README table of a result JSON and exit")
+    ap.add_argument("--paper", type=Path, help="print the README's extrapolation to wiki-18 and ClueWeb22-B and exit")
     a = ap.parse_args()
     if a.table:
         print(table(json.loads(a.table.read_text())))
+        return
+    if a.paper:
+        print(paper(json.loads(a.paper.read_text())))
         return
     res = json.loads(a.out.read_text()) if a.out.exists() else {}
     import faiss
@@ -489,6 +493,101 @@ def table(res: dict) -> str:
             out.append(f"| {int(key):,} | {name} | {d.get('seconds', '-')} | {gb(d.get('peak_rss_mb', 0) * 2**20)} "
                        f"| {gb(d.get('index_bytes'))} | {ms(s, 'single_ms')} | {ms(s, 'batch64_ms')} "
                        f"| {s['recall@10']:.3f} | {gb(s['peak_rss_mb'] * 2**20)} |")
+    return "\n".join(out)
+
+
+# -- on paper: wiki-18 and ClueWeb22-B ------------------------------------------------------
+
+ASSUMED = {
+    # Not measured here (no GPU on the benchmark machine): encoding throughput per GPU.
+    "e5-base-v2 passages/s per A100 (fp16, 100-word passages)": 2000,
+    "MiniCPM-Embedding-Light documents/s per A100 (fp16, 512 tokens)": 300,
+    # ClueWeb22-B clean text per document (the docstore keeps it whole); set your own.
+    "ClueWeb22-B text bytes per document": 5000,
+}
+TARGETS = [
+    # name, vectors, dim, shards, factory family, vectors' text bytes (None: as the bench's 100-word passages),
+    # encoder throughput key
+    ("wiki-18, one machine (`auto`: IVF-PQ)", 21_015_324, 768, 1, "IVF-PQ", None,
+     "e5-base-v2 passages/s per A100 (fp16, 100-word passages)"),
+    ("wiki-18, Search-R1's `e5_Flat.index` imported", 21_015_324, 768, 1, "Flat", None,
+     "e5-base-v2 passages/s per A100 (fp16, 100-word passages)"),
+    ("wiki-18, 4 Ray shards (IVF-PQ)", 21_015_324, 768, 4, "IVF-PQ", None,
+     "e5-base-v2 passages/s per A100 (fp16, 100-word passages)"),
+    ("ClueWeb22-B, 4 Ray shards (IVF-PQ), one vector a document", 87_000_000, 1024, 4, "IVF-PQ",
+     "ClueWeb22-B text bytes per document", "MiniCPM-Embedding-Light documents/s per A100 (fp16, 512 tokens)"),
+]
+
+
+def paper(res: dict) -> str:
+    """The README's extrapolation: per-shard figures of the largest measured size scaled to
+    wiki-18 (21,015,324 passages, e5-base-v2, 768-d) and ClueWeb22-B (87M documents,
+    MiniCPM-Embedding-Light, 1024-d, one vector a document as DeepResearchGym embeds them).
+
+    Scaling rules (stated in the README): index memory from the factory's bytes per vector;
+    Flat search time ∝ rows x dim; IVF-PQ search time ∝ rows x code bytes (drgym's
+    ``nprobe = nlist/16`` scans 1/16 of a shard's codes); IVF-PQ build time ∝
+    rows x nlist x dim (coarse assignment); docstore bytes = measured bytes per passage
+    beyond the passage text + the text; encoding from :data:`ASSUMED` GPU throughputs.
+    """
+    import re as _re
+
+    sys.path.insert(0, str(REPO))
+    from drgym.index.build import ivfpq_factory
+
+    key = max((k for k, r in res["sizes"].items() if "Flat" in r.get("search", {}) and "IVF-PQ" in r.get("search", {})
+               and "error" not in r["search"]["IVF-PQ"]), key=int)
+    r = res["sizes"][key]
+    n0, shards0 = int(key), int(r["import"]["shards"])
+    rows0, d0 = n0 / shards0, res["settings"]["dim"]
+    flat_ms0 = r["search"]["Flat"]["single_ms_p50"] / shards0  # shards are searched one after the other
+    ivf_ms0 = r["search"]["IVF-PQ"]["single_ms_p50"] / shards0
+    ivf_fac0 = r["dense"]["IVF-PQ"]["factory"]
+    nlist0, m0 = (int(x) for x in _re.fullmatch(r"IVF(\d+),PQ(\d+)", ivf_fac0).groups())
+    ivf_build0 = float(np.mean(r["dense"]["IVF-PQ"]["seconds_per_shard"]))
+    text0 = r["gen"]["corpus_bytes"] / n0 - 30  # JSONL minus the {"id", "contents"} wrapping
+    doc_over = r["import"]["docstore_bytes"] / n0 - text0
+    gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
+    rows = {k: [] for k in ("vectors, dim", "shards x vectors", "FAISS index", "RAM per shard (index)",
+                            "float16 embeddings per shard (disk, page cache)", "docstore (disk)",
+                            "tie ranks (router, memory-mapped)", "encoding (assumed GPU throughput)",
+                            "FAISS build per shard (2 CPU cores, scaled)", "search per shard, 1 query (1 core, scaled)")}
+    heads = []
+    for name, n, d, shards, fam, text_key, enc_key in TARGETS:
+        heads.append(name)
+        rows_s = n / shards
+        rows["vectors, dim"].append(f"{n:,}, {d}")
+        rows["shards x vectors"].append(f"{shards} x {rows_s / 1e6:,.2f}M")
+        if fam == "Flat":  # memory-mapped (DenseIndex mmap=True): page cache rather than private RAM
+            fac, ram = "Flat", 4 * d * rows_s
+            ms = flat_ms0 * rows_s / rows0 * d / d0
+            build = "append only (minutes)"
+        else:
+            fac = ivfpq_factory(int(rows_s), d)
+            nlist, m = (int(x) for x in _re.fullmatch(r"IVF(\d+),PQ(\d+)", fac).groups())
+            ram = (m + 8) * rows_s + 4 * d * nlist + 4 * 256 * d
+            ms = ivf_ms0 * rows_s / rows0 * m / m0
+            hours = ivf_build0 * (rows_s * nlist * d) / (rows0 * nlist0 * d0) / 3600
+            build = f"{hours:,.0f} h (a GPU cuts the k-means and assignment)"
+        text = ASSUMED[text_key] if text_key else text0
+        rows["FAISS index"].append(fac)
+        rows["RAM per shard (index)"].append(gb(ram))
+        rows["float16 embeddings per shard (disk, page cache)"].append(
+            gb(2 * d * rows_s) if fam != "Flat" else f"none (the {gb(4 * d * rows_s)} FAISS file holds the vectors)")
+        rows["docstore (disk)"].append(gb(n * (doc_over + text)))
+        rows["tie ranks (router, memory-mapped)"].append(gb(8 * n))
+        rate = ASSUMED[enc_key]
+        rows["encoding (assumed GPU throughput)"].append(
+            f"{n / rate / 3600:,.1f} GPU-hours: {n / rate / 3600 / 8:,.1f} h on 8 GPUs")
+        rows["FAISS build per shard (2 CPU cores, scaled)"].append(build)
+        rows["search per shard, 1 query (1 core, scaled)"].append(f"{ms:,.0f} ms")
+    out = [f"Measured basis: {n0:,} vectors in {shards0} shard(s) of {rows0 / 1e6:g}M, {d0}-d, "
+           f"Flat {flat_ms0:.1f} ms and {ivf_fac0} {ivf_ms0:.2f} ms per shard and query, {ivf_fac0} build "
+           f"{ivf_build0:,.0f} s per shard, docstore {doc_over:,.0f} bytes per passage beyond its text "
+           f"(load average {r['search']['Flat'].get('load_avg', ['?'])[0]} during the search runs).", "",
+           "| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for k, v in rows.items():
+        out.append(f"| {k} | " + " | ".join(v) + " |")
     return "\n".join(out)
 
 
