@@ -225,10 +225,6 @@ class DocStore:
                 out[r[0]] = PassageRecord(*r)
         return out
 
-    def iter_passage_ids(self) -> list[str]:
-        """All passage_ids in row order (used to rank rows by passage_id for tie-breaks)."""
-        return [r[0] for r in self._query("SELECT passage_id FROM passages ORDER BY row")]
-
     def __len__(self) -> int:
         return self.n_documents
 

@@ -20,7 +20,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import gymnasium as gym
-from drgym.envs.parsing import PROTOCOLS, TOOL_NAMES, ParsedAction, parse_action
+from drgym.envs.parsing import PROTOCOLS, ParsedAction, Parser
+from drgym.envs.tools import DEFAULT_TOOLS, Tool
 from drgym.envs.prompts import (
     build_messages,
     corrective_message,
@@ -36,7 +37,6 @@ from drgym.errors import ConfigError, unknown_name
 from drgym.records import Episode, Reward, Step, Task, ToolCall, Trajectory
 from drgym.search.base import SearchBackend
 from drgym.search.registry import get_backend
-from drgym.types import Document, SearchResult
 
 logger = logging.getLogger(__name__)
 
@@ -48,23 +48,32 @@ MAX_OBS_CHARS = 1_000_000
 
 @dataclass
 class PendingStep:
-    """Phase one of a step: the parsed action and the backend calls it needs.
+    """Phase one of a step: the parsed action and the tool calls it needs.
 
     Attributes:
         parsed: the parsed action.
-        queries: search queries to run, in call order (one ``search_batch`` for all).
-        urls: URLs to fetch, in call order.
+        calls: tool name -> its arguments to run, in call order (one batched
+            :meth:`~drgym.envs.tools.Tool.call_batch` per tool).
         k: top-k for the searches.
         refused: call index -> reason, for calls not run (budget spent, last turn).
         started: ``time.perf_counter()`` at :meth:`SearchAgentEnv.begin_step`.
     """
 
     parsed: ParsedAction
-    queries: list[str] = field(default_factory=list)
-    urls: list[str] = field(default_factory=list)
+    calls: dict[str, list[str]] = field(default_factory=dict)
     k: int = 3
     refused: dict[int, str] = field(default_factory=dict)
     started: float = 0.0
+
+    @property
+    def queries(self) -> list[str]:
+        """The search queries (``calls["search"]``)."""
+        return self.calls.get("search", [])
+
+    @property
+    def urls(self) -> list[str]:
+        """The URLs to fetch (``calls["fetch"]``)."""
+        return self.calls.get("fetch", [])
 
 
 class SearchAgentEnv(gym.Env[str, str]):
@@ -95,6 +104,8 @@ class SearchAgentEnv(gym.Env[str, str]):
         format_penalty: subtracted from the final reward once per invalid action (>= 0).
         system_prompt: replaces the default system prompt.
         render_mode: None or ``"ansi"`` (``render()`` returns the conversation as text).
+        tools: the :class:`~drgym.envs.tools.Tool` objects the agent may call (default
+            search, fetch, answer); a tool's budget is its ``budget(env)``.
     """
 
     metadata = {"render_modes": ["ansi"], "render_fps": 1}
@@ -121,6 +132,7 @@ class SearchAgentEnv(gym.Env[str, str]):
         format_penalty: float = 0.0,
         system_prompt: str | None = None,
         render_mode: str | None = None,
+        tools: Sequence[Tool] = DEFAULT_TOOLS,
     ) -> None:
         if protocol not in ("tags", "json"):
             raise ConfigError(f"protocol must be 'tags' or 'json', got {protocol!r}.")
@@ -152,6 +164,8 @@ class SearchAgentEnv(gym.Env[str, str]):
         self.max_total_obs_tokens = max_total_obs_tokens
         self.top_k = top_k
         self.max_action_chars = max_action_chars
+        self.tools: dict[str, Tool] = {t.name: t for t in tools}
+        self.parser = Parser(tuple(self.tools.values()), self.accept, max_action_chars)
         self.format_penalty = float(format_penalty)
         self.system_prompt = system_prompt
         self.render_mode = render_mode
@@ -240,8 +254,7 @@ class SearchAgentEnv(gym.Env[str, str]):
         self._episode_id = f"{task.task_id}-{int(self.np_random.integers(2**62)):016x}"
         self._messages = self.initial_messages(task)
         self._turn = 0
-        self._searches = 0
-        self._fetches = 0
+        self._used: dict[str, int] = {}  # tool name -> calls run this episode
         self._invalid = 0
         self._obs_tokens = 0
         self._final_answer: str | None = None
@@ -264,26 +277,20 @@ class SearchAgentEnv(gym.Env[str, str]):
     def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Run one agent turn with the env's own backend (see :meth:`begin_step`, :meth:`end_step`)."""
         pending = self.begin_step(action)
-        search_out: Any = None
-        fetch_out: list[Any] = []
-        if pending.queries:
+        results: dict[str, Any] = {}
+        for name, args in pending.calls.items():
             try:
-                search_out = self.backend.search_batch(pending.queries, pending.k)
+                results[name] = self.tools[name].call_batch(self.backend, args, k=pending.k)
             except Exception as e:  # recorded and shown to the agent, never raised
-                search_out = e
-        for url in pending.urls:
-            try:
-                fetch_out.append(self.backend.fetch(url))
-            except Exception as e:
-                fetch_out.append(e)
-        return self.end_step(pending, search_out, fetch_out)
+                results[name] = e
+        return self.end_step(pending, results)
 
     def begin_step(self, action: str | dict[str, Any]) -> PendingStep:
-        """Phase one: parse ``action`` and list the searches and fetches to run.
+        """Phase one: parse ``action`` and list the tool calls to run.
 
-        Budgets are charged here: a search or fetch beyond ``max_searches`` /
-        ``max_fetches``, or on the last turn, is refused (not run) and explained in the
-        observation.
+        Budgets are charged here: a call beyond its tool's budget (``max_searches``,
+        ``max_fetches``...), or any tool call on the last turn, is refused (not run) and
+        explained in the observation.
 
         Raises:
             gymnasium.error.ResetNeeded: the episode is over (or never started).
@@ -291,41 +298,35 @@ class SearchAgentEnv(gym.Env[str, str]):
         if self._done or self._task is None:
             raise ResetNeeded("The episode is over: call reset() before step().")
         t0 = time.perf_counter()
-        parsed = parse_action(action, allowed=TOOL_NAMES, protocols=self.accept, max_chars=self.max_action_chars)
+        parsed = self.parser.parse(action)
         pending = PendingStep(parsed=parsed, k=min(self.top_k, self.backend.max_k), started=t0)
         last_turn = self._turn + 1 >= self.max_turns
         for i, call in enumerate(parsed.calls):
-            if call.name == "search":
-                if last_turn:
-                    pending.refused[i] = "This was the last turn, so the search was not run; no answer was given."
-                elif self._searches >= self.max_searches:
-                    pending.refused[i] = f"Search budget spent ({self.max_searches} searches); give your answer now."
-                else:
-                    self._searches += 1
-                    pending.queries.append(call.arguments["query"])
-            elif call.name == "fetch":
-                if last_turn:
-                    pending.refused[i] = "This was the last turn, so the fetch was not run; no answer was given."
-                elif self._fetches >= self.max_fetches:
-                    pending.refused[i] = f"Fetch budget spent ({self.max_fetches} fetches); give your answer now."
-                else:
-                    self._fetches += 1
-                    pending.urls.append(call.arguments["url"])
+            tool = self.tools.get(call.name)
+            if tool is None or tool.terminal:
+                continue
+            budget = tool.budget(self)
+            if last_turn:
+                pending.refused[i] = f"This was the last turn, so the {tool.name} was not run; no answer was given."
+            elif budget is not None and self._used.get(tool.name, 0) >= budget:
+                pending.refused[i] = f"{tool.label} budget spent ({budget} {tool.plural}); give your answer now."
+            else:
+                self._used[tool.name] = self._used.get(tool.name, 0) + 1
+                pending.calls.setdefault(tool.name, []).append(call.arguments[tool.argument])
         return pending
 
     def end_step(
         self,
         pending: PendingStep,
-        search_results: list[list[SearchResult]] | BaseException | None = None,
-        fetch_results: Sequence[Document | BaseException] | None = None,
+        results: dict[str, list[Any] | BaseException | None] | None = None,
     ) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        """Phase two: turn the backend results into the observation, reward and info.
+        """Phase two: turn the tool results into the observation, reward and info.
 
         Args:
             pending: what :meth:`begin_step` returned for this env.
-            search_results: one result list per ``pending.queries`` entry (in order), or
-                the exception the backend raised for the batch.
-            fetch_results: one Document or exception per ``pending.urls`` entry.
+            results: tool name -> one result per ``pending.calls[name]`` entry (in
+                order; an entry may be the exception of that call), or the exception the
+                tool raised for the whole batch.
 
         Returns:
             ``(observation, reward, terminated, truncated, info)``. ``reward`` is 0.0
@@ -333,47 +334,42 @@ class SearchAgentEnv(gym.Env[str, str]):
         """
         t_backend_done = time.perf_counter()
         parsed = pending.parsed
-        fetch_results = list(fetch_results or [])
+        results = results or {}
         self._turn += 1
         self._messages.append(parsed.message)
         step_results: list[dict[str, Any]] = []
         errors: list[str] = []
         pieces: list[tuple[ToolCall, str]] = []  # (call, text) per call
-        q_i = u_i = 0
+        seen: dict[str, int] = {}
         terminated = False
         for i, call in enumerate(parsed.calls):
+            tool = self.tools.get(call.name)
             if call.name == "invalid":
                 self._invalid += 1
                 pieces.append((call, corrective_message(call.error or "unknown problem.", "tags" if call.protocol == "tags" else "json")))
-            elif call.name == "answer":
-                self._final_answer = call.arguments["answer"]
+            elif tool is not None and tool.terminal:
+                self._final_answer = call.arguments[tool.argument]
                 terminated = True
             elif i in pending.refused:
                 pieces.append((call, pending.refused[i]))
-            elif call.name == "search":
-                res = search_results
-                if isinstance(res, BaseException) or res is None or q_i >= len(res):
-                    err = res if isinstance(res, BaseException) else RuntimeError("no result returned for this query")
-                    msg = f"Search failed: {type(err).__name__}: {err}"
+            elif tool is not None:
+                res = results.get(call.name)
+                j = seen.get(call.name, 0)
+                seen[call.name] = j + 1
+                if isinstance(res, BaseException):
+                    item: Any = res
+                elif res is None or j >= len(res):
+                    item = RuntimeError(tool.missing)
+                else:
+                    item = res[j]
+                if isinstance(item, BaseException):
+                    msg = f"{tool.label} failed: {type(item).__name__}: {item}"
                     errors.append(msg)
                     pieces.append((call, msg))
                 else:
-                    docs = [r.to_dict() for r in res[q_i]]
+                    docs = tool.to_docs(item)
                     step_results.extend(docs)
                     text, _ = self.format_results(call, docs)
-                    pieces.append((call, text))
-                q_i += 1
-            elif call.name == "fetch":
-                doc = fetch_results[u_i] if u_i < len(fetch_results) else RuntimeError("no document returned")
-                u_i += 1
-                if isinstance(doc, BaseException):
-                    msg = f"Fetch failed: {type(doc).__name__}: {doc}"
-                    errors.append(msg)
-                    pieces.append((call, msg))
-                else:
-                    d = doc.to_dict()
-                    step_results.append(d)
-                    text, _ = self.format_results(call, [d])
                     pieces.append((call, text))
 
         obs = self._observe(parsed, pieces, terminated)
@@ -392,20 +388,21 @@ class SearchAgentEnv(gym.Env[str, str]):
         traj = self._traj
         assert traj is not None
         latency = t_backend_done - pending.started
+        ran = any(pending.calls.values())
         traj.steps.append(Step(
             action=parsed.raw,
             tool_calls=list(parsed.calls),
             observation=obs,
             results=step_results,
-            latency_s=latency if (pending.queries or pending.urls) else 0.0,
+            latency_s=latency if ran else 0.0,
             error="; ".join(errors) or None,
         ))
-        if pending.queries or pending.urls:
+        if ran:
             traj.timings["search"] += latency
         reward = 0.0
         if self._done:
             reward = self._finish(terminated, truncated)
-        traj.timings["env"] += time.perf_counter() - t_backend_done + (0.0 if (pending.queries or pending.urls) else latency)
+        traj.timings["env"] += time.perf_counter() - t_backend_done + (0.0 if ran else latency)
         info = self._info(parsed, step_results, "; ".join(errors) or None)
         if self._done:
             info["final_answer"] = self._final_answer
@@ -413,18 +410,57 @@ class SearchAgentEnv(gym.Env[str, str]):
             info["trajectory"] = traj
         return obs, reward, terminated, truncated, info
 
+    def end_episode(self) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """End the running episode as truncated without another agent turn.
+
+        For a caller whose own budget ran out (the GRPO rollout's token caps): the
+        episode is finished and scored as if a budget of the env had truncated it.
+
+        Returns:
+            ``(observation, reward, False, True, info)`` as the last :meth:`step` would.
+
+        Raises:
+            gymnasium.error.ResetNeeded: the episode is over (or never started).
+        """
+        if self._done or self._task is None:
+            raise ResetNeeded("The episode is over: call reset() before end_episode().")
+        self._done = True
+        reward = self._finish(False, True)
+        traj = self._traj
+        assert traj is not None
+        info = self._info(None, [], None)
+        info["final_answer"] = self._final_answer
+        info["reward_components"] = dict(traj.reward_components)
+        info["trajectory"] = traj
+        return self._last_obs, reward, False, True, info
+
     # -- internals -------------------------------------------------------------------
     def _observe(self, parsed: ParsedAction, pieces: list[tuple[ToolCall, str]], terminated: bool) -> str:
         """Append the env's messages for this turn and return the observation text."""
         if not pieces:
             return ""
-        structured = parsed.protocol in ("json", "openai") and all(c.call_id for c, _ in pieces)
-        if structured:
-            texts = []
+        declared = [tc["id"] for tc in parsed.message.get("tool_calls") or []]
+        if declared:
+            # OpenAI's pairing rule: exactly one tool message per declared id, in order.
+            # A call that expanded to several (a `queries` list) gets one reply holding
+            # every result; errors that belong to no declared call (a <tool_call> block
+            # that is not a call) open the first reply; a declared call with no text of
+            # its own (the whole turn was refused) gets those errors.
+            own: dict[str, list[tuple[ToolCall, str]]] = {d: [] for d in declared}
+            names = {tc["id"]: tc["function"]["name"] for tc in parsed.message["tool_calls"]}
+            loose: list[str] = []
             for call, text in pieces:
-                name = call.name if call.name != "invalid" else "error"
-                self._messages.append({"role": "tool", "tool_call_id": call.call_id, "name": name, "content": text})
-                texts.append(text)
+                if call.call_id in own:
+                    own[call.call_id].append((call, text))
+                else:
+                    loose.append(text)
+            texts = []
+            for n, d in enumerate(declared):
+                mine = [self._labelled(c, t) if len(own[d]) > 1 else t for c, t in own[d]]
+                parts = mine if (n and mine) else loose + mine
+                content = "\n\n".join(parts) or "This call was not run."
+                self._messages.append({"role": "tool", "tool_call_id": d, "name": names[d], "content": content})
+                texts.append(content)
             return "\n\n".join(texts)
         body = "\n".join(text for _, text in pieces)
         if all(c.name == "invalid" for c, _ in pieces):
@@ -434,6 +470,14 @@ class SearchAgentEnv(gym.Env[str, str]):
         self._messages.append({"role": "user", "content": obs})
         return obs
 
+    def _labelled(self, call: ToolCall, text: str) -> str:
+        """``text`` headed by the call it answers (``Search 'Berlin':``), for a reply that
+        holds the results of several queries of one call."""
+        tool = self.tools.get(call.name)
+        if tool is None or tool.argument not in call.arguments:
+            return text
+        return f"{tool.label} {call.arguments[tool.argument]!r}:\n{text}"
+
     def _finish(self, terminated: bool, truncated: bool) -> float:
         traj = self._traj
         assert traj is not None and self._task is not None
@@ -441,12 +485,13 @@ class SearchAgentEnv(gym.Env[str, str]):
         traj.terminated = terminated
         traj.truncated = truncated
         traj.metadata.update({
-            "turns": self._turn, "searches": self._searches, "fetches": self._fetches,
+            "turns": self._turn, "searches": self._used.get("search", 0), "fetches": self._used.get("fetch", 0),
             "invalid_actions": self._invalid, "obs_tokens": self._obs_tokens,
         })
         self._finalize_trajectory(traj)
         comps: dict[str, float | None] = {}
         total = 0.0
+        scored = True
         t0 = time.perf_counter()
         if self.reward is not None:
             try:
@@ -454,15 +499,20 @@ class SearchAgentEnv(gym.Env[str, str]):
                 score = out.scores[0]
                 comps = {k: (v[0] if v else None) for k, v in out.components.items()}
                 comps.setdefault(getattr(self.reward, "name", "reward"), score)
+                scored = score is not None
                 total = float(score) if score is not None else 0.0
-            except Exception as e:  # a failing reward is recorded, the rollout goes on
+            except Exception as e:  # a failing reward is logged and recorded, the rollout goes on
+                logger.warning("reward %s failed on episode %s: %s: %s", getattr(self.reward, "name", "reward"),
+                               traj.episode_id, type(e).__name__, e)
                 traj.metadata["reward_error"] = f"{type(e).__name__}: {e}"
                 comps = {getattr(self.reward, "name", "reward"): None}
+                scored = False
         if self.format_penalty:
             comps["format_penalty"] = -self.format_penalty * self._invalid
             total -= self.format_penalty * self._invalid
         traj.timings["reward"] = time.perf_counter() - t0
-        traj.reward = total
+        # the trajectory keeps None for a missing score; the Gymnasium step reward must be a float (0.0)
+        traj.reward = total if scored else None
         traj.reward_components = comps
         return total
 
@@ -487,8 +537,8 @@ class SearchAgentEnv(gym.Env[str, str]):
             "error": error,
             "turn": self._turn,
             "turns_left": self.max_turns - self._turn,
-            "searches_left": self.max_searches - self._searches,
-            "fetches_left": self.max_fetches - self._fetches,
+            "searches_left": self.max_searches - self._used.get("search", 0),
+            "fetches_left": self.max_fetches - self._used.get("fetch", 0),
             "obs_tokens": self._obs_tokens,
             "invalid_actions": self._invalid,
         }

@@ -8,6 +8,9 @@ does the same for drgym envs::
     trajectories = driver.run(policy, [{"task_id": t.task_id} for t in tasks])
     write_trajectories("runs/x/trajectories.jsonl", trajectories)
 
+This is drgym's one multi-turn loop: ``drgym rollout``, ``drgym train eval``, the
+training-time evaluation and GRPO's ``rollout_func`` all run :meth:`BatchedDriver.run`.
+
 Each turn the driver calls :meth:`~drgym.envs.core.SearchAgentEnv.begin_step` on every
 stepped env, merges their queries into one ``backend.search_batch`` per (backend, k)
 (split into ``search_chunk``-sized requests sent from a thread pool when set, for HTTP
@@ -22,6 +25,7 @@ for steps; resets go through them).
 
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,6 +36,8 @@ from drgym.envs.core import PendingStep, SearchAgentEnv
 
 from drgym.atomic import append_jsonl, atomic_write_text, read_jsonl
 from drgym.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 from drgym.records import ActingPolicy, Trajectory
 
 
@@ -114,13 +120,16 @@ class BatchedDriver:
         out = [e.reset(seed=s, options=o) for e, s, o in zip(self.envs, seeds, options)]
         return [o for o, _ in out], [i for _, i in out]
 
-    def _search(self, backend, queries: list[str], k: int) -> list[list[Any]]:
-        if self.search_chunk is None or len(queries) <= self.search_chunk:
-            self.stats["search_calls"] += 1
-            return backend.search_batch(queries, k)
-        chunks = [queries[i:i + self.search_chunk] for i in range(0, len(queries), self.search_chunk)]
+    def _call(self, tool, backend, args: list[str], k: int) -> list[Any]:
+        """One tool batch; ``search`` is split into ``search_chunk``-sized requests when set."""
+        pool = self._executor() if self.fetch_workers > 1 else None
+        if tool.name != "search" or self.search_chunk is None or len(args) <= self.search_chunk:
+            if tool.name == "search":
+                self.stats["search_calls"] += 1
+            return tool.call_batch(backend, args, k=k, executor=pool)
+        chunks = [args[i:i + self.search_chunk] for i in range(0, len(args), self.search_chunk)]
         self.stats["search_calls"] += len(chunks)
-        parts = list(self._executor().map(lambda c: backend.search_batch(c, k), chunks))
+        parts = list(self._executor().map(lambda c: tool.call_batch(backend, c, k=k), chunks))
         return [r for p in parts for r in p]
 
     def step(self, actions: dict[int, Any] | Sequence[Any]) -> dict[int, tuple[str, float, bool, bool, dict[str, Any]]]:
@@ -136,56 +145,49 @@ class BatchedDriver:
             actions = {i: a for i, a in enumerate(actions) if a is not None}
         self.stats["turns"] += 1
         pending: dict[int, PendingStep] = {i: self.raw[i].begin_step(a) for i, a in actions.items()}
+        return self._finish_step(pending)
 
-        # one search_batch per (backend, k)
-        search_out: dict[int, Any] = {}
-        groups: dict[tuple[int, int], list[int]] = {}
+    def _finish_step(self, pending: dict[int, PendingStep]) -> dict[int, tuple[str, float, bool, bool, dict[str, Any]]]:
+        """Run each tool's calls of ``pending`` as one merged batch, then end each env's step.
+
+        One :meth:`~drgym.envs.tools.Tool.call_batch` per (backend, tool, k): for
+        ``search`` that is one ``search_batch`` per turn for every env (split into
+        ``search_chunk``-sized requests when set); ``fetch`` runs its URLs on the thread
+        pool. A merged batch that fails is retried per env, so one bad call cannot fail
+        the others; what still fails is shown to that env's agent.
+        """
+        out: dict[int, dict[str, Any]] = {i: {} for i in pending}
+        groups: dict[tuple[int, str, int], list[int]] = {}
         for i, p in pending.items():
-            if p.queries:
-                groups.setdefault((id(self.raw[i].backend), p.k), []).append(i)
-        t0 = time.perf_counter()
-        for (_, k), idx in groups.items():
-            backend = self.raw[idx[0]].backend
-            queries = [q for i in idx for q in pending[i].queries]
-            self.stats["queries"] += len(queries)
+            for name, args in p.calls.items():
+                if args:
+                    groups.setdefault((id(self.raw[i].backend), name, p.k), []).append(i)
+        for (_, name, k), idx in groups.items():
+            env0 = self.raw[idx[0]]
+            tool, backend = env0.tools[name], env0.backend
+            args = [a for i in idx for a in pending[i].calls[name]]
+            self.stats[tool.stat or name] = self.stats.get(tool.stat or name, 0) + len(args)
+            t0 = time.perf_counter()
             try:
-                res = self._search(backend, queries, k)
-                if len(res) != len(queries):
-                    raise RuntimeError(f"the backend returned {len(res)} result lists for {len(queries)} queries")
+                res = self._call(tool, backend, args, k)
+                if len(res) != len(args):
+                    raise RuntimeError(f"the {name} tool returned {len(res)} results for {len(args)} calls")
                 pos = 0
                 for i in idx:
-                    n = len(pending[i].queries)
-                    search_out[i] = res[pos:pos + n]
+                    n = len(pending[i].calls[name])
+                    out[i][name] = res[pos:pos + n]
                     pos += n
-            except Exception:
+            except Exception as e:  # logged; each env's calls are retried alone below
+                logger.warning("a merged %s batch of %d calls failed (%s: %s); retrying each env's calls alone",
+                               name, len(args), type(e).__name__, e)
                 self.stats["retries_alone"] += 1
                 for i in idx:
                     try:
-                        search_out[i] = self._search(backend, pending[i].queries, k)
+                        out[i][name] = self._call(tool, backend, pending[i].calls[name], k)
                     except Exception as e:  # shown to that agent, recorded in its trajectory
-                        search_out[i] = e
-        self.stats["search_s"] += time.perf_counter() - t0
-
-        # fetches on the thread pool
-        t0 = time.perf_counter()
-        jobs = [(i, u) for i, p in pending.items() for u in p.urls]
-        fetch_out: dict[int, list[Any]] = {i: [] for i in pending}
-        if jobs:
-            self.stats["fetches"] += len(jobs)
-
-            def _fetch(job):
-                i, u = job
-                try:
-                    return self.raw[i].backend.fetch(u)
-                except Exception as e:
-                    return e
-
-            docs = list(self._executor().map(_fetch, jobs)) if self.fetch_workers > 1 and len(jobs) > 1 else [_fetch(j) for j in jobs]
-            for (i, _), d in zip(jobs, docs):
-                fetch_out[i].append(d)
-        self.stats["fetch_s"] += time.perf_counter() - t0
-
-        return {i: self.raw[i].end_step(p, search_out.get(i), fetch_out[i]) for i, p in pending.items()}
+                        out[i][name] = e
+            self.stats[f"{name}_s"] = self.stats.get(f"{name}_s", 0.0) + time.perf_counter() - t0
+        return {i: self.raw[i].end_step(p, out[i]) for i, p in pending.items()}
 
     # -- whole rollouts ----------------------------------------------------------------
     def run(
@@ -199,8 +201,12 @@ class BatchedDriver:
         """Roll out episodes with ``policy``, keeping every env busy until the jobs run out.
 
         Args:
-            policy: anything with ``act(conversations, infos) -> list[str]``
-                (:class:`~drgym.records.ActingPolicy`; e.g. a :class:`drgym.policies.base.Policy`).
+            policy: anything with ``act(conversations, infos) -> list[str | None]``
+                (:class:`~drgym.records.ActingPolicy`; e.g. a :class:`drgym.policies.base.Policy`,
+                or the GRPO :class:`drgym.training.rollout.TokenRecorder`). Each info
+                carries the env's last ``"observation"`` besides its own keys. An action
+                of None ends that episode as truncated
+                (:meth:`~drgym.envs.core.SearchAgentEnv.end_episode`).
             jobs: reset ``options`` per episode (e.g. ``{"task_id": ...}``), or a number of
                 episodes whose tasks are drawn by the envs' seeded RNGs.
             seed: episode ``j`` is reset with ``seed + j`` (None: unseeded).
@@ -236,11 +242,13 @@ class BatchedDriver:
             dt = (time.perf_counter() - t0) / len(idx)
             if len(actions) != len(idx):
                 raise ConfigError(f"policy returned {len(actions)} actions for {len(idx)} conversations.")
-            results = self.step(dict(zip(idx, actions)))
+            # None: the policy ends that episode (its own budget ran out); the env ends it truncated
+            results = self.step({i: a for i, a in zip(idx, actions) if a is not None})
+            results.update({i: self.raw[i].end_episode() for i, a in zip(idx, actions) if a is None})
             for i in idx:
                 gen_time[i] += dt
-                _, _, term, trunc, info = results[i]
-                infos[i] = info
+                obs, _, term, trunc, info = results[i]
+                infos[i] = {**info, "observation": obs}
                 if term or trunc:
                     traj: Trajectory = info["trajectory"]
                     traj.timings["generation"] = gen_time[i]

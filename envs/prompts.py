@@ -6,8 +6,8 @@ Two protocols (see :mod:`drgym.envs.parsing`):
   The system prompt explains ``<search>``, ``<fetch>``, ``<answer>`` and the
   ``<information>`` blocks; results come back as ``\\n\\n<information>Doc 1 (Title: T,
   URL: u) text ...</information>\\n\\n``, appended as a ``user`` message.
-- ``"json"``: Qwen / Hermes function calling. The tools are :data:`TOOLS` (OpenAI
-  function schemas, also what chat templates take as ``tools=``); each result is a
+- ``"json"``: Qwen / Hermes function calling. The tools are :data:`TOOLS` (the OpenAI
+  function schemas of :data:`drgym.envs.tools.DEFAULT_TOOLS`, also what chat templates take as ``tools=``); each result is a
   ``{"role": "tool", "tool_call_id": ..., "name": ..., "content": ...}`` message.
 
 For the research env, results are numbered globally (``[3] (Title: ..., URL: ...)``) so
@@ -19,47 +19,11 @@ from __future__ import annotations
 from typing import Any
 
 from drgym.envs.text import count_tokens, truncate_tokens
+from drgym.envs.tools import DEFAULT_TOOLS, tool_schemas
 
 from drgym.records import Task
 
-TOOLS: list[dict[str, Any]] = [
-    {
-        "type": "function",
-        "function": {
-            "name": "search",
-            "description": "Search the document collection and return the top passages with their titles and URLs.",
-            "parameters": {
-                "type": "object",
-                "properties": {"query": {"type": "string", "description": "The search query."}},
-                "required": ["query"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "fetch",
-            "description": "Return the whole document at a URL seen in search results.",
-            "parameters": {
-                "type": "object",
-                "properties": {"url": {"type": "string", "description": "A URL from a search result."}},
-                "required": ["url"],
-            },
-        },
-    },
-    {
-        "type": "function",
-        "function": {
-            "name": "answer",
-            "description": "Give the final answer (or the final report) and end the episode.",
-            "parameters": {
-                "type": "object",
-                "properties": {"answer": {"type": "string", "description": "The final answer or report."}},
-                "required": ["answer"],
-            },
-        },
-    },
-]
+TOOLS: list[dict[str, Any]] = tool_schemas(DEFAULT_TOOLS)
 
 QA_SYSTEM_TAGS = (
     "You answer questions using a search engine. Think step by step inside <think> and </think> if you need to. "

@@ -14,7 +14,9 @@ bamboogle           R1-Searcher ``eval_set/bamboogle.jsonl``                66  
 r1-hotpotqa         R1-Searcher ``eval_set/hotpotqa_500.jsonl``             393     yes
 r1-2wiki            R1-Searcher ``eval_set/2wiki_500.jsonl``                398     yes
 r1-musique          R1-Searcher ``eval_set/musique_500.jsonl``              379     yes
-r1-stage1/2         R1-Searcher ``training_set/stage_{1,2}.jsonl``          240/6478 shared
+r1-stage1           R1-Searcher ``training_set/stage_1.jsonl``              240     shared
+r1-stage2           R1-Searcher ``training_set/stage_2.jsonl`` (RL          6,478   yes
+                    training questions, HotpotQA + 2WikiMultihopQA train)
 deepresearcher-dev  DeepResearcher ``dev.parquet`` (aliases split on        627     yes
                     ``<|answer_split|>``)
 deepresearcher-test DeepResearcher ``test.parquet``                         2,448   shared
@@ -410,7 +412,7 @@ TASK_SETS: dict[str, Callable[[], list[Task]]] = {
     "r1-2wiki": lambda: load_r1_searcher(_shipped("r1_2wiki_500.jsonl"), source="r1-2wiki"),
     "r1-musique": lambda: load_r1_searcher(_shipped("r1_musique_500.jsonl"), source="r1-musique"),
     "r1-stage1": lambda: load_r1_searcher(_shared("r1-searcher/training_set/stage_1.jsonl"), source="r1-stage1"),
-    "r1-stage2": lambda: load_r1_searcher(_shared("r1-searcher/training_set/stage_2.jsonl"), source="r1-stage2"),
+    "r1-stage2": lambda: load_r1_searcher(_shipped("r1_stage2.jsonl"), source="r1-stage2"),
     "deepresearcher-dev": lambda: load_deepresearcher(_shipped("deepresearcher_dev.parquet"), source="deepresearcher-dev"),
     "deepresearcher-test": lambda: load_deepresearcher(_shared("deepresearcher/test.parquet"), source="deepresearcher-test"),
     "simpleqa": lambda: load_simpleqa(_shipped("simpleqa_test_100.csv")),

@@ -52,6 +52,30 @@ class CitationReward(Reward):
     ``n_claims``, ``n_cited_claims``, ``cite_fetch_failed``, ``cite_judge_failed``.
     A failed extraction, or any failed support verdict, makes the episode None
     (counted in ``failures``).
+
+    Example (a scripted judge and a one-page backend):
+        >>> from drgym.judges.base import Judge
+        >>> from drgym.records import Episode, Task
+        >>> from drgym.search.base import SearchBackend
+        >>> from drgym.types import Document
+        >>> class Scripted(Judge):
+        ...     model_id = "scripted:citation"
+        ...     def complete(self, messages, *, template=None, **kw):
+        ...         if template.name == "claim_extract":
+        ...             return ('{"claims": [{"claim": "The sky is blue.", "sources": ["https://a.org/sky"]},'
+        ...                     ' {"claim": "Sunsets are red.", "sources": []}]}')
+        ...         return '{"support": "full_support", "justification": "stated"}'
+        >>> class Pages(SearchBackend):
+        ...     name = "pages"
+        ...     def search_batch(self, queries, k=10):
+        ...         return [[] for _ in queries]
+        ...     def fetch(self, url):
+        ...         return Document(doc_id="sky", url=url, title="Sky", text="The sky is blue.")
+        >>> task = Task(task_id="r", question="Why is the sky blue?", kind="research")
+        >>> report = "The sky is blue (https://a.org/sky). Sunsets are red."
+        >>> out = CitationReward(Scripted(cache=False), Pages()).score([Episode(task, report)])
+        >>> out.scores, out.components["citation_precision"], out.components["citation_recall"]
+        ([1.0], [1.0], [0.5])
     """
 
     name = "citation"

@@ -52,6 +52,17 @@ class ReportQuality(Reward):
         judge: judge or spec (required: ``ConfigError`` without one).
         criteria: subset of the six names (default all six).
         max_report_chars: the report is cut to this many characters.
+
+    Example (a scripted judge giving every criterion 7/10):
+        >>> from drgym.judges.base import Judge
+        >>> from drgym.records import Episode, Task
+        >>> class Seven(Judge):
+        ...     model_id = "scripted:seven"
+        ...     def complete(self, messages, **kw):
+        ...         return '{"score": 7, "justification": "fine"}'
+        >>> task = Task(task_id="r", question="Why is the sky blue?", kind="research")
+        >>> ReportQuality(Seven(cache=False)).score([Episode(task, "Rayleigh scattering [1]."), Episode(task, "")]).scores
+        [0.7, 0.0]
     """
 
     name = "quality"

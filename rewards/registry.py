@@ -58,6 +58,14 @@ class WeightedReward(Reward):
 
     Raises:
         ConfigError: no parts, or a non-numeric weight.
+
+    Example:
+        >>> from drgym.records import Episode, Task
+        >>> from drgym.rewards.qa import ExactMatch, F1
+        >>> task = Task(task_id="t", question="Who wrote it?", answers=["William Shakespeare"])
+        >>> out = WeightedReward([(F1(), 1.0), (ExactMatch(), 0.5)]).score([Episode(task, "Shakespeare")])
+        >>> round(out.scores[0], 4), out.components["em"]
+        (0.6667, [0.0])
     """
 
     name = "weighted"

@@ -15,9 +15,9 @@ Dataset columns read by :class:`TRLReward` (all optional except the golds a metr
 ``task``             a full :class:`~drgym.records.Task` dict, overriding the above
 ==================== ==================================================================
 
-Completions may be strings or chat message lists (the last assistant message's text is
-used). The answer is the last ``<answer>...</answer>`` block when present, else the
-whole text (``extract`` overrides this).
+Completions may be strings or chat message lists. The answer is read by the one drgym
+:class:`~drgym.envs.parsing.Parser` (:meth:`~drgym.envs.parsing.Parser.parse_answer`:
+the first ``<answer>`` block; see the README, "Answers"), '' when there is none.
 
 The environment path needs no adapter: the Gymnasium env calls ``reward.score`` on
 its one finished :class:`~drgym.records.Episode` itself.
@@ -26,31 +26,12 @@ its one finished :class:`~drgym.records.Episode` itself.
 from __future__ import annotations
 
 import math
-import re
-from typing import Any, Callable
+from typing import Any
 
+from drgym.envs.parsing import Parser
 from drgym.records import Episode, Reward, Task
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.S)
 GOLD_KEYS = ("answers", "golds", "golden_answers", "answer")
-
-
-def completion_text(completion: Any) -> str:
-    """Text of a TRL completion: a string, or the last assistant message of a message list."""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        return str(completion.get("content") or "")
-    for m in reversed(list(completion or [])):
-        if isinstance(m, dict) and m.get("role", "assistant") == "assistant":
-            return str(m.get("content") or "")
-    return ""
-
-
-def extract_answer(text: str) -> str:
-    """The last ``<answer>`` block of ``text`` (stripped), or the whole text when there is none."""
-    found = _ANSWER.findall(text or "")
-    return (found[-1] if found else text or "").strip()
 
 
 def _question(prompt: Any) -> str:
@@ -67,15 +48,15 @@ class TRLReward:
 
     Args:
         reward: the drgym reward.
-        extract: ``completion text -> answer``; default :func:`extract_answer`.
+        parser: reads the answer of a completion; default :class:`~drgym.envs.parsing.Parser`.
         name: the name TRL logs under (``rewards/<name>/mean``); default ``reward.name``.
 
     Calling it returns one float (or None) per completion, in order.
     """
 
-    def __init__(self, reward: Reward, *, extract: Callable[[str], str] | None = None, name: str | None = None) -> None:
+    def __init__(self, reward: Reward, *, parser: Parser | None = None, name: str | None = None) -> None:
         self.reward = reward
-        self.extract = extract or extract_answer
+        self.parser = parser or Parser()
         self.__name__ = name or reward.name
 
     def episodes(self, prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[Episode]:
@@ -97,7 +78,7 @@ class TRLReward:
                     kind="research" if kwargs.get("key_points") is not None else "qa",
                     key_points=list(kwargs["key_points"][i] or []) if kwargs.get("key_points") is not None else [],
                 )
-            eps.append(Episode(task=task, answer=self.extract(completion_text(completions[i]))))
+            eps.append(Episode(task=task, answer=self.parser.parse_answer(completions[i]) or ""))
         return eps
 
     def __call__(self, prompts: list[Any] | None = None, completions: list[Any] | None = None, **kwargs: Any) -> list[float | None]:

@@ -74,7 +74,14 @@ class ChatServer:
 
     ``responder(body) -> str | ("sleep", seconds, str) | (status, text)``: a string is the
     assistant content; a sleep tuple delays before answering (to force client timeouts);
-    a status tuple sends that HTTP status with ``text`` as body. ``requests`` logs bodies.
+    a status tuple sends that HTTP status with ``text`` as body. ``handler(body, n) ->
+    (status, payload)``, when set, answers instead with any JSON payload (``n`` counts
+    requests from 1). ``requests`` logs bodies, ``headers`` their path and Authorization.
+
+    Every request is validated first (:func:`chat_protocol.request_errors`: message
+    roles, the tool-call pairing rule, argument JSON, tools, stop). A request that breaks
+    a rule is answered HTTP 400 like OpenAI's ``invalid_request_error`` and logged in
+    ``violations``; the ``chat_server`` fixture fails the test if there is any.
     """
 
     def __init__(self) -> None:
@@ -83,8 +90,13 @@ class ChatServer:
         import threading
         import time as _time
 
+        from chat_protocol import request_errors
+
         self.requests: list = []
+        self.headers: list = []
+        self.violations: list = []
         self.responder = lambda body: "{}"
+        self.handler = None
         srv = self
 
         class H(http.server.BaseHTTPRequestHandler):
@@ -94,13 +106,24 @@ class ChatServer:
             def do_POST(self):
                 body = _json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 srv.requests.append(body)
-                out = srv.responder(body)
+                srv.headers.append({"path": self.path, "auth": self.headers.get("Authorization")})
+                errors = request_errors(body)
                 status, payload = 200, None
+                if errors:
+                    srv.violations.append({"request": len(srv.requests), "errors": errors, "messages": body.get("messages")})
+                    status, out = 400, _json.dumps({"error": {"message": "; ".join(errors), "type": "invalid_request_error"}})
+                elif srv.handler is not None:
+                    status, data = srv.handler(body, len(srv.requests))
+                    out = (status, _json.dumps(data))
+                else:
+                    out = srv.responder(body)
                 if isinstance(out, tuple) and out[0] == "sleep":
                     _time.sleep(out[1])
                     out = out[2]
                 if isinstance(out, tuple):
                     status, payload = out[0], out[1].encode()
+                elif errors:
+                    payload = out.encode()
                 else:
                     payload = _json.dumps({"id": "x", "object": "chat.completion", "model": body.get("model"),
                                            "choices": [{"index": 0, "finish_reason": "stop",
@@ -127,10 +150,12 @@ class ChatServer:
 
 @pytest.fixture
 def chat_server():
-    """A :class:`ChatServer` on 127.0.0.1 (closed after the test)."""
+    """A :class:`ChatServer` on 127.0.0.1 (closed after the test, which fails if any
+    request it got broke the chat protocol)."""
     s = ChatServer()
     yield s
     s.close()
+    assert not s.violations, f"invalid chat requests were sent: {s.violations}"
 
 
 @pytest.fixture(scope="session")

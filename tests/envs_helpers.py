@@ -68,3 +68,21 @@ class FailingBackend(SearchBackend):
 
     def fetch(self, url: str) -> Document:
         return self.inner.fetch(url)
+
+
+class Counting(SearchBackend):
+    """Records every search_batch call of a wrapped backend (``batches``: each call's queries)."""
+
+    name = "counting"
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.max_k = inner.max_k
+        self.batches: list[list[str]] = []
+
+    def search_batch(self, queries, k=10):
+        self.batches.append(list(queries))
+        return self.inner.search_batch(queries, k)
+
+    def fetch(self, url):
+        return self.inner.fetch(url)

@@ -163,8 +163,12 @@ def test_backend_failures_are_recorded_not_fatal(hotpot_web, tmp_path, monkeypat
         hotpot_web._plans.clear()
     (row,) = res["rows"]
     assert row["metrics"]["episodes"] == 4 and row["metrics"]["errors"] == 4 and row["metrics"]["answer_rate"] == 1.0
-    # every request failed (attempts=1: one request per backend call) and each was counted
-    assert row["usage"]["errors"] == hotpot_web.count("/serper/search") - before >= 4
+    # every request failed (attempts=1: one request per query) and each was counted; a failed
+    # batch counts all its queries, and its other queries' requests may or may not have been
+    # sent before the first failure came back (they run on worker threads), so the server can
+    # see fewer requests than the errors counted
+    served = hotpot_web.count("/serper/search") - before
+    assert row["usage"]["errors"] >= served >= 4
     steps = json.loads((tmp_path / "live" / "runs" / "scripted__serper" / "trajectories.jsonl").read_text().splitlines()[0])["steps"]
     assert "HTTP 500" in steps[0]["error"]
 

@@ -8,27 +8,9 @@ import pytest
 from drgym.envs.driver import BatchedDriver, read_trajectories, write_trajectories
 from drgym.envs.task_loaders import load_tasks
 from drgym.rewards.qa import ExactMatch, exact_match, token_f1
-from envs_helpers import FailingBackend
+from envs_helpers import Counting, FailingBackend
 
 from drgym.policies.scripted import ScriptedPolicy, answer_span
-from drgym.search.base import SearchBackend
-
-
-class Counting(SearchBackend):
-    """Records every search_batch call of a wrapped backend."""
-
-    name = "counting"
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.batches: list[list[str]] = []
-
-    def search_batch(self, queries, k=10):
-        self.batches.append(list(queries))
-        return self.inner.search_batch(queries, k)
-
-    def fetch(self, url):
-        return self.inner.fetch(url)
 
 
 def make_envs(backend, n, **kw):

@@ -4,14 +4,12 @@ policy against a real HTTP server on loopback speaking the chat-completions form
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from drgym.errors import ConfigError, DependencyNotInstalled
 from drgym.policies.factory import make_policy, parse_options, split_spec
-from drgym.policies.generation import close_open_tag, cut_at_stop
+from drgym.policies.generation import close_open_tag, cut_text_at_stop
 from drgym.policies.rag import RagPolicy, clean_answer
 
 
@@ -19,12 +17,12 @@ from drgym.policies.rag import RagPolicy, clean_answer
 def test_cut_at_stop_keeps_first_stop_and_drops_pad_eos():
     # A batched row that stopped on </search> is padded with SmolLM2's pad == eos token.
     raw = " <search> Lilu demon </search><|im_end|><|im_end|><|im_end|>"
-    assert cut_at_stop(raw, eos=("<|im_end|>",)) == (" <search> Lilu demon </search>", "stop")
+    assert cut_text_at_stop(raw, eos=("<|im_end|>",)) == (" <search> Lilu demon </search>", "stop")
     # The earliest stop string wins, even when a later one is listed first.
-    assert cut_at_stop("<answer> 1889 </answer> <search> x </search>") == ("<answer> 1889 </answer>", "stop")
+    assert cut_text_at_stop("<answer> 1889 </answer> <search> x </search>") == ("<answer> 1889 </answer>", "stop")
     # A real eos before any stop string ends the turn there.
-    assert cut_at_stop("Paris is the capital.<|im_end|><|im_end|>", eos=("<|im_end|>",)) == ("Paris is the capital.", "eos")
-    assert cut_at_stop("no end in sight", eos=("<|im_end|>",)) == ("no end in sight", "length")
+    assert cut_text_at_stop("Paris is the capital.<|im_end|><|im_end|>", eos=("<|im_end|>",)) == ("Paris is the capital.", "eos")
+    assert cut_text_at_stop("no end in sight", eos=("<|im_end|>",)) == ("no end in sight", "length")
 
 
 def test_close_open_tag_restores_stripped_stop():
@@ -104,35 +102,11 @@ def test_rag_policy_searches_then_answers_from_passages():
 
 
 # -- the OpenAI-compatible policy against a loopback server ---------------------------------
-class _FakeOpenAI(BaseHTTPRequestHandler):
-    """Answers /v1/chat/completions like an OpenAI server; behaviour set per test on the server."""
-
-    def log_message(self, *a):  # keep pytest output clean
-        pass
-
-    def do_POST(self):
-        srv = self.server
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        srv.requests.append({"path": self.path, "body": body, "auth": self.headers.get("Authorization")})
-        status, payload = srv.handler(body, len(srv.requests))
-        data = json.dumps(payload).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-
 @pytest.fixture
-def fake_openai():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _FakeOpenAI)
-    srv.requests = []
-    srv.handler = None
-    th = threading.Thread(target=srv.serve_forever, daemon=True)
-    th.start()
-    yield srv, f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
-    srv.server_close()
+def fake_openai(chat_server):
+    """The shared loopback chat server (``conftest.ChatServer``: every request is checked
+    against the chat protocol) with a ``handler(body, n) -> (status, payload)`` per test."""
+    return chat_server, chat_server.url
 
 
 def _completion(message, finish="stop", usage=(50, 7)):
@@ -162,8 +136,8 @@ def test_openai_policy_native_tool_calls_parse_as_env_actions(fake_openai, monke
     actions = pol.act(convs)
     assert len(srv.requests) == 6
     req = srv.requests[0]
-    assert req["path"] == "/v1/chat/completions" and req["auth"] == "Bearer sk-test"
-    assert req["body"]["model"] == "fake-model" and [t["function"]["name"] for t in req["body"]["tools"]] == ["search", "fetch", "answer"]
+    assert srv.headers[0] == {"path": "/v1/chat/completions", "auth": "Bearer sk-test"}
+    assert req["model"] == "fake-model" and [t["function"]["name"] for t in req["tools"]] == ["search", "fetch", "answer"]
     # order is preserved under concurrency; each action is a tool call the env parser reads
     for i, a in enumerate(actions):
         parsed = parse_action(a)
@@ -176,7 +150,7 @@ def test_openai_policy_native_tool_calls_parse_as_env_actions(fake_openai, monke
                        {"role": "tool", "tool_call_id": "call_7", "name": "search", "content": "Doc 1 ..."}]
     srv.requests.clear()
     assert pol.act([conv]) == ["<answer> Scott Derrickson </answer>"]
-    sent = srv.requests[0]["body"]["messages"]
+    sent = srv.requests[0]["messages"]
     assert sent[2]["role"] == "assistant" and sent[2]["tool_calls"][0]["id"] == "call_7"
     assert sent[2]["tool_calls"][0]["function"] == {"name": "search", "arguments": json.dumps({"query": "q0"})}
     assert sent[3] == {"role": "tool", "tool_call_id": "call_7", "content": "Doc 1 ..."}
@@ -186,8 +160,10 @@ def test_openai_policy_native_tool_calls_parse_as_env_actions(fake_openai, monke
 def test_openai_policy_retries_5xx_and_falls_back_to_text_tags(fake_openai):
     srv, url = fake_openai
 
+    overloaded = [True]
+
     def handler(body, n):
-        if n == 1:
+        if overloaded.pop() if overloaded else False:
             return 503, {"error": {"message": "overloaded"}}
         if "tools" in body:
             return 400, {"error": {"message": "tools are not supported by this model"}}
@@ -197,10 +173,15 @@ def test_openai_policy_retries_5xx_and_falls_back_to_text_tags(fake_openai):
 
     srv.handler = handler
     pol = make_policy(f"openai:fake@{url}", retries=3, concurrency=1)
-    out = pol.act([[{"role": "user", "content": "Question: Were Scott Derrickson and Ed Wood of the same nationality?"}]])
+    conv = [{"role": "user", "content": "Question: Were Scott Derrickson and Ed Wood of the same nationality?"}]
+    out = pol.act([conv], [{"episode_id": "e1"}])
     assert out == ["<think>look it up</think> <search> Ed Wood nationality </search>"]
-    assert [("tools" in r["body"]) for r in srv.requests] == [True, True, False]  # 503 retried, 400 -> text mode
-    assert pol.native_tools is False
+    assert [("tools" in r) for r in srv.requests] == [True, True, False]  # 503 retried, 400 -> the same request in text mode
+    assert pol.text_episodes == {"e1"} and pol.native_tools is True  # that episode only (tests/test_protocol.py)
+    assert pol.last_usage[0].extra["tools_refused"].startswith("HTTP 400 from ")
+    srv.requests.clear()
+    pol.act([conv, conv], [{"episode_id": "e1"}, {"episode_id": "e2"}])
+    assert sorted("tools" in r for r in srv.requests) == [False, False, True]  # e1 in text; e2 tries tools, refused
     pol.close()
 
 

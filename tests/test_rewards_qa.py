@@ -17,8 +17,6 @@ from drgym.rewards.qa import (
 from drgym.rewards.registry import WeightedReward
 from drgym.rewards.trl_adapter import (
     TRLReward,
-    completion_text,
-    extract_answer,
     trl_reward_funcs,
     trl_reward_weights,
 )
@@ -108,9 +106,6 @@ def test_registry_names_configs_and_weighted_sum():
 
 
 def test_trl_adapter_strings_messages_and_gold_columns():
-    assert extract_answer("think <answer>a</answer> more <answer> Paris </answer>") == "Paris"
-    assert extract_answer("no tags") == "no tags"
-    assert completion_text([{"role": "assistant", "content": "hi"}]) == "hi"
     f = TRLReward(F1())
     assert f.__name__ == "f1"
     prompts = [[{"role": "user", "content": "Who built it?"}]] * 3

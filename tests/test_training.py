@@ -114,16 +114,16 @@ def test_unknown_config_name():
 
 # -- token layout -----------------------------------------------------------------------------
 def test_cut_at_stop_drops_pad_eos_after_stop_string(tok):
-    from drgym.training.rollout import cut_at_stop
+    from drgym.training.rollout import cut_generated_turn
 
     act = tok("<search> Lilu demon </search>", add_special_tokens=False)["input_ids"]
-    ids, eos = cut_at_stop(tok, act + [2, 2, 2])  # SmolLM2 pads with its eos id 2
+    ids, eos = cut_generated_turn(tok, act + [2, 2, 2])  # SmolLM2 pads with its eos id 2
     assert ids == act and eos is False
-    ids, eos = cut_at_stop(tok, act + tok(" trailing", add_special_tokens=False)["input_ids"])
+    ids, eos = cut_generated_turn(tok, act + tok(" trailing", add_special_tokens=False)["input_ids"])
     assert ids == act
     plain = tok("I think it is Paris", add_special_tokens=False)["input_ids"]
-    assert cut_at_stop(tok, plain + [2, 2]) == (plain + [2], True)
-    assert cut_at_stop(tok, plain) == (plain, False)
+    assert cut_generated_turn(tok, plain + [2, 2]) == (plain + [2], True)
+    assert cut_generated_turn(tok, plain) == (plain, False)
 
 
 def test_cut_ids_at_stop_keeps_the_completing_token_whole(tok):

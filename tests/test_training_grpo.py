@@ -21,7 +21,7 @@ def action_chars(prompts, completions, trajectory=None, **kw):
     Sampled 8-token turns differ in character count almost surely, so every group gets a
     reward spread (unlike a token count, which is 16 whenever both turns hit the cap)."""
     if trajectory is None:  # environment_factory path: no rollout fields, use the assistant texts
-        from drgym.rewards.trl_adapter import completion_text
+        from drgym.envs.parsing import completion_text
 
         return [len(completion_text(c)) / 100 for c in completions]
     return [sum(len(s["action"]) for s in t["steps"]) / 100 for t in trajectory]
@@ -211,7 +211,8 @@ def test_json_tool_path_builds_with_trl_tool_template(tmp_path, bm25):
     tok = parts["tokenizer"]
     assert getattr(tok, "response_template", None) or getattr(tok, "response_schema", None)
     tools = trainer._env_tools[None]
-    assert [getattr(t, "__name__", "") for t in tools] == ["search"]  # _finish stays private
+    # the env's tools, as its JSON system prompt describes them; _finish stays private
+    assert sorted(getattr(t, "__name__", "") for t in tools) == ["answer", "fetch", "search"]
     env = trainer.environment_factories[None]()
     task = parts["dataset"][0]
     env.reset(**task)
@@ -219,6 +220,27 @@ def test_json_tool_path_builds_with_trl_tool_template(tmp_path, bm25):
     assert "Doc 1" in obs or "Title" in obs  # real passages from the BM25 backend
     tr = env._finish("some answer")
     assert tr.final_answer == "some answer" and tr.count("search") == 1
+    # the answer tool ends the episode with its argument
+    env.reset(**task)
+    assert env.answer("Paris") == "Answer recorded." and env.finished
+    assert env.search("more") == "The episode has ended; reply without a tool call."
+    assert env._finish("ignored").final_answer == "Paris"
+
+
+def test_json_tool_path_prompt_carries_the_env_instructions(tmp_path, bm25):
+    """Item 10 of issue 2.4: the rendered prompt is the env's (system prompt with the tool
+    protocol, then the question), not TRL's Qwen2.5 default system message."""
+    from drgym.envs.prompts import QA_SYSTEM_JSON
+    from drgym.training.grpo import build_trainer
+
+    trainer, parts = build_trainer(_json_config(tmp_path), backend=bm25)
+    row = parts["dataset"][0]
+    assert [m["role"] for m in row["prompt"]] == ["system", "user"]
+    text = parts["tokenizer"].apply_chat_template(row["prompt"], tools=trainer._env_tools[None], tokenize=False,
+                                                  add_generation_prompt=True)
+    assert "You are Qwen" not in text
+    assert QA_SYSTEM_JSON in text and f"Question: {row['question']}" in text
+    assert '"name": "answer"' in text and '"name": "search"' in text
 
 
 @pytest.mark.slow

@@ -136,7 +136,7 @@ def write_training_record(folder: str | Path, cfg, stage: str) -> Path:
     protocol = "tags" if stage == "sft" else cfg.protocol  # SFT trains tag-protocol trajectories only
     rec = {"protocol": protocol, "layout": "chat" if protocol == "json" else "continuation", "stage": stage,
            "run": cfg.name, "config": cfg.source, "base_model": cfg.model, "env": cfg.env, "search": cfg.search,
-           "rollout": cfg.rollout, "drgym_version": __version__}
+           "rollout": cfg.rollout, "enable_thinking": cfg.enable_thinking, "drgym_version": __version__}
     path = Path(folder) / TRAINING_RECORD
     atomic_write_json(path, json.loads(json.dumps(rec, default=str)))
     return path
@@ -195,7 +195,10 @@ class EvalCallback(TrainerCallback):
         step = state.global_step
         metrics, _trajs = self.evaluate(model, self.tokenizer, self.output_dir / "eval" / f"step_{step}",
                                         name=f"hf:{self.output_dir.name}@step_{step}")
-        metrics = {f"eval/{k}": v for k, v in metrics.items()}
+        # a metric with no score (None, e.g. every judge call failed) is left out of the trainer's
+        # log (TensorBoard takes numbers only) and kept as null in metrics.jsonl
+        missing = {f"eval/{k}": None for k, v in metrics.items() if v is None}
+        metrics = {f"eval/{k}": v for k, v in metrics.items() if v is not None}
         metrics["eval/seconds"] = round(time.perf_counter() - t0, 2)
         log.info("eval at step %d: %s", state.global_step, metrics)
         if self._trainer is not None:
@@ -207,7 +210,7 @@ class EvalCallback(TrainerCallback):
             self._trainer.callback_handler.on_log(self._trainer.args, state, copy.copy(self._trainer.control),
                                                   dict(metrics))
         else:
-            append_jsonl(self.output_dir / "metrics.jsonl", {"step": state.global_step, **metrics})
+            append_jsonl(self.output_dir / "metrics.jsonl", {"step": state.global_step, **metrics, **missing})
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
         if self.at_start and state.global_step == 0 and state.is_world_process_zero:

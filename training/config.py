@@ -15,7 +15,8 @@ A config file has these top-level keys (all but ``name`` optional)::
     eval: {every_steps: 2, num_tasks: 8, max_turns: 2}
     grpo: {...}                       # trl.GRPOConfig keyword arguments
     sft: {...}                        # trl.SFTConfig keyword arguments
-    launch: {accelerate_config: training/configs/accelerate_zero2.yaml, num_processes: 8}
+    launch: {accelerate_config: accelerate_zero2.yaml, num_processes: 8}   # drgym train grpo --launch
+    enable_thinking: null             # chat-template switch of thinking models (null: the template's default)
 
 Unknown keys raise :class:`~drgym.errors.ConfigError` with a "did you mean" hint, and
 so does any GRPOConfig/SFTConfig argument TRL rejects.
@@ -35,7 +36,7 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 TOP_KEYS = {
     "name", "output_dir", "model", "trainable_layers", "env", "search", "tasks", "rollout", "rewards",
-    "protocol", "eval", "grpo", "sft", "launch", "seed", "torch_threads",
+    "protocol", "eval", "grpo", "sft", "launch", "seed", "torch_threads", "enable_thinking",
 }
 
 
@@ -85,6 +86,7 @@ class RunConfig:
     launch: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     torch_threads: int | None = None
+    enable_thinking: bool | None = None
     source: str = ""
 
     def apply_threads(self) -> None:
@@ -110,11 +112,15 @@ class RunConfig:
         """
         from drgym.training.rollout import RolloutSettings
 
-        known = {f.name for f in dataclasses.fields(RolloutSettings)}
+        known = {f.name for f in dataclasses.fields(RolloutSettings)} - {"enable_thinking"}
+        if "enable_thinking" in self.rollout:
+            raise ConfigError(f"{self.source}: enable_thinking is a top-level key (it applies to training, evaluation "
+                              "and SFT prompts alike), not a rollout setting.")
         for k in self.rollout:
             if k not in known:
                 raise unknown_name("rollout setting", k, known)
         kw = dict(self.rollout)
+        kw["enable_thinking"] = self.enable_thinking
         grpo_t = self.grpo.get("temperature", 1.0)
         if "temperature" in kw and float(kw["temperature"]) != float(grpo_t):
             raise ConfigError(
@@ -183,6 +189,13 @@ def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
     for sec in ("grpo", "sft", "search", "rollout", "launch"):
         if data.get(sec) is not None and not isinstance(data[sec], dict):
             raise ConfigError(f"{source}: '{sec}' must be a mapping, got {type(data[sec]).__name__}.")
+    from drgym.training.launch import LAUNCH_KEYS
+
+    _check_keys(data.get("launch") or {}, LAUNCH_KEYS, "launch key")
+    thinking = data.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise ConfigError(f"{source}: enable_thinking must be true, false or null (the chat template's default), "
+                          f"got {thinking!r}.")
     cfg = RunConfig(
         name=name.strip(),
         output_dir=str(data.get("output_dir") or Path("runs") / name.strip()),
@@ -200,6 +213,7 @@ def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
         launch=dict(data.get("launch") or {}),
         seed=int(data.get("seed") or 0),
         torch_threads=None if data.get("torch_threads") is None else int(data["torch_threads"]),
+        enable_thinking=thinking,
         source=source,
     )
     cfg.rollout_settings()  # validates the rollout section early
@@ -265,6 +279,14 @@ def _trl_args(cls, kwargs: dict[str, Any], cfg: RunConfig, *, validate_only: boo
     import torch
 
     kw = {"output_dir": cfg.output_dir, "seed": cfg.seed, "run_name": cfg.name, **kwargs}
+    if cfg.enable_thinking is not None and "chat_template_kwargs" in {f.name for f in dataclasses.fields(cls)}:
+        # TRL renders prompts itself on the JSON tool path: same thinking mode as drgym's own prompts
+        ctk = dict(kw.get("chat_template_kwargs") or {})
+        if ctk.get("enable_thinking", cfg.enable_thinking) != cfg.enable_thinking:
+            raise ConfigError(f"{cfg.source}: {section}.chat_template_kwargs.enable_thinking ({ctk['enable_thinking']}) "
+                              f"differs from enable_thinking ({cfg.enable_thinking}); set only the top-level key.")
+        ctk["enable_thinking"] = cfg.enable_thinking
+        kw["chat_template_kwargs"] = ctk
     cuda = torch.cuda.is_available()
     adjusted = {}
     if not cuda:

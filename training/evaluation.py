@@ -32,10 +32,13 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
     ``protocol: json`` runs use the chat layout with the run's tool template, which
     approximates TRL's tool loop (tool results arrive as user turns).
 
-    Metrics (means over the tasks): one per reward function of the run (its name),
-    ``reward`` (their weighted sum, as GRPO sees it; the run directory's
-    ``metrics.json`` keeps the env's own ``reward`` and adds these under
-    ``training_rewards``), ``em`` (exact match, official HotpotQA script),
+    Each episode is scored once, by the env, with the run's weighted reward (the parts of
+    ``reward_funcs`` with ``weights``); the metrics read the trajectories'
+    ``reward_components``. Metrics: one per reward function of the run (its name; the
+    mean over the episodes it scored, None when it scored none), ``<name>_missing``
+    (episodes without that score, e.g. a judge failure: not counted as 0), ``reward``
+    (the mean weighted sum over the episodes scored by every part; the run directory's
+    ``metrics.json`` adds these under ``training_rewards``), ``em`` (exact match, official HotpotQA script),
     ``answered_frac`` (episodes that ended with an answer), ``searches_mean``,
     ``turns_mean`` and ``invalid_action_rate``.
 
@@ -55,11 +58,9 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
     from drgym.evaluation.runner import RolloutConfig, run_rollout
     from drgym.policies.generation import DEFAULT_STOPS
     from drgym.policies.hf import HFPolicy
-    from drgym.records import Episode, Trajectory
 
     base = cfg.rollout_settings()
     tasks = list(tasks)
-    by_id = {t.task_id: t for t in tasks}
     env_kw = dict(cfg.env.get("kwargs") or {})
     env_kw.pop("max_turns", None)
     env_kw.setdefault("protocol", cfg.protocol)
@@ -67,28 +68,32 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
     label = f"{ts.set}[{ts.start}:{ts.start + len(tasks)}]" if ts is not None else "held-out"
     tags = cfg.protocol != "json"
 
+    from drgym.rewards.registry import WeightedReward
+
+    scorer = WeightedReward([(f.reward, w) for f, w in zip(reward_funcs, weights)])
+
     def evaluate(model, tokenizer, out_dir, name: str | None = None):
         be = backend if backend is not None else backend_from_settings(cfg.search)
         pol = HFPolicy(model, tokenizer=tokenizer, name=name or f"hf:{cfg.name}", layout="continuation" if tags else "chat",
                        scaffold="none", max_new_tokens=base.max_new_tokens, batch_size=base.gen_batch_size,
                        temperature=0.0 if cfg.eval.greedy else base.temperature,
-                       stops=STOP_STRINGS if tags else DEFAULT_STOPS, seed=cfg.seed)
+                       stops=STOP_STRINGS if tags else DEFAULT_STOPS, seed=cfg.seed,
+                       enable_thinking=cfg.enable_thinking)
         rc = RolloutConfig(env=cfg.env["id"], tasks=label, policy=pol.name, backend=f"training:{cfg.search}",
                            n=None, out=str(out_dir), seed=cfg.seed, batch_size=max(1, len(tasks)),
                            max_turns=cfg.eval.max_turns, rewards=[], env_options=env_kw, plots=False)
-        res = run_rollout(rc, policy=pol, backend=be, progress=False, fresh=True, tasks=tasks)
+        res = run_rollout(rc, policy=pol, backend=be, progress=False, fresh=True, tasks=tasks, reward=scorer)
         trajs = res.trajectories
-        eps = [Episode(task=by_id[d["task_id"]], answer=d.get("final_answer") or "", trajectory=Trajectory.from_dict(d))
-               for d in trajs]
-        n = max(1, len(eps))
-        metrics: dict[str, float] = {}
-        total = [0.0] * len(eps)
-        for f, w in zip(reward_funcs, weights):
-            vals = [0.0 if s is None else float(s) for s in f.reward.score(eps).scores]
-            metrics[f.__name__] = sum(vals) / n
-            total = [a + w * b for a, b in zip(total, vals)]
+        # scored once, by the env (WeightedReward of the run's rewards): read reward_components
+        metrics: dict[str, float | None] = {}
+        for f in reward_funcs:
+            vals = [(d.get("reward_components") or {}).get(f.__name__) for d in trajs]
+            ok = [float(v) for v in vals if v is not None]
+            metrics[f.__name__] = sum(ok) / len(ok) if ok else None
+            metrics[f"{f.__name__}_missing"] = len(vals) - len(ok)  # judge failures etc.: not counted as 0
+        totals = [float(d["reward"]) for d in trajs if d.get("reward") is not None]
         m = res.metrics
-        metrics["reward"] = sum(total) / n
+        metrics["reward"] = sum(totals) / len(totals) if totals else None
         metrics["em"] = float(m.get("em") or 0.0)
         metrics["answered_frac"] = float(m.get("answer_rate") or 0.0)
         metrics["searches_mean"] = float(m.get("searches") or 0.0)

@@ -123,9 +123,14 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     eval_tasks = load_task_slice(cfg.tasks["eval"]) if "eval" in cfg.tasks else []
     check_disjoint(train_tasks, eval_tasks)
     tasks_by_id = {t.task_id: t for t in train_tasks + eval_tasks}
-    env_factory = make_env_factory(cfg, train_tasks + eval_tasks, backend=backend)
     funcs, weights, monitor = build_reward_funcs(cfg, tasks_by_id, num_generations=args.num_generations,
                                                  output_dir=args.output_dir)
+    # one scorer: the env scores each episode once with the run's rewards; the TRL reward
+    # functions read the trajectory's reward_components
+    from drgym.rewards.registry import WeightedReward
+
+    scorer = WeightedReward([(f.reward, w) for f, w in zip(funcs, weights)])
+    env_factory = make_env_factory(cfg, train_tasks + eval_tasks, backend=backend, reward=scorer)
     extra = list(extra_reward_funcs or [])
     args.reward_weights = weights + [1.0] * len(extra)
     callbacks = [JsonlLoggerCallback(Path(args.output_dir) / "metrics.jsonl"), TrainingRecordCallback(cfg, "grpo")]
@@ -141,13 +146,13 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
         from drgym.training.toolenv import make_tool_env_class, use_tool_template
 
         use_tool_template(tok)
-        dataset = json_dataset(train_tasks)
+        dataset = json_dataset(train_tasks, env_factory)
         trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
                               processing_class=tok, callbacks=callbacks,
                               environment_factory=make_tool_env_class(env_factory))
         rollout = None
     else:
-        dataset, table = build_dataset(train_tasks, env_factory, tok)
+        dataset, table = build_dataset(train_tasks, env_factory, tok, enable_thinking=cfg.enable_thinking)
         rollout = SearchRolloutFunc(env_factory, table, cfg.rollout_settings())
         callbacks.append(BatchLogCallback(rollout, Path(args.output_dir) / "batches.jsonl"))
         trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,

@@ -16,7 +16,9 @@ class DrgymRewardFunc:
     to the rollout's ``final_answer`` (the env's parsed ``<answer>``, '' when none) and
     attaches the episode's ``trajectory``, so rewards that count invalid actions or
     check termination (``format``) see the whole episode and nothing re-parses the
-    decoded completion (which includes the ``<information>`` text).
+    decoded completion (which includes the ``<information>`` text). When the env already
+    scored the episode (GRPO's env scores with the run's rewards), the score is read from
+    the trajectory's ``reward_components`` instead of computed again.
 
     Returns ``list[float | None]``, one per completion. ``__name__`` is the reward
     name TRL logs under (``rewards/<name>/mean`` and ``/std``).
@@ -37,7 +39,7 @@ class DrgymRewardFunc:
             # environment_factory path: the answer is the last assistant message's text
             final_answer, trajectory = [], []
             for env, comp in zip(environments, completions):
-                tr = env._finish(_strip_answer_tags(_last_assistant_text(comp)))
+                tr = env._finish(self.inner.parser.parse_answer(comp) or "")
                 final_answer.append((tr.final_answer if tr is not None else None) or "")
                 trajectory.append(tr.to_dict() if tr is not None else None)
         episodes = self.inner.episodes(list(prompts or []), list(completions), **kw)
@@ -50,28 +52,22 @@ class DrgymRewardFunc:
             d = trajectory[i] if trajectory is not None else None
             if isinstance(d, dict) and d.get("episode_id"):
                 ep.trajectory = Trajectory.from_dict(d)
-        out = self.reward.score(episodes)
-        scores = [None if s is None or (isinstance(s, float) and math.isnan(s)) else float(s) for s in out.scores]
+        # one scorer: an episode the env already scored (its trajectory carries this reward's
+        # component) is read, not scored again; only completions without an env episode
+        # (a direct call) are scored here
+        comps = [((trajectory[i] or {}).get("reward_components") or {}) if trajectory is not None
+                 and isinstance(trajectory[i], dict) else {} for i in range(n)]
+        todo = [i for i in range(n) if self.__name__ not in comps[i]]
+        raw: list[Any] = [comps[i].get(self.__name__) for i in range(n)]
+        if todo:
+            out = self.reward.score([episodes[i] for i in todo])
+            for i, s in zip(todo, out.scores):
+                raw[i] = s
+        scores = [None if s is None or (isinstance(s, float) and math.isnan(s)) else float(s) for s in raw]
         if self.monitor is not None:
             self.monitor.record(self.__name__, scores, kw.get("task_id") or [""] * n,
                                 [e.answer for e in episodes])
         return scores
-
-
-def _last_assistant_text(completion) -> str:
-    if isinstance(completion, str):
-        return completion
-    for m in reversed(completion or []):
-        if m.get("role") == "assistant" and not m.get("tool_calls"):
-            return str(m.get("content") or "")
-    return ""
-
-
-def _strip_answer_tags(text: str) -> str:
-    import re
-
-    m = re.search(r"<answer>(.*?)</answer>", text, re.DOTALL)
-    return (m.group(1) if m else text).strip()
 
 
 class GroupMonitor:
@@ -84,7 +80,8 @@ class GroupMonitor:
     ended with no ``<answer>`` text. Logged per batch (trainer metrics, so TensorBoard
     and ``metrics.jsonl``): ``guard/degenerate_group_frac``,
     ``guard/empty_answer_frac``, ``guard/all_empty_group_frac``; each degenerate group
-    is also appended to ``<output_dir>/degenerate_groups.jsonl``.
+    is also appended to ``<output_dir>/degenerate_groups.jsonl``. With several training
+    processes the fractions are over every rank's rows (see :meth:`record`).
     """
 
     def __init__(self, names: list[str], weights: list[float], num_generations: int, out_path: str | Path):
@@ -97,22 +94,35 @@ class GroupMonitor:
         self.history: list[dict[str, float]] = []
 
     def record(self, name: str, scores: list, task_ids: list[str], answers: list[str]) -> None:
+        """Take one reward function's scores of this rank's batch; after the last, log the batch.
+
+        With several training processes the batch is every rank's rows, gathered in rank
+        order (:func:`drgym.training.ranks.gather_rows`, a collective: every rank's reward
+        functions run once per batch), so the groups are TRL's groups and the fractions
+        are over the whole generation batch; rank 0 alone writes the degenerate groups.
+        """
         from drgym.atomic import append_jsonl
+        from drgym.training.ranks import gather_rows, is_main
 
         self._batch[name] = scores
         if len(self._batch) < len(self.names):
             return
-        n = len(scores)
-        totals = []
-        for i in range(n):
+        local = []
+        for i in range(len(scores)):
             vals = [(self._batch[k][i], self.weights[k]) for k in self.names if self._batch[k][i] is not None]
-            totals.append(sum(v * w for v, w in vals) if vals else float("nan"))
+            local.append((sum(v * w for v, w in vals) if vals else float("nan"), task_ids[i], answers[i]))
         self._batch = {}
+        rows = gather_rows(self.trainer, local)
+        totals = [r[0] for r in rows]
+        task_ids = [r[1] for r in rows]
+        answers = [r[2] for r in rows]
+        n = len(rows)
         G = self.G if self.G and n % self.G == 0 else n
         groups = [list(range(g, g + G)) for g in range(0, n, G)]
         degenerate = 0
         all_empty = 0
         step = getattr(getattr(self.trainer, "state", None), "global_step", None)
+        main = is_main(self.trainer)
         for idx in groups:
             r = [totals[i] for i in idx]
             empty = [not (answers[i] or "").strip() for i in idx]
@@ -121,8 +131,9 @@ class GroupMonitor:
             finite = [x for x in r if not math.isnan(x)]
             if len(finite) <= 1 or max(finite) - min(finite) < 1e-9:
                 degenerate += 1
-                append_jsonl(self.out_path, {"step": step, "task_id": task_ids[idx[0]], "rewards": r,
-                                             "empty_answers": sum(empty), "answers": [answers[i] for i in idx]})
+                if main:
+                    append_jsonl(self.out_path, {"step": step, "task_id": task_ids[idx[0]], "rewards": r,
+                                                 "empty_answers": sum(empty), "answers": [answers[i] for i in idx]})
         stats = {
             "guard/degenerate_group_frac": degenerate / len(groups),
             "guard/all_empty_group_frac": all_empty / len(groups),

@@ -1,5 +1,10 @@
 """Multi-turn rollouts for TRL's ``GRPOTrainer(rollout_func=...)`` (Search-R1 tag protocol).
 
+The episodes run in drgym's one multi-turn loop (:class:`drgym.envs.driver.BatchedDriver`,
+the loop ``drgym rollout`` and the held-out evaluation run); :class:`TokenRecorder` is
+the policy there: a pluggable generation step (:class:`HFTurnStep` with KV reuse,
+:class:`VLLMTurnStep`) plus the token bookkeeping GRPO needs.
+
 One rollout is one episode of ``drgym/SearchQA-v0``: the model writes a turn that ends
 at ``</search>`` or ``</answer>`` (stop strings), the environment answers a search with
 an ``<information>...</information>`` block, and the block's tokens are appended to the
@@ -16,11 +21,14 @@ agree token for token.
 from __future__ import annotations
 
 import logging
+import math
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from drgym.errors import ConfigError
+from drgym.policies.generation import opened_reasoning
 
 log = logging.getLogger(__name__)
 
@@ -28,18 +36,22 @@ STOP_STRINGS = ("</search>", "</answer>")
 
 
 # -- token layout ------------------------------------------------------------------------
-def prompt_token_ids(tokenizer, messages: list[dict[str, Any]]) -> list[int]:
+def prompt_token_ids(tokenizer, messages: list[dict[str, Any]], *, enable_thinking: bool | None = None) -> list[int]:
     """Token ids of the chat prompt (system + user), ending with the assistant header.
 
     Args:
         tokenizer: a Hugging Face tokenizer with a chat template.
         messages: ``{"role", "content"}`` dicts (the env's initial ``info["messages"]``).
+        enable_thinking: the chat template's thinking switch (None: its default); see
+            :func:`drgym.policies.generation.render_chat`.
 
     Returns:
         ``list[int]``: ``apply_chat_template(..., add_generation_prompt=True)`` tokenised
         without adding special tokens twice.
     """
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    from drgym.policies.generation import render_chat
+
+    text = render_chat(tokenizer, messages, enable_thinking=enable_thinking)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
@@ -74,7 +86,7 @@ def encode_segments(tokenizer, segments: list[tuple[str, bool]], *, end_with_eos
     return ids, mask
 
 
-def cut_at_stop(tokenizer, new_ids: list[int], stop_strings=STOP_STRINGS) -> tuple[list[int], bool]:
+def cut_generated_turn(tokenizer, new_ids: list[int], stop_strings=STOP_STRINGS) -> tuple[list[int], bool]:
     """Cut one generated turn right after its first stop string, else after its first eos.
 
     SmolLM2 pads with its eos id (``<|im_end|>`` = 2), so a row that stopped on a stop
@@ -97,25 +109,6 @@ def cut_at_stop(tokenizer, new_ids: list[int], stop_strings=STOP_STRINGS) -> tup
 
 
 # -- generation backends --------------------------------------------------------------------
-def hf_generate(model, tokenizer, batch_ids: list[list[int]], *, max_new_tokens: int, temperature: float,
-                do_sample: bool = True, top_k: int = 0, top_p: float = 1.0) -> list[list[int]]:
-    """Sample one turn for each row with ``model.generate`` (left padding, stop strings).
-
-    Args:
-        model: a causal LM (possibly the trainer's model, in train mode).
-        batch_ids: one ``list[int]`` context per row.
-        max_new_tokens: per-turn cap.
-        temperature: sampling temperature; must equal ``GRPOConfig.temperature`` because
-            TRL recomputes log-probs with ``logits / temperature``.
-
-    Returns:
-        The new ids of each row, cut by :func:`cut_at_stop`.
-    """
-    ids, _state = hf_generate_turn(model, tokenizer, batch_ids, max_new_tokens=max_new_tokens,
-                                   temperature=temperature, do_sample=do_sample, top_k=top_k, top_p=top_p)
-    return ids
-
-
 @dataclass
 class TurnCache:
     """What one ``generate`` call leaves for the next turn of the same rows (HF backend).
@@ -209,7 +202,7 @@ def hf_generate_turn(model, tokenizer, contexts: list[list[int]], *, max_new_tok
         prev: the :class:`TurnCache` of the previous turn.
 
     Returns:
-        ``(new_ids, turn_cache)``: each row's new ids cut by :func:`cut_at_stop`, and the
+        ``(new_ids, turn_cache)``: each row's new ids cut by :func:`cut_generated_turn`, and the
         cache for the next turn (None when ``keys`` is None or the model returned no
         cache).
     """
@@ -251,7 +244,7 @@ def hf_generate_turn(model, tokenizer, contexts: list[list[int]], *, max_new_tok
             model.train()
     seq = out if isinstance(out, torch.Tensor) else out.sequences
     new = seq[:, width:].tolist()
-    kept = [cut_at_stop(tokenizer, row)[0] for row in new]
+    kept = [cut_generated_turn(tokenizer, row)[0] for row in new]
     new_cache = None if isinstance(out, torch.Tensor) else getattr(out, "cache", None)
     state = None
     if keys is not None and new_cache is not None:
@@ -260,23 +253,20 @@ def hf_generate_turn(model, tokenizer, contexts: list[list[int]], *, max_new_tok
     return kept, state
 
 
-def vllm_generate(trainer, tokenizer, batch_ids: list[list[int]]) -> tuple[list[list[int]], list[list[float]]]:
-    """Sample one turn per row through TRL's vLLM engine (colocate or server mode).
+def sampled_logprob(lp: Any) -> float | None:
+    """One token's sampled log-prob from TRL's vLLM output, or None when vLLM had none.
 
-    TRL's sampling parameters carry no stop strings, so each row is cut after generation
-    by :func:`cut_at_stop`; the log-probs of the kept tokens are returned for TRL's
-    importance-sampling correction.
-
-    Returns:
-        ``(ids, logprobs)`` per row.
+    TRL 1.16 returns each token's log-probs as a list, top-1 (the sampled token) first,
+    and replaces a NaN by None (``extract_logprobs``, ``parse_logprobs``). None is kept:
+    TRL's ``_generate_and_score_completions`` maps it back to NaN and gives that token no
+    importance-sampling correction (ratio 1).
     """
-    _, completion_ids, logprobs, _ = trainer.vllm_generation.generate(prompts=batch_ids, images=None, num_generations=1)
-    ids_out, lp_out = [], []
-    for ids, lps in zip(completion_ids, logprobs):
-        kept, _ = cut_at_stop(tokenizer, list(ids))
-        ids_out.append(kept)
-        lp_out.append([float(lp[0]) if isinstance(lp, (list, tuple)) else float(lp) for lp in lps[: len(kept)]])
-    return ids_out, lp_out
+    if isinstance(lp, (list, tuple)):
+        lp = lp[0] if lp else None
+    if lp is None:
+        return None
+    lp = float(lp)
+    return None if math.isnan(lp) else lp
 
 
 # -- episodes -------------------------------------------------------------------------------
@@ -297,6 +287,8 @@ class RolloutSettings:
             (at most ``gen_batch_size`` episodes), keep the KV cache between turns so a
             turn encodes only the new observation (:func:`hf_generate_turn`); False
             re-encodes every context each turn.
+        enable_thinking: the chat template's thinking switch for the prompts (the run
+            config's top-level ``enable_thinking``; None: the template's default).
     """
 
     max_turns: int = 2
@@ -306,6 +298,7 @@ class RolloutSettings:
     gen_batch_size: int = 16
     greedy: bool = False
     reuse_cache: bool = True
+    enable_thinking: bool | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_new_tokens", "max_completion_tokens", "gen_batch_size"):
@@ -317,34 +310,266 @@ class RolloutSettings:
 
 
 @dataclass
-class EpisodeState:
-    """One in-flight episode of a rollout batch (internal)."""
+class TokenRecord:
+    """The token record of one episode (what GRPO trains on).
 
-    env: Any
+    Attributes:
+        prompt_ids: the chat prompt's ids (:func:`prompt_token_ids`).
+        completion_ids: model and observation ids, interleaved.
+        env_mask: 1 per model id, 0 per observation id (and for the closing eos).
+        logprobs: per completion id; sampled log-probs on vLLM (None where vLLM
+            reported NaN, see :func:`sampled_logprob`), 0.0 for observation ids and on HF.
+        turns: model turns generated.
+        length_capped: the whole-completion cap (``max_completion_tokens``) cut the
+            episode short.
+    """
+
     prompt_ids: list[int]
     completion_ids: list[int] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    segments: list[tuple[str, bool]] = field(default_factory=list)
-    done: bool = False
+    logprobs: list[float | None] = field(default_factory=list)
     turns: int = 0
-    info: dict[str, Any] = field(default_factory=dict)
-    terminated: bool = False
-    truncated: bool = False
     length_capped: bool = False
 
 
-def _reset_env(env, task) -> tuple[str, dict[str, Any]]:
-    """Reset ``env`` on ``task`` (a :class:`~drgym.records.Task`)."""
-    obs, info = env.reset(options={"task": task})
-    return obs, info
+class HFTurnStep:
+    """Generation step on the HF backend: :func:`hf_generate_turn`, KV cache kept between turns.
+
+    Args:
+        model: the causal LM (the trainer's, unwrapped).
+        tokenizer: its tokenizer.
+        settings: the run's :class:`RolloutSettings` (per-turn cap, temperature,
+            ``gen_batch_size``, ``greedy``, ``reuse_cache``).
+        rows: episodes in the rollout batch; the KV cache is reused between turns only
+            when they fit one ``generate`` call (``rows <= gen_batch_size``).
+    """
+
+    returns_logprobs = False
+
+    def __init__(self, model, tokenizer, settings: RolloutSettings, rows: int) -> None:
+        self.model, self.tokenizer, self.settings = model, tokenizer, settings
+        self.single = rows <= settings.gen_batch_size and settings.reuse_cache
+        self._cache: TurnCache | None = None
+
+    def __call__(self, contexts: list[list[int]], keys: list[Any]) -> tuple[list[list[int]], list[list[float]]]:
+        """One turn for each context (``keys`` name the rows across turns). Returns ``(ids, logprobs)``."""
+        s = self.settings
+        ids_out: list[list[int]] = []
+        for b in range(0, len(contexts), s.gen_batch_size):
+            ids, cache = hf_generate_turn(
+                self.model, self.tokenizer, contexts[b: b + s.gen_batch_size], max_new_tokens=s.max_new_tokens,
+                temperature=s.temperature, do_sample=not s.greedy,
+                keys=keys[b: b + s.gen_batch_size] if self.single else None, prev=self._cache if self.single else None)
+            if self.single:
+                self._cache = cache
+            ids_out += ids
+        return ids_out, [[0.0] * len(x) for x in ids_out]
 
 
-def _initial_messages(obs: str, info: dict[str, Any]) -> list[dict[str, Any]]:
-    msgs = info.get("messages")
-    if not msgs:
-        raise ConfigError("the environment's reset() info has no 'messages'; drgym training needs the chat prompt there.")
-    return [dict(m) for m in msgs]
+class VLLMTurnStep:
+    """Generation step through TRL's vLLM engine (``trainer.vllm_generation``, colocate or server).
+
+    One call per turn with every active row of this rank, with the per-turn sampling
+    parameters the HF path uses: ``max_tokens`` = ``max_new_tokens`` and ``stop`` =
+    :data:`STOP_STRINGS` with ``include_stop_str_in_output`` (set on TRL's
+    ``VLLMGeneration`` for the call and restored after; TRL 1.16 takes no per-call
+    sampling parameters, and ``generation_kwargs`` override its own). Each row is still
+    cut by :func:`cut_generated_turn`, as on HF.
+
+    Several processes: TRL's server branch, and colocate mode with
+    ``vllm_tensor_parallel_size > 1``, are collective. ``VLLMGeneration.generate``
+    gathers every rank's prompts and hands rank ``r`` the slice ``[r*n, (r+1)*n)`` of the
+    results, ``n`` being *its own* prompt count, so every rank must call it every round
+    with the same count. Each round therefore starts with a gather of the ranks' row
+    counts; every rank pads its batch to the largest with one-token dummy prompts (whose
+    outputs are dropped), and a rank whose episodes have all ended keeps joining rounds
+    (:meth:`drain`) until every rank reports 0 rows.
+
+    Checks: the engine must return one completion and one log-prob list per prompt and
+    one log-prob per token, else ``RuntimeError`` (never a silent zip of the wrong rows).
+    A NaN log-prob (None from TRL) keeps its token and stays None
+    (:func:`sampled_logprob`); ``stats["nan_logprobs"]`` counts them.
+
+    Attributes:
+        collective: True when rounds are synchronised across ranks (see above).
+        stats: ``rounds`` (generate calls), ``padding_rows`` (dummy prompts sent),
+            ``nan_logprobs`` (tokens of real rows without a log-prob).
+    """
+
+    returns_logprobs = True
+
+    def __init__(self, trainer, tokenizer, settings: RolloutSettings) -> None:
+        from drgym.training.ranks import world
+
+        self.trainer, self.tokenizer, self.settings = trainer, tokenizer, settings
+        self.gen = trainer.vllm_generation
+        _, n_proc = world(trainer)
+        mode = getattr(self.gen, "mode", "colocate")
+        self.collective = n_proc > 1 and (mode == "server" or int(getattr(self.gen, "tensor_parallel_size", 1) or 1) > 1)
+        self.stats: dict[str, int] = {"rounds": 0, "padding_rows": 0, "nan_logprobs": 0}
+        pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+        self._dummy = [int(pad)]
+
+    @contextmanager
+    def _turn_params(self):
+        """TRL's generation settings with the per-turn cap and stop strings, restored after."""
+        g = self.gen
+        old_len, old_kw = g.max_completion_length, g.generation_kwargs
+        g.max_completion_length = self.settings.max_new_tokens
+        g.generation_kwargs = {**(old_kw or {}), "max_tokens": self.settings.max_new_tokens,
+                               "stop": list(STOP_STRINGS), "include_stop_str_in_output": True}
+        try:
+            yield
+        finally:
+            g.max_completion_length, g.generation_kwargs = old_len, old_kw
+
+    def _round_size(self, n: int) -> int:
+        """The rows every rank sends this round (the largest count; this rank's own without collectives)."""
+        if not self.collective:
+            return n
+        from drgym.training.ranks import gather_rows
+
+        return max(int(c) for c in gather_rows(self.trainer, [n]))
+
+    def _generate(self, contexts: list[list[int]], total: int) -> tuple[list[list[int]], list[list[float | None]]]:
+        """One ``VLLMGeneration.generate`` call with ``contexts`` padded to ``total`` rows; the real rows' results."""
+        n = len(contexts)
+        batch = list(contexts) + [self._dummy] * (total - n)
+        self.stats["rounds"] += 1
+        self.stats["padding_rows"] += total - n
+        with self._turn_params():
+            _, completion_ids, logprobs, _ = self.gen.generate(prompts=batch, images=None, num_generations=1)
+        if len(completion_ids) != len(batch):
+            raise RuntimeError(f"vLLM returned {len(completion_ids)} completions for {len(batch)} prompts "
+                               f"({n} rollout rows + {total - n} padding rows); refusing to assign them to episodes.")
+        if logprobs is not None and len(logprobs) != len(batch):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} log-prob lists for {len(batch)} prompts.")
+        ids_out: list[list[int]] = []
+        lp_out: list[list[float | None]] = []
+        for i in range(n):
+            ids = list(completion_ids[i])
+            lps = logprobs[i] if logprobs is not None else [None] * len(ids)
+            if len(lps) != len(ids):
+                raise RuntimeError(f"vLLM returned {len(lps)} log-probs for a completion of {len(ids)} tokens.")
+            kept, _ = cut_generated_turn(self.tokenizer, ids)
+            row = [sampled_logprob(x) for x in lps[: len(kept)]]
+            self.stats["nan_logprobs"] += sum(1 for x in row if x is None)
+            ids_out.append(kept)
+            lp_out.append(row)
+        return ids_out, lp_out
+
+    def __call__(self, contexts: list[list[int]], keys: list[Any]) -> tuple[list[list[int]], list[list[float | None]]]:
+        """One turn for this rank's active rows (a collective round when :attr:`collective`)."""
+        return self._generate(contexts, self._round_size(len(contexts)))
+
+    def drain(self) -> None:
+        """After this rank's episodes have ended: join the other ranks' rounds until none has rows left."""
+        if not self.collective:
+            return
+        while True:
+            total = self._round_size(0)
+            if total == 0:
+                return
+            self._generate([], total)
+
+
+class TokenRecorder:
+    """A policy for the shared rollout loop that generates token ids and records them.
+
+    The loop is :meth:`drgym.envs.driver.BatchedDriver.run` (the one ``drgym rollout``
+    runs); this object is its policy. Each :meth:`act` call it (1) appends the previous
+    turn's observation tokens (``env_mask`` 0) to each continuing episode, after the
+    bookkeeping rules below, (2) runs the generation step (``step(contexts, keys)``:
+    :class:`HFTurnStep` or :class:`VLLMTurnStep`) once for every active row, (3) records
+    the new ids (``env_mask`` 1) and returns their decoded text as the actions.
+
+    Rules (Search-R1's layout, Jin et al. 2025, §3.1):
+
+    - a turn is cut after its first stop string or eos (:func:`cut_generated_turn`),
+      inside reasoning too (see :mod:`drgym.policies.generation`);
+    - when the chat template opens ``<think>`` in the prompt, the episode's first turn is
+      handed to the env behind that tag (:func:`~drgym.policies.generation.opened_reasoning`;
+      the recorded ids are the model's own);
+    - a turn that ended with eos while the episode goes on loses that eos, so the
+      observation continues the turn's text (what the ``hf:`` policy renders);
+    - the whole completion is capped at ``max_completion_tokens``: a turn is cut to the
+      room left and ends the episode; an observation that leaves no room ends it too;
+    - an episode ends after ``max_turns`` model turns;
+    - an episode that ended with an answer but no eos is closed with a masked eos.
+
+    Ending an episode is answering None for it: the driver then ends it as truncated
+    (:meth:`drgym.envs.core.SearchAgentEnv.end_episode`).
+    """
+
+    name = "token-recorder"
+
+    def __init__(self, step, tokenizer, settings: RolloutSettings) -> None:
+        self.step, self.tokenizer, self.settings = step, tokenizer, settings
+        self.records: dict[str, TokenRecord] = {}
+        self._opened: dict[str, str] = {}  # episode id -> OPEN_TAG when its prompt ends inside <think>
+        self.generation_s = 0.0
+
+    def act(self, conversations: list[list[dict[str, Any]]], infos: list[dict[str, Any]] | None = None) -> list[str | None]:
+        s, tok = self.settings, self.tokenizer
+        actions: list[str | None] = [None] * len(conversations)
+        rows: list[int] = []
+        for k, (conv, info) in enumerate(zip(conversations, infos or [{}] * len(conversations))):
+            eid = info["episode_id"]
+            rec = self.records.get(eid)
+            if rec is None:
+                self.records[eid] = TokenRecord(prompt_ids=prompt_token_ids(tok, conv, enable_thinking=s.enable_thinking))
+                # the chat template may open <think> in the prompt: the first turn is then handed
+                # to the env behind that tag (drgym.policies.generation.opened_reasoning)
+                self._opened[eid] = opened_reasoning(tok.decode(self.records[eid].prompt_ids, skip_special_tokens=False))
+                rows.append(k)
+                continue
+            if rec.length_capped or rec.turns >= s.max_turns:
+                continue  # None: the driver ends the episode
+            if rec.completion_ids and rec.completion_ids[-1] == tok.eos_token_id:
+                # the turn ended with eos but the episode goes on (an invalid action gets a
+                # corrective observation): drop the eos, as Search-R1 does when it re-tokenises
+                # the decoded turn
+                rec.completion_ids.pop()
+                rec.env_mask.pop()
+                rec.logprobs.pop()
+            obs = info.get("observation") or ""
+            obs_ids = list(tok(obs, add_special_tokens=False)["input_ids"]) if obs else []
+            if len(obs_ids) >= s.max_completion_tokens - len(rec.completion_ids):
+                rec.length_capped = True  # no room left for the model to act on this observation
+                continue
+            rec.completion_ids += obs_ids
+            rec.env_mask += [0] * len(obs_ids)
+            rec.logprobs += [0.0] * len(obs_ids)
+            rows.append(k)
+        if not rows:
+            return actions
+        keys = [infos[k]["episode_id"] for k in rows]  # type: ignore[index]
+        recs = [self.records[e] for e in keys]
+        t0 = time.perf_counter()
+        new_ids, new_lps = self.step([r.prompt_ids + r.completion_ids for r in recs], keys)
+        self.generation_s += time.perf_counter() - t0
+        for k, eid, rec, ids, lps in zip(rows, keys, recs, new_ids, new_lps):
+            room = s.max_completion_tokens - len(rec.completion_ids)
+            if len(ids) > room:
+                ids, lps, rec.length_capped = ids[:room], lps[:room], True
+            rec.completion_ids += ids
+            rec.env_mask += [1] * len(ids)
+            rec.logprobs += list(lps)
+            actions[k] = (self._opened.pop(eid, "") if rec.turns == 0 else "") + tok.decode(ids, skip_special_tokens=True)
+            rec.turns += 1
+        return actions
+
+    def finish(self, traj) -> TokenRecord:
+        """The record of a finished episode, closed with a masked eos when it answered without one."""
+        rec = self.records[traj.episode_id]
+        eos = self.tokenizer.eos_token_id
+        if traj.terminated and (not rec.completion_ids or rec.completion_ids[-1] != eos):
+            # stopped on </answer>: close the turn with eos so TRL does not count it as clipped;
+            # the model never sampled this token, so it is masked (env_mask 0).
+            rec.completion_ids.append(eos)
+            rec.env_mask.append(0)
+            rec.logprobs.append(0.0)
+        return rec
 
 
 class SearchRolloutFunc:
@@ -354,9 +579,11 @@ class SearchRolloutFunc:
     with ``prompts`` the generation batch, each dataset prompt already repeated
     ``num_generations`` times consecutively; one completion is returned per element.
 
-    The dataset's ``prompt`` column must be the rendered chat prompt of a task, as made
-    by :func:`drgym.training.data.build_dataset`; the prompt text is mapped back to its
-    task through ``prompt_to_task``.
+    The episodes run in the shared rollout loop (:class:`drgym.envs.driver.BatchedDriver`,
+    one ``search_batch`` per turn for every episode of the batch) with a
+    :class:`TokenRecorder` as the policy. The dataset's ``prompt`` column must be the
+    rendered chat prompt of a task, as made by :func:`drgym.training.data.build_dataset`;
+    the prompt text is mapped back to its task through ``prompt_to_task``.
 
     Returns (per element of ``prompts``):
         ``prompt_ids`` (list[int]), ``completion_ids`` (list[int], model and observation
@@ -374,6 +601,8 @@ class SearchRolloutFunc:
         self.tokenizer = tokenizer
         self._pool: list[Any] = []
         self.last_timings: dict[str, float] = {}
+        self.last_driver_stats: dict[str, float] = {}
+        self.last_step_stats: dict[str, int] = {}
         self.history: list[list[str]] = []  # task ids of each call, in order (resume checks)
         self.model_tokens: list[list[int]] = []  # env_mask sums of each call (masking checks)
 
@@ -388,152 +617,99 @@ class SearchRolloutFunc:
         self._log_metrics(trainer, out)
         return out
 
-    def _env(self, i: int):
-        while len(self._pool) <= i:
+    def _envs(self, n: int) -> list[Any]:
+        while len(self._pool) < n:
             self._pool.append(self.env_factory())
-        return self._pool[i]
+        return self._pool[:n]
 
-    def run(self, prompts: list[Any], *, model, tokenizer, trainer=None) -> dict[str, Any]:
-        """Run one episode per prompt; see the class docstring for the returned fields."""
-        s = self.settings
-        t_gen = t_env = 0.0
-        states: list[EpisodeState] = []
-        t0 = time.perf_counter()
-        for i, p in enumerate(prompts):
+    def run(self, prompts: list[Any], *, model=None, tokenizer, trainer=None, step=None) -> dict[str, Any]:
+        """Run one episode per prompt; see the class docstring for the returned fields.
+
+        ``step`` replaces the generation step (default :class:`VLLMTurnStep` with a
+        vLLM ``trainer``, else :class:`HFTurnStep` on ``model``).
+        """
+        from drgym.envs.driver import BatchedDriver
+
+        tasks = []
+        for p in prompts:
             key = p if isinstance(p, str) else str(p)
             if key not in self.prompt_to_task:
                 raise ConfigError("rollout_func got a prompt that is not in its task table; build the dataset with "
                                   "drgym.training.data.build_dataset so prompts map to tasks.")
-            env = self._env(i)
-            if i == 0:
-                self.history.append([])
-            self.history[-1].append(self.prompt_to_task[key].task_id)
-            obs, info = _reset_env(env, self.prompt_to_task[key])
-            pids = prompt_token_ids(tokenizer, _initial_messages(obs, info))
-            states.append(EpisodeState(env=env, prompt_ids=pids, info=info))
-        t_env += time.perf_counter() - t0
+            tasks.append(self.prompt_to_task[key])
+        self.history.append([t.task_id for t in tasks])
+        if step is None:
+            step = VLLMTurnStep(trainer, tokenizer, self.settings) if trainer is not None else HFTurnStep(
+                model, tokenizer, self.settings, rows=len(prompts))
+        recorder = TokenRecorder(step, tokenizer, self.settings)
+        t0 = time.perf_counter()
+        with BatchedDriver(self._envs(len(prompts))) as driver:
+            trajs = driver.run(recorder, [{"task": t} for t in tasks], seed=None)
+        drain = getattr(step, "drain", None)
+        if drain is not None:
+            t1 = time.perf_counter()
+            drain()  # collective vLLM: keep joining the other ranks' turns until they are done too
+            recorder.generation_s += time.perf_counter() - t1
+        wall = time.perf_counter() - t0
 
-        turn_cache: TurnCache | None = None
-        for _turn in range(s.max_turns):
-            active = [st for st in states if not st.done]
-            if not active:
-                break
-            tg = time.perf_counter()
-            new_ids: list[list[int]] = []
-            new_lps: list[list[float]] = []
-            # one chunk: the KV cache of the previous turn serves this one (HF backend)
-            single = len(states) <= s.gen_batch_size and s.reuse_cache
-            for b in range(0, len(active), s.gen_batch_size):
-                rows = active[b: b + s.gen_batch_size]
-                chunk = [st.prompt_ids + st.completion_ids for st in rows]
-                if trainer is not None:
-                    ids, lps = vllm_generate(trainer, tokenizer, chunk)
-                else:
-                    ids, turn_cache = hf_generate_turn(
-                        model, tokenizer, chunk, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                        do_sample=not s.greedy, keys=[id(st) for st in rows] if single else None,
-                        prev=turn_cache if single else None)
-                    lps = [[0.0] * len(x) for x in ids]
-                new_ids += ids
-                new_lps += lps
-            t_gen += time.perf_counter() - tg
-            te = time.perf_counter()
-            for st, ids, lps in zip(active, new_ids, new_lps):
-                room = s.max_completion_tokens - len(st.completion_ids)
-                if len(ids) > room:
-                    ids, lps, st.length_capped = ids[:room], lps[:room], True
-                st.completion_ids += ids
-                st.env_mask += [1] * len(ids)
-                st.logprobs += lps
-                st.turns += 1
-                text = tokenizer.decode(ids, skip_special_tokens=True)
-                st.segments.append((text, True))
-                obs, _r, term, trunc, info = st.env.step(text)
-                st.info = info
-                st.terminated, st.truncated = bool(term), bool(trunc)
-                if term or trunc or st.length_capped:
-                    st.done = True
-                    continue
-                if _turn == s.max_turns - 1:
-                    st.done, st.truncated = True, True
-                    continue
-                if st.completion_ids and st.completion_ids[-1] == tokenizer.eos_token_id:
-                    # the turn ended with eos but the episode goes on (an invalid action gets a
-                    # corrective observation): drop the eos, as Search-R1 does when it re-tokenises
-                    # the decoded turn, so the observation continues the turn's text and the
-                    # context matches what drgym rollout's hf policy renders
-                    st.completion_ids.pop()
-                    st.env_mask.pop()
-                    st.logprobs.pop()
-                obs_ids = list(tokenizer(obs, add_special_tokens=False)["input_ids"]) if obs else []
-                room = s.max_completion_tokens - len(st.completion_ids)
-                if len(obs_ids) >= room:  # no room left for the model to act on this observation
-                    st.done, st.truncated, st.length_capped = True, True, True
-                    continue
-                st.completion_ids += obs_ids
-                st.env_mask += [0] * len(obs_ids)
-                st.logprobs += [0.0] * len(obs_ids)
-                st.segments.append((obs, False))
-            t_env += time.perf_counter() - te
-
-        eos = tokenizer.eos_token_id
         result: dict[str, list] = {k: [] for k in (
             "prompt_ids", "completion_ids", "logprobs", "env_mask", "final_answer", "trajectory", "num_turns",
             "num_searches", "invalid_actions", "truncated", "env_reward_components")}
-        for st in states:
-            if st.terminated and (not st.completion_ids or st.completion_ids[-1] != eos):
-                # stopped on </answer>: close the turn with eos so TRL does not count it as clipped;
-                # the model never sampled this token, so it is masked (env_mask 0).
-                st.completion_ids.append(eos)
-                st.env_mask.append(0)
-                st.logprobs.append(0.0)
-            traj = _trajectory_dict(st)
-            result["prompt_ids"].append(st.prompt_ids)
-            result["completion_ids"].append(st.completion_ids)
-            result["logprobs"].append(st.logprobs)
-            result["env_mask"].append(st.env_mask)
-            result["final_answer"].append(traj.get("final_answer") or "")
-            result["trajectory"].append(traj)
-            result["num_turns"].append(st.turns)
-            result["num_searches"].append(_count_calls(traj, "search"))
-            result["invalid_actions"].append(_count_calls(traj, "invalid"))
-            result["truncated"].append(not st.terminated)
-            result["env_reward_components"].append(dict(traj.get("reward_components") or {}))
-        if trainer is None:
+        for traj in trajs:
+            rec = recorder.finish(traj)
+            result["prompt_ids"].append(rec.prompt_ids)
+            result["completion_ids"].append(rec.completion_ids)
+            result["logprobs"].append(rec.logprobs)
+            result["env_mask"].append(rec.env_mask)
+            result["final_answer"].append(traj.final_answer or "")
+            result["trajectory"].append(traj.to_dict())
+            result["num_turns"].append(rec.turns)
+            result["num_searches"].append(traj.count("search"))
+            result["invalid_actions"].append(traj.count("invalid"))
+            result["truncated"].append(not traj.terminated)
+            result["env_reward_components"].append(dict(traj.reward_components or {}))
+        if not step.returns_logprobs:
             result["logprobs"] = None  # HF backend: TRL recomputes log-probs itself
-        self.last_timings = {"generation_s": t_gen, "env_s": t_env}
+        self.last_timings = {"generation_s": recorder.generation_s, "env_s": wall - recorder.generation_s}
+        self.last_driver_stats = dict(driver.stats)
+        self.last_step_stats = dict(getattr(step, "stats", {}))
+        if self.last_step_stats.get("nan_logprobs"):
+            log.warning("vLLM returned no log-prob (NaN) for %d sampled tokens of this batch; they keep their place "
+                        "and get no importance-sampling correction", self.last_step_stats["nan_logprobs"])
         self.model_tokens.append([sum(m) for m in result["env_mask"]])
         return result
 
     def _log_metrics(self, trainer, out: dict[str, Any]) -> None:
+        """Append the batch's ``env/*``, ``rollout/*`` and ``timing/*`` metrics to the trainer's.
+
+        Means are over the episodes of **every** rank (:func:`drgym.training.ranks.gather_rows`;
+        TRL logs rank 0's metrics only); ``rollout/nan_logprobs`` and
+        ``rollout/padding_rows`` are summed over ranks and ``timing/*`` is the slowest
+        rank's (the step waits for it). With several processes this is a collective:
+        every rank calls it once per ``rollout_func`` call.
+        """
+        from drgym.training.ranks import gather_rows
+
         metrics = getattr(trainer, "_metrics", None)
         if metrics is None:
             return
-        mode = "train" if trainer.model.training else "eval"
-        n = max(1, len(out["num_turns"]))
-        m = metrics[mode]
-        m["env/turns_mean"].append(sum(out["num_turns"]) / n)
-        m["env/searches_mean"].append(sum(out["num_searches"]) / n)
-        m["env/invalid_actions_mean"].append(sum(out["invalid_actions"]) / n)
-        m["env/answered_frac"].append(sum(1 for t in out["truncated"] if not t) / n)
-        m["env/empty_answer_frac"].append(sum(1 for a in out["final_answer"] if not a.strip()) / n)
-        m["env/obs_tokens_mean"].append(sum(len(x) - sum(y) for x, y in zip(out["completion_ids"], out["env_mask"])) / n)
-        m["timing/generation_s"].append(self.last_timings.get("generation_s", 0.0))
-        m["timing/env_s"].append(self.last_timings.get("env_s", 0.0))
-
-
-def _trajectory_dict(st: EpisodeState) -> dict[str, Any]:
-    traj = st.info.get("trajectory")
-    if traj is not None:
-        return traj.to_dict() if hasattr(traj, "to_dict") else dict(traj)
-    env = getattr(st.env, "unwrapped", st.env)
-    for attr in ("trajectory", "_trajectory"):
-        t = getattr(env, attr, None)
-        if t is not None and hasattr(t, "to_dict"):
-            return t.to_dict()
-    return {"final_answer": st.info.get("final_answer"), "reward_components": st.info.get("reward_components") or {},
-            "steps": []}
-
-
-def _count_calls(traj: dict[str, Any], name: str) -> int:
-    return sum(1 for s in traj.get("steps") or [] for c in s.get("tool_calls") or [] if c.get("name") == name)
+        eps = [(turns, searches, invalid, 0 if trunc else 1, 0 if ans.strip() else 1, len(ids) - sum(mask))
+               for turns, searches, invalid, trunc, ans, ids, mask in zip(
+                   out["num_turns"], out["num_searches"], out["invalid_actions"], out["truncated"],
+                   out["final_answer"], out["completion_ids"], out["env_mask"])]
+        mine = {"episodes": eps, "generation_s": self.last_timings.get("generation_s", 0.0),
+                "env_s": self.last_timings.get("env_s", 0.0), "nan_logprobs": self.last_step_stats.get("nan_logprobs", 0),
+                "padding_rows": self.last_step_stats.get("padding_rows", 0)}
+        ranks = gather_rows(trainer, [mine])
+        rows = [e for r in ranks for e in r["episodes"]]
+        n = max(1, len(rows))
+        m = metrics["train" if trainer.model.training else "eval"]
+        for j, name in enumerate(("env/turns_mean", "env/searches_mean", "env/invalid_actions_mean",
+                                  "env/answered_frac", "env/empty_answer_frac", "env/obs_tokens_mean")):
+            m[name].append(sum(e[j] for e in rows) / n)
+        if "nan_logprobs" in self.last_step_stats:  # vLLM
+            m["rollout/nan_logprobs"].append(sum(r["nan_logprobs"] for r in ranks))
+        if len(ranks) > 1:
+            m["rollout/padding_rows"].append(sum(r["padding_rows"] for r in ranks))
+        m["timing/generation_s"].append(max(r["generation_s"] for r in ranks))
+        m["timing/env_s"].append(max(r["env_s"] for r in ranks))

@@ -12,7 +12,6 @@ are -100 on the prompt and on observation tokens, as in Search-R1's loss masking
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 from pathlib import Path
@@ -94,8 +93,12 @@ def trajectory_segments(traj, *, gold_answer: str | None = None) -> list[tuple[s
     return segs
 
 
-def encode_trajectory(tokenizer, traj, *, gold_answer: str | None = None, max_length: int = 1024) -> dict[str, list[int]]:
+def encode_trajectory(tokenizer, traj, *, gold_answer: str | None = None, max_length: int = 1024,
+                      enable_thinking: bool | None = None) -> dict[str, list[int]]:
     """One SFT example: ``input_ids`` and ``labels`` (-100 on prompt and observations).
+
+    The prompt is rendered as GRPO renders it (``enable_thinking``: the chat template's
+    thinking switch, None for its default).
 
     Returns:
         ``{"input_ids": list[int], "labels": list[int]}`` of equal length, at most
@@ -103,7 +106,7 @@ def encode_trajectory(tokenizer, traj, *, gold_answer: str | None = None, max_le
     """
     from drgym.training.rollout import encode_segments, prompt_token_ids
 
-    pids = prompt_token_ids(tokenizer, prompt_messages(traj))
+    pids = prompt_token_ids(tokenizer, prompt_messages(traj), enable_thinking=enable_thinking)
     cids, mask = encode_segments(tokenizer, trajectory_segments(traj, gold_answer=gold_answer),
                                  end_with_eos=traj.final_answer is not None or gold_answer is not None)
     ids = pids + cids
@@ -112,7 +115,7 @@ def encode_trajectory(tokenizer, traj, *, gold_answer: str | None = None, max_le
 
 
 def build_sft_dataset(tokenizer, trajectories, *, tasks_by_id: dict[str, Any] | None = None, gold_answers: bool = False,
-                      min_reward: float | None = None, max_length: int = 1024):
+                      min_reward: float | None = None, max_length: int = 1024, enable_thinking: bool | None = None):
     """A ``datasets.Dataset`` of ``input_ids``/``labels`` rows from trajectories.
 
     Args:
@@ -122,6 +125,7 @@ def build_sft_dataset(tokenizer, trajectories, *, tasks_by_id: dict[str, Any] | 
         gold_answers: replace each final answer by the task's first gold answer.
         min_reward: keep only trajectories whose ``reward`` is at least this.
         max_length: token cap per example.
+        enable_thinking: the chat template's thinking switch (see :func:`encode_trajectory`).
 
     Raises:
         ConfigError: nothing left after filtering, or gold answers asked without tasks.
@@ -146,7 +150,8 @@ def build_sft_dataset(tokenizer, trajectories, *, tasks_by_id: dict[str, Any] | 
                 skipped += 1
                 continue
             gold = answers[0]
-        rows.append(encode_trajectory(tokenizer, t, gold_answer=gold, max_length=max_length))
+        rows.append(encode_trajectory(tokenizer, t, gold_answer=gold, max_length=max_length,
+                                      enable_thinking=enable_thinking))
     if not rows:
         raise ConfigError(f"no SFT examples left ({skipped} trajectories skipped by the filters).")
     log.info("SFT dataset: %d examples (%d skipped)", len(rows), skipped)
@@ -231,7 +236,7 @@ def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None =
     if gold_answers:
         tasks_by_id = _tasks_for(cfg, {t.task_id for t in trajs})
     ds = build_sft_dataset(tok, trajs, tasks_by_id=tasks_by_id, gold_answers=gold_answers, min_reward=min_reward,
-                           max_length=int(cfg.sft.get("max_length") or 1024))
+                           max_length=int(cfg.sft.get("max_length") or 1024), enable_thinking=cfg.enable_thinking)
     torch.manual_seed(cfg.seed)
     model = load_pretrained(AutoModelForCausalLM, path, dtype=torch.float32)
     trainable, total = freeze_bottom(model, cfg.trainable_layers)
@@ -268,18 +273,6 @@ def _tasks_for(cfg, ids: set[str]) -> dict[str, Any]:
                 if t.task_id in ids:
                     found[t.task_id] = t
     return found
-
-
-def dump_examples(ds, tokenizer, path: str | Path, n: int = 3) -> None:
-    """Write the first ``n`` examples decoded, with masked spans shown, for inspection."""
-    from drgym.atomic import atomic_write_text
-
-    lines = []
-    for r in ds.select(range(min(n, len(ds)))):
-        trained = [t for t, lab in zip(r["input_ids"], r["labels"]) if lab != IGNORE_INDEX]
-        lines.append(json.dumps({"text": tokenizer.decode(r["input_ids"]), "trained": tokenizer.decode(trained)},
-                                ensure_ascii=False))
-    atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def make_scripted_trajectories(cfg, out_path: str | Path, *, split: str = "train", start: int | None = None,

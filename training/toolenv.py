@@ -37,9 +37,13 @@ def use_tool_template(tokenizer) -> None:
 def make_tool_env_class(env_factory):
     """A zero-argument environment class for ``GRPOTrainer(environment_factory=...)``.
 
-    Tools exposed to the model: ``search(query)``. The final answer is the assistant's
-    last message without a tool call; reward functions receive the instances as
-    ``environments`` and call ``_finish(answer)`` with that text (see
+    Tools exposed to the model are the env's own, as its JSON-protocol system prompt
+    describes them (:data:`drgym.envs.prompts.QA_SYSTEM_JSON`): ``search(query)``,
+    ``fetch(url)`` and ``answer(answer)``; each call is one env step, so budgets (a
+    ``max_fetches`` of 0 refuses fetches), observations and the trajectory are the
+    env's. ``answer`` ends the episode. A final assistant message without a tool call
+    is taken as the answer when ``answer`` was not called: reward functions receive the
+    instances as ``environments`` and call ``_finish(answer)`` with its text (see
     :class:`drgym.training.rewards.DrgymRewardFunc`).
     """
 
@@ -59,6 +63,18 @@ def make_tool_env_class(env_factory):
             self.finished = False
             return None
 
+        def _step(self, name: str, argument: str, value: str) -> str:
+            if self.finished or self._env.done:
+                self.finished = True
+                return "The episode has ended; reply without a tool call."
+            self._calls += 1
+            msg = {"content": "", "tool_calls": [{"id": f"call_{self._calls}", "type": "function",
+                                                  "function": {"name": name, "arguments": json.dumps({argument: value})}}]}
+            obs, _r, term, trunc, _info = self._env.step(msg)
+            if term or trunc:
+                self.finished = True
+            return obs
+
         def search(self, query: str) -> str:
             """Search the corpus and return the top passages.
 
@@ -68,13 +84,30 @@ def make_tool_env_class(env_factory):
             Returns:
                 The passages, one per line, with their titles and URLs.
             """
-            self._calls += 1
-            msg = {"content": "", "tool_calls": [{"id": f"call_{self._calls}", "type": "function",
-                                                  "function": {"name": "search", "arguments": json.dumps({"query": query})}}]}
-            obs, _r, term, trunc, _info = self._env.step(msg)
-            if term or trunc:
-                self.finished = True
-            return obs
+            return self._step("search", "query", query)
+
+        def fetch(self, url: str) -> str:
+            """Read a whole document by its URL (from a search result).
+
+            Args:
+                url: the document's URL.
+
+            Returns:
+                The document's text.
+            """
+            return self._step("fetch", "url", url)
+
+        def answer(self, answer: str) -> str:
+            """Give the final answer and end the episode.
+
+            Args:
+                answer: a short phrase, without explanation.
+
+            Returns:
+                A confirmation.
+            """
+            self._step("answer", "answer", answer)
+            return "Answer recorded."
 
         def _finish(self, answer: str):
             # private (leading underscore) so TRL does not expose it as a tool

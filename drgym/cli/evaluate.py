@@ -24,11 +24,15 @@ judge cache, so only what is left is judged.
 
 from __future__ import annotations
 
+import logging
+
 import json
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
+
+log = logging.getLogger(__name__)
 
 METRICS = ("kpr", "citation", "quality", "race", "fact")
 
@@ -142,9 +146,11 @@ def summarize(rows: list[dict[str, Any]], metrics: list[str]) -> dict[str, dict[
                     st = fact_stats(rows_f)
                     s["fact_citation_accuracy"] = st["citation_accuracy"]
                     s["fact_effective_citations"] = st["effective_citations"]
-                except Exception:
+                except (ValueError, KeyError, ZeroDivisionError) as e:  # no usable FACT rows: no score, not a made-up 0
+                    log.warning("FACT statistics of %s failed: %s", system, e)
                     s["fact_citation_accuracy"] = None
-                    s["fact_effective_citations"] = 0.0
+                    s["fact_effective_citations"] = None
+                    s["fact_error"] = f"{type(e).__name__}: {e}"
         out[system] = s
     return out
 

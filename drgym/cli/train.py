@@ -40,6 +40,9 @@ def grpo_cmd(
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Override grpo.max_steps."),
     output_dir: Optional[str] = typer.Option(None, "--output-dir", "-o", help="Override output_dir (default runs/NAME)."),
     model: Optional[str] = typer.Option(None, "--model", help="Override model (e.g. an SFT output folder)."),
+    launch: bool = typer.Option(False, "--launch", help="Start the run as the config's launch: section says "
+                                "(accelerate launch --config_file ... --num_processes N -m drgym train grpo ...)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="With --launch: print the command, start nothing."),
 ) -> None:
     """Train a search agent with GRPO (multi-turn rollouts of drgym/SearchQA-v0)."""
     try:
@@ -47,11 +50,35 @@ def grpo_cmd(
         from drgym.training.grpo import run_grpo
 
         cfg = load_config(config, _overrides(output_dir, model))
+        if launch or dry_run:
+            extra = (["--resume"] if resume else []) + (["--max-steps", str(max_steps)] if max_steps else []) \
+                + (["--output-dir", output_dir] if output_dir else []) + (["--model", model] if model else [])
+            _launch(cfg, config, "grpo", extra, dry_run)
+            return
         summary = run_grpo(cfg, resume=resume, max_steps=max_steps)
     except Exception as e:  # noqa: BLE001
         _fail(e)
     summary.pop("guard_history", None)
     typer.echo(json.dumps(summary, indent=2))
+
+
+def _launch(cfg, config_arg: str, command: str, extra: list[str], dry_run: bool) -> None:
+    """Print (``dry_run``) or run the config's ``accelerate launch`` command; exit with its status."""
+    import shutil
+    import subprocess
+
+    from drgym.training.launch import format_command, launch_command
+
+    cmd = launch_command(cfg, config_arg, command, extra)
+    typer.echo(format_command(cmd))
+    if dry_run:
+        return
+    if shutil.which(cmd[0]) is None:
+        from drgym.errors import DependencyNotInstalled
+
+        raise DependencyNotInstalled("`accelerate` is not on PATH (pip install accelerate; DeepSpeed configs also "
+                                     "need pip install deepspeed).")
+    raise typer.Exit(subprocess.call(cmd))
 
 
 @train_app.command("sft")
@@ -91,20 +118,43 @@ def sft_cmd(
 
 @train_app.command("check")
 def check_cmd(
-    config: list[str] = typer.Argument(..., help="Config files or bundled names."),
+    config: list[str] = typer.Argument(..., help="Config files or bundled names (training/configs/*.yaml)."),
 ) -> None:
-    """Parse configs and build their TRL arguments without training (no GPU needed)."""
+    """Check configs without training (no GPU needed).
+
+    Run configs: TRL arguments built, train/eval split disjoint (task ids and questions),
+    and for a launch: section accelerate's, TRL's and transformers' DeepSpeed consistency
+    checks at the launched world size. accelerate launch files (accelerate_*.yaml) go
+    through accelerate's launch validation.
+    """
     from drgym.training.config import build_grpo_args, build_sft_args, load_config
+    from drgym.training.data import check_split
+    from drgym.training.launch import check_accelerate_file, is_accelerate_file
 
     ok = True
     for c in config:
         try:
+            if is_accelerate_file(c):
+                r = check_accelerate_file(c)
+                typer.echo(f"ok  {c}: accelerate launch config ({r['distributed_type']}, {r['num_processes']} processes)")
+                continue
             cfg = load_config(c)
             g = build_grpo_args(cfg, validate_only=True)
             build_sft_args(cfg, validate_only=True)
             adj = getattr(g, "_drgym_adjusted", {})
-            typer.echo(f"ok  {c}: generation_batch_size={g.generation_batch_size} num_generations={g.num_generations} "
-                       f"use_vllm={g.use_vllm}" + (f" (checked without GPU: {adj})" if adj else ""))
+            split = check_split(cfg)
+            from drgym.training.launch import check_launch
+
+            launch = check_launch(cfg)
+            msg = (f"ok  {c}: generation_batch_size={g.generation_batch_size} num_generations={g.num_generations} "
+                   f"use_vllm={g.use_vllm}; tasks train={split['train']} eval={split['eval']} (disjoint)")
+            if launch.get("launch"):
+                gr = launch.get("grpo") or {}
+                msg += (f"; launch: {launch['num_processes']} processes, {launch['distributed_type']} "
+                        f"gradient_accumulation_steps={gr.get('gradient_accumulation_steps')} "
+                        f"train_batch_size={gr.get('train_batch_size')}"
+                        + ("" if launch.get("deepspeed", True) else " (checked without deepspeed installed)"))
+            typer.echo(msg + (f" (checked without GPU: {adj})" if adj else ""))
         except Exception as e:  # noqa: BLE001
             ok = False
             typer.secho(f"bad {c}: {e}", fg="red", err=True)

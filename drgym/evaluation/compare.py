@@ -80,7 +80,7 @@ class CompareRow:
         backend: the backend spec.
         mode: ``"live"``, ``"record"`` or ``"replay"``.
         metrics: the runner's metrics.json (see :func:`drgym.evaluation.metrics.compute_metrics`).
-        usage: :meth:`drgym.search.accounting.Usage.to_dict` of the backend during the run.
+        usage: :meth:`drgym.search.accounting.SearchUsage.to_dict` of the backend during the run.
         billed_usd: cost of the calls that reached the provider (0 for replay).
         recorded: for replayed/recorded backends, ``{"first_recorded_at", "last_recorded_at"}``.
         run_dir: where the run's files are.

@@ -301,31 +301,285 @@ class _RecordingPolicy(Policy):
 def _reward_objects(cfg: RolloutConfig, kind: str, backend: Any = None) -> list[Any]:
     """Extra rewards scored by the runner after each episode.
 
-    QA: the LLM-judge soft match (``llm_match``, reported as ``judge``) when ``--judge``
+    QA: the LLM-judge soft match (``llm_match``; ``metrics.json`` sums it up as ``judge``) when ``--judge``
     is set. Research: ``race`` and ``citation`` (DeepResearch Bench RACE, arXiv
     2506.11763 section 3.1; DeepResearchGym citation precision/recall, arXiv 2505.19253
     section 3.2) when ``--judge`` is set, judged by it; without a judge no judged reward
     runs (the bundled 135M model cannot judge reports: it takes minutes per report and
     rarely returns valid verdicts), and ``--reward`` with ``--judge hf:smollm2`` asks for it
     explicitly. Built with :func:`drgym.rewards.build_reward` (citation pages are fetched
-    from ``backend``).
+    from ``backend``). Every judged reward shares one judge.
     """
     from drgym.rewards import build_reward
 
+    judge = None
+    if cfg.judge:
+        from drgym.judges.factory import make_judge
+
+        judge = make_judge(cfg.judge)  # one judge (one model copy) for every judged reward of the run
     names = list(cfg.rewards) if cfg.rewards is not None else None
     if kind == "qa":
         names = names if names is not None else (["llm_match"] if cfg.judge else [])
-        judge = cfg.judge
     else:
         if names is None:
             names = ["race", "citation"] if cfg.judge else []
             if not cfg.judge:
                 log.warning("no --judge: reports are not scored (give --judge openai:MODEL@URL).")
-        judge = cfg.judge
     return [build_reward(name, judge=judge, backend=backend) for name in names]
 
 
-# -- the run -----------------------------------------------------------------------------
+# -- the run directory -------------------------------------------------------------------
+class RunDirectory:
+    """A rollout run directory: ``config.json``, ``trajectories.jsonl``, ``metrics.json``.
+
+    ``config.json`` is read once (:attr:`previous`) and written by :meth:`write_config`;
+    episodes are appended to ``trajectories.jsonl`` one line at a time.
+
+    Args:
+        out: the folder (created on the first write).
+        fresh: discard an earlier run there (its trajectories, config and metrics).
+    """
+
+    def __init__(self, out: Path, *, fresh: bool = False) -> None:
+        self.out = Path(out)
+        self.trajectories = self.out / "trajectories.jsonl"
+        self.config = self.out / "config.json"
+        self.metrics = self.out / "metrics.json"
+        if fresh:
+            for p in (self.trajectories, self.config, self.metrics):
+                if p.exists():
+                    p.unlink()
+        self.previous: dict[str, Any] | None = None
+        if self.config.exists():
+            try:
+                self.previous = json.loads(self.config.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as e:
+                log.warning("%s is unreadable (%s); it will be rewritten", self.config, e)
+
+    def check_identity(self, config: RolloutConfig) -> None:
+        """Raise :class:`ConfigError` when the directory holds a different run."""
+        if self.previous is None:
+            return
+        old = self.previous.get("identity") or {}
+        now = json.loads(json.dumps(config.identity()))
+        if self.previous.get("identity") != now:
+            diff = sorted(k for k in set(old) | set(now) if old.get(k) != now.get(k))
+            raise ConfigError(
+                f"{self.out} holds a different run (differs in: {', '.join(diff)}). Use another --out, or --fresh to discard it."
+            )
+
+    def done_task_ids(self) -> set[str]:
+        """Task ids with an episode in ``trajectories.jsonl``."""
+        return {d.get("task_id") for d in read_jsonl(self.trajectories)} if self.trajectories.exists() else set()
+
+    def changed_policy_settings(self, policy_record: dict[str, Any]) -> list[str]:
+        """Settings a policy resolves itself (:data:`RESOLVED_POLICY_KEYS`) that differ from the earlier session's."""
+        prev = (self.previous or {}).get("policy") or {}
+        return [k for k in RESOLVED_POLICY_KEYS if k in prev and prev.get(k) != policy_record.get(k)]
+
+    def write_config(self, record: dict[str, Any], session: dict[str, Any]) -> None:
+        """Write ``config.json``: ``record``, keeping the first session's ``created`` and every session."""
+        if self.previous is not None:
+            record["created"] = self.previous.get("created", record.get("created"))
+            record["sessions"] = list(self.previous.get("sessions", []))
+        record.setdefault("sessions", []).append(session)
+        atomic_write_json(self.config, record)
+        self.previous = record
+
+    def append(self, traj: Any) -> None:
+        """Append one finished episode (a whole line, atomically)."""
+        append_jsonl(self.trajectories, traj.to_dict())
+
+    def episodes(self, index_of: dict[str, int]) -> list[dict[str, Any]]:
+        """The run's episodes: the first record per task id among the selected tasks, in task order."""
+        return _run_trajectories(self.trajectories, index_of)
+
+
+@dataclass
+class _Session:
+    """What the build step makes for one session of a run (internal)."""
+
+    policy: Any
+    own_policy: bool
+    backend: Any
+    envs: list[Any]
+    extra_rewards: list[Any]
+    record: dict[str, Any]
+    setup_s: float
+    watch: Any = None
+
+
+def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks: list[Any], todo: list[Any], *,
+           policy: Policy | None, backend: Any, reward: Any, t_start: float, resumed: bool) -> _Session:
+    """Build step: the backend, the policy, the envs and the extra rewards; check a resumed
+    run's resolved policy settings; write ``config.json``."""
+    import gymnasium as gym
+
+    import drgym.envs  # noqa: F401
+    from drgym.evaluation.faults import ServiceWatch
+    from drgym.policies.factory import describe_policy, make_policy
+    from drgym.redact import redact
+    from drgym.search.registry import get_backend
+
+    be = backend if backend is not None else get_backend(config.backend)
+    pol = policy
+    if pol is None:
+        opts = dict(config.policy_options)
+        if config.policy.split(":", 1)[0].lower() in ("hf", "vllm"):
+            opts.setdefault("seed", config.seed)  # sampling seed (greedy decoding ignores it)
+        pol = make_policy(config.policy, **opts)
+    env_kw = dict(config.env_options)
+    if reward is not None:
+        env_kw["reward"] = reward
+    if config.max_turns is not None:
+        env_kw["max_turns"] = config.max_turns
+    n_envs = min(config.batch_size, len(todo))
+    # the envs search through a watch that remembers a service failure (faults.py); unknown
+    # env options were refused by check_options before anything was loaded
+    watch = ServiceWatch(be)
+    envs = [gym.make(config.env, backend=watch, tasks=tasks, **env_kw) for _ in range(n_envs)]
+    raw0 = envs[0].unwrapped
+    kind = getattr(raw0, "kind", "qa")
+    extra_rewards = _reward_objects(config, kind, be)
+    setup_s = time.perf_counter() - t_start
+    record = {
+        "identity": config.identity(),
+        "config": redact(dataclasses.asdict(config)),
+        "command": redact(sys.argv),
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "versions": versions(),
+        "backend": redact(backend_fingerprint(be)),
+        "policy": redact(describe_policy(pol)),
+        "env": {"id": config.env, "kind": kind, "max_turns": raw0.max_turns, "max_searches": raw0.max_searches,
+                "max_fetches": raw0.max_fetches, "max_obs_tokens": raw0.max_obs_tokens, "top_k": raw0.top_k,
+                "protocol": raw0.protocol, "reward": getattr(raw0.reward, "name", None) if raw0.reward else None,
+                **{k: v for k, v in env_kw.items() if isinstance(v, (int, float, str, bool, type(None)))}},
+        "extra_rewards": [getattr(r, "name", type(r).__name__) for r in extra_rewards],
+        "tasks": {"name": config.tasks, "n": len(tasks), "n_in_set": len(all_tasks),
+                  "task_ids_sha256": hashlib.sha256("\n".join(t.task_id for t in tasks).encode()).hexdigest()[:16]},
+        "seeds": {"base": config.seed, "episode_seed": "base + position of the episode in its driver batch (affects episode ids only; greedy decoding)"},
+        "setup_s": round(setup_s, 3),
+    }
+    if resumed:
+        # settings a policy resolves itself (layout=auto from the model folder, scaffold=auto)
+        # are not in the identity; a resumed run must not mix them
+        changed = run.changed_policy_settings(record["policy"])
+        if changed:
+            prev_pol = (run.previous or {}).get("policy") or {}
+            now_pol = record["policy"]
+            if policy is None:
+                pol.close()
+            raise ConfigError(
+                f"{run.out} was run with policy {', '.join(f'{k}={prev_pol.get(k)!r}' for k in changed)}, this policy "
+                f"resolves to {', '.join(f'{k}={now_pol.get(k)!r}' for k in changed)}; resuming would mix them. "
+                "Pass the old value with -p, or use --fresh / another --out.")
+    run.write_config(record, {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                              "todo": len(todo), "setup_s": round(setup_s, 3)})
+    return _Session(policy=pol, own_policy=policy is None, backend=be, envs=envs, extra_rewards=extra_rewards,
+                    record=record, setup_s=setup_s, watch=watch)
+
+
+def _loop(config: RolloutConfig, run: RunDirectory, session: _Session, tasks: list[Any], todo: list[Any],
+          skipped: int, *, progress: bool, console: Any
+          ) -> tuple[int, dict[str, Any], bool, ServiceUnavailableError | None]:
+    """Loop step: run the episodes in the shared loop, appending each one as it ends.
+
+    Returns:
+        ``(new_episodes, session_phases, interrupted, stopped)``; ``stopped`` is the
+        :class:`~drgym.errors.ServiceUnavailableError` that ended the loop early, if any
+        (no episode that saw it is written).
+    """
+    from drgym.envs.driver import BatchedDriver
+
+    index_of = {t.task_id: i for i, t in enumerate(tasks)}
+    tasks_by_id = {t.task_id: t for t in tasks}
+    written: set[str] = set()
+    last_flush = [time.perf_counter()]
+    new_rewards_s = [0.0]
+    bar = _Progress(len(tasks), skipped, enabled=progress, console=console, label=config.policy)
+    driver = BatchedDriver(session.envs)
+    rec = _RecordingPolicy(session.policy, session.watch)
+    interrupted = False
+    stopped: ServiceUnavailableError | None = None
+
+    def flush(trajs: list[Any]) -> None:
+        if session.watch is not None:
+            session.watch.check()  # after a service failure no episode is written (a rerun redoes it)
+        trajs = [t for t in trajs if t is not None and t.episode_id not in written and t.task_id in tasks_by_id]
+        if not trajs:
+            return
+        _finish_trajectories(trajs, tasks_by_id, rec, session.extra_rewards, config)
+        now = time.perf_counter()
+        share = (now - last_flush[0]) / len(trajs)
+        last_flush[0] = now
+        for t in trajs:
+            new_rewards_s[0] += float(t.timings.get("reward") or 0.0)
+            t.metadata["wall_share_s"] = share
+            t.metadata["task_index"] = index_of.get(t.task_id)
+            run.append(t)
+            written.add(t.episode_id)
+            bar.advance(t)
+
+    t_loop = time.perf_counter()
+    try:
+        bar.start()
+        # Each episode is appended to trajectories.jsonl the moment it ends (on_episode),
+        # so an interrupt loses no finished episode.
+        driver.run(rec, [{"task_id": t.task_id} for t in todo], seed=config.seed, on_episode=lambda t: flush([t]))
+    except ServiceUnavailableError as e:  # a service stayed down: stop, keep what is finished
+        stopped = e
+        log.warning("stopping the run: %s", e)
+    except KeyboardInterrupt:
+        interrupted = True
+        try:
+            flush([e.trajectory for e in driver.raw if e.done and e.trajectory is not None and e.trajectory.steps])
+        except Exception:  # saving what is finished must not mask the interrupt
+            log.exception("could not save finished episodes after the interrupt")
+    finally:
+        bar.stop()
+        loop_s = time.perf_counter() - t_loop
+        backend_s = float(driver.stats.get("search_s", 0.0)) + float(driver.stats.get("fetch_s", 0.0))
+        phases = {"generation": rec.total_act_s, "search": backend_s, "reward": new_rewards_s[0]}
+        phases["env"] = max(0.0, loop_s - sum(phases.values()))
+        session_phases = {"loop_s": round(loop_s, 4), **{k: round(v, 4) for k, v in phases.items()},
+                          "share": {k: (v / loop_s if loop_s else 0.0) for k, v in phases.items()},
+                          "episodes": len(written)}
+        driver.close()
+        if session.own_policy:
+            session.policy.close()
+    return len(written), session_phases, interrupted, stopped
+
+
+def _finish(config: RolloutConfig, run: RunDirectory, tasks: list[Any], *, session_phases: dict[str, Any],
+            setup_s: float, wall: float, interrupted: bool,
+            stopped: ServiceUnavailableError | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Finish step: metrics over the run's episodes, plots, and a config for a run with nothing to do."""
+    trajectories = run.episodes({t.task_id: i for i, t in enumerate(tasks)})
+    metrics = compute_metrics_for_run(trajectories)
+    metrics["setup_s_last_session"] = round(setup_s, 3)
+    metrics["wall_s_last_session"] = round(wall, 3)
+    metrics["interrupted"] = interrupted
+    metrics["stopped"] = f"{type(stopped).__name__}: {stopped}" if stopped is not None else None
+    metrics["tasks_total"] = len(tasks)
+    metrics["last_session"] = session_phases
+    if config.judge:
+        from drgym.judges.base import judge_validity
+
+        valid, note = judge_validity(config.judge)
+        metrics["judge_model"] = {"spec": config.judge, "valid": valid, **({"note": note} if note else {})}
+    atomic_write_json(run.metrics, metrics)
+    if config.plots and trajectories:
+        try:
+            from drgym.evaluation.plots import write_plots
+
+            write_plots(trajectories, run.out)
+        except Exception:  # plots are a convenience; never fail a run on them
+            log.exception("could not write plots")
+    if not run.config.exists():
+        atomic_write_json(run.config, {"identity": config.identity(), "config": dataclasses.asdict(config), "versions": versions()})
+    return trajectories, metrics
+
+
 def run_rollout(
     config: RolloutConfig,
     *,
@@ -335,20 +589,28 @@ def run_rollout(
     console: Any = None,
     fresh: bool = False,
     tasks: Sequence[Any] | None = None,
+    reward: Any = None,
 ) -> RunResult:
     """Run (or resume) a rollout and write the run directory.
+
+    Three steps over a :class:`RunDirectory`: build (backend, policy, envs, rewards,
+    ``config.json``), loop (the episodes, in :class:`drgym.envs.driver.BatchedDriver`)
+    and finish (metrics, plots).
 
     Args:
         config: the run definition.
         policy: an already built policy (its ``name`` should match ``config.policy``);
             None builds it from ``config.policy``. A policy passed in is not closed.
-        backend: an already built search backend; None builds ``config.backend``.
+        backend: an already built search backend; None takes ``config.backend`` from the
+            process cache (:func:`drgym.search.registry.get_backend`).
         progress: show a rich progress bar with ETA.
         console: a ``rich.console.Console`` for the progress bar (None: stderr).
         fresh: discard an existing run in ``out`` (its trajectories and metrics).
         tasks: the :class:`~drgym.records.Task` objects to run, instead of loading
             ``config.tasks`` (which then only names the set in the run record), e.g. a
             held-out slice during training; the first ``config.n`` are run.
+        reward: the env's reward (a :class:`~drgym.records.Reward`), instead of the env's
+            default; the env scores each episode with it once (``reward_components``).
 
     Returns:
         A :class:`RunResult`; ``metrics`` covers every episode of the run directory
@@ -369,24 +631,8 @@ def run_rollout(
     t_start = time.perf_counter()
     config.validate()
     check_options(config, tasks, policy=policy is None, backend=backend is None)
-    out = config.out_dir()
-    traj_path = out / "trajectories.jsonl"
-    cfg_path = out / "config.json"
-    if fresh:
-        for p in (traj_path, cfg_path, out / "metrics.json"):
-            if p.exists():
-                p.unlink()
-    if cfg_path.exists():
-        try:
-            old = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            old = None
-        if old is not None and old.get("identity") != json.loads(json.dumps(config.identity())):
-            diff = sorted(k for k in set(old.get("identity", {})) | set(config.identity())
-                          if (old.get("identity") or {}).get(k) != json.loads(json.dumps(config.identity())).get(k))
-            raise ConfigError(
-                f"{out} holds a different run (differs in: {', '.join(diff)}). Use another --out, or --fresh to discard it."
-            )
+    run = RunDirectory(config.out_dir(), fresh=fresh)
+    run.check_identity(config)
 
     from drgym.envs.task_loaders import load_tasks
 
@@ -394,174 +640,22 @@ def run_rollout(
     tasks = all_tasks[: config.n] if config.n is not None else all_tasks
     if not tasks:
         raise ConfigError(f"task set {config.tasks!r} is empty.")
-    index_of = {t.task_id: i for i, t in enumerate(tasks)}
-    done_ids = {d.get("task_id") for d in read_jsonl(traj_path)} if traj_path.exists() else set()
+    done_ids = run.done_task_ids()
     todo = [t for t in tasks if t.task_id not in done_ids]
     skipped = len(tasks) - len(todo)
 
-    interrupted = False
+    new, session_phases, interrupted, setup_s = 0, {}, False, 0.0
     stopped: ServiceUnavailableError | None = None
-    session_phases: dict[str, Any] = {}
-    new = 0
-    setup_s = 0.0
-    own_policy = policy is None
-    pol = policy
-    cfg_record: dict[str, Any] = {}
     if todo:
-        import gymnasium as gym
-
-        import drgym.envs  # noqa: F401
-        from drgym.envs.driver import BatchedDriver
-        from drgym.evaluation.faults import ServiceWatch
-        from drgym.policies.factory import describe_policy, make_policy
-        from drgym.redact import redact
-        from drgym.search.registry import get_backend
-
-        be = backend if backend is not None else get_backend(config.backend)
-        if pol is None:
-            opts = dict(config.policy_options)
-            if config.policy.split(":", 1)[0].lower() in ("hf", "vllm"):
-                opts.setdefault("seed", config.seed)  # sampling seed (greedy decoding ignores it)
-            pol = make_policy(config.policy, **opts)
-        env_kw = dict(config.env_options)
-        if config.max_turns is not None:
-            env_kw["max_turns"] = config.max_turns
-        n_envs = min(config.batch_size, len(todo))
-        # the envs search through a watch that remembers a service failure (faults.py)
-        watch = ServiceWatch(be)
-        envs = [gym.make(config.env, backend=watch, tasks=tasks, **env_kw) for _ in range(n_envs)]
-        raw0 = envs[0].unwrapped
-        kind = getattr(raw0, "kind", "qa")
-        extra_rewards = _reward_objects(config, kind, be)
-        setup_s = time.perf_counter() - t_start
-        cfg_record = {
-            "identity": config.identity(),
-            "config": redact(dataclasses.asdict(config)),
-            "command": redact(sys.argv),
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "versions": versions(),
-            "backend": redact(backend_fingerprint(be)),
-            "policy": redact(describe_policy(pol)),
-            "env": {"id": config.env, "kind": kind, "max_turns": raw0.max_turns, "max_searches": raw0.max_searches,
-                    "max_fetches": raw0.max_fetches, "max_obs_tokens": raw0.max_obs_tokens, "top_k": raw0.top_k,
-                    "protocol": raw0.protocol, "reward": getattr(raw0.reward, "name", None) if raw0.reward else None,
-                    **{k: v for k, v in env_kw.items() if isinstance(v, (int, float, str, bool, type(None)))}},
-            "extra_rewards": [getattr(r, "name", type(r).__name__) for r in extra_rewards],
-            "tasks": {"name": config.tasks, "n": len(tasks), "n_in_set": len(all_tasks),
-                      "task_ids_sha256": hashlib.sha256("\n".join(t.task_id for t in tasks).encode()).hexdigest()[:16]},
-            "seeds": {"base": config.seed, "episode_seed": "base + position of the episode in its driver batch (affects episode ids only; greedy decoding)"},
-            "setup_s": round(setup_s, 3),
-        }
-        if cfg_path.exists() and done_ids:
-            # settings a policy resolves itself (layout=auto from the model folder, scaffold=auto)
-            # are not in the identity; a resumed run must not mix them
-            try:
-                prev_pol = json.loads(cfg_path.read_text(encoding="utf-8")).get("policy") or {}
-            except (OSError, json.JSONDecodeError):
-                prev_pol = {}
-            now_pol = cfg_record["policy"]
-            changed = [k for k in RESOLVED_POLICY_KEYS if k in prev_pol and prev_pol.get(k) != now_pol.get(k)]
-            if changed:
-                if own_policy and pol is not None:
-                    pol.close()
-                raise ConfigError(
-                    f"{out} was run with policy {', '.join(f'{k}={prev_pol.get(k)!r}' for k in changed)}, this policy "
-                    f"resolves to {', '.join(f'{k}={now_pol.get(k)!r}' for k in changed)}; resuming would mix them. "
-                    "Pass the old value with -p, or use --fresh / another --out.")
-        if cfg_path.exists():
-            try:
-                prev = json.loads(cfg_path.read_text(encoding="utf-8"))
-                cfg_record["created"] = prev.get("created", cfg_record["created"])
-                cfg_record["sessions"] = prev.get("sessions", [])
-            except (OSError, json.JSONDecodeError):
-                pass
-        cfg_record.setdefault("sessions", []).append({"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                                                      "todo": len(todo), "setup_s": round(setup_s, 3)})
-        atomic_write_json(cfg_path, cfg_record)
-
-        tasks_by_id = {t.task_id: t for t in tasks}
-        written: set[str] = set()
-        last_flush = [time.perf_counter()]
-        bar = _Progress(len(tasks), skipped, enabled=progress, console=console, label=config.policy)
-        driver = BatchedDriver(envs)
-        rec = _RecordingPolicy(pol, watch)
-
-        def flush(trajs: list[Any]) -> None:
-            watch.check()  # after a service failure no episode is written (a rerun redoes it)
-            trajs = [t for t in trajs if t is not None and t.episode_id not in written and t.task_id in tasks_by_id]
-            if not trajs:
-                return
-            _finish_trajectories(trajs, tasks_by_id, rec, extra_rewards, config)
-            now = time.perf_counter()
-            share = (now - last_flush[0]) / len(trajs)
-            last_flush[0] = now
-            for t in trajs:
-                new_rewards_s[0] += float(t.timings.get("reward") or 0.0)
-                t.metadata["wall_share_s"] = share
-                t.metadata["task_index"] = index_of.get(t.task_id)
-                append_jsonl(traj_path, t.to_dict())
-                written.add(t.episode_id)
-                bar.advance(t)
-
-        def flush_done_envs() -> None:
-            flush([e.trajectory for e in driver.raw if e.done and e.trajectory is not None and e.trajectory.steps])
-
-        new_rewards_s = [0.0]
-        t_loop = time.perf_counter()
-        try:
-            bar.start()
-            # Each episode is appended to trajectories.jsonl the moment it ends (on_episode),
-            # so an interrupt loses no finished episode.
-            jobs = [{"task_id": t.task_id} for t in todo]
-            driver.run(rec, jobs, seed=config.seed, on_episode=lambda t: flush([t]))
-        except ServiceUnavailableError as e:  # a service stayed down: stop, keep what is finished
-            stopped = e
-            log.warning("stopping the run: %s", e)
-        except KeyboardInterrupt:
-            interrupted = True
-            try:
-                flush_done_envs()
-            except Exception:  # saving what is finished must not mask the interrupt
-                log.exception("could not save finished episodes after the interrupt")
-        finally:
-            bar.stop()
-            loop_s = time.perf_counter() - t_loop
-            backend_s = float(driver.stats.get("search_s", 0.0)) + float(driver.stats.get("fetch_s", 0.0))
-            phases = {"generation": rec.total_act_s, "search": backend_s, "reward": new_rewards_s[0]}
-            phases["env"] = max(0.0, loop_s - sum(phases.values()))
-            session_phases = {"loop_s": round(loop_s, 4), **{k: round(v, 4) for k, v in phases.items()},
-                              "share": {k: (v / loop_s if loop_s else 0.0) for k, v in phases.items()},
-                              "episodes": len(written)}
-            driver.close()
-            new = len(written)
-            if own_policy and pol is not None:
-                pol.close()
-
+        session = _build(config, run, tasks, all_tasks, todo, policy=policy, backend=backend, reward=reward,
+                         t_start=t_start, resumed=bool(done_ids))
+        setup_s = session.setup_s
+        new, session_phases, interrupted, stopped = _loop(config, run, session, tasks, todo, skipped,
+                                                          progress=progress, console=console)
     wall = time.perf_counter() - t_start
-    trajectories = _run_trajectories(traj_path, index_of)
-    metrics = compute_metrics_for_run(trajectories)
-    metrics["setup_s_last_session"] = round(setup_s, 3)
-    metrics["wall_s_last_session"] = round(wall, 3)
-    metrics["interrupted"] = interrupted
-    metrics["stopped"] = f"{type(stopped).__name__}: {stopped}" if stopped is not None else None
-    metrics["tasks_total"] = len(tasks)
-    metrics["last_session"] = session_phases
-    if config.judge:
-        from drgym.judges.base import judge_validity
-
-        valid, note = judge_validity(config.judge)
-        metrics["judge_model"] = {"spec": config.judge, "valid": valid, **({"note": note} if note else {})}
-    atomic_write_json(out / "metrics.json", metrics)
-    if config.plots and trajectories:
-        try:
-            from drgym.evaluation.plots import write_plots
-
-            write_plots(trajectories, out)
-        except Exception:  # plots are a convenience; never fail a run on them
-            log.exception("could not write plots")
-    if not cfg_path.exists():
-        atomic_write_json(cfg_path, {"identity": config.identity(), "config": dataclasses.asdict(config), "versions": versions()})
-    result = RunResult(out_dir=out, metrics=metrics, trajectories=trajectories, new_episodes=new, skipped=skipped,
+    trajectories, metrics = _finish(config, run, tasks, session_phases=session_phases, setup_s=setup_s, wall=wall,
+                                    interrupted=interrupted, stopped=stopped)
+    result = RunResult(out_dir=run.out, metrics=metrics, trajectories=trajectories, new_episodes=new, skipped=skipped,
                        wall_s=wall, setup_s=setup_s, interrupted=interrupted)
     if interrupted:
         raise KeyboardInterrupt(result)
@@ -569,7 +663,7 @@ def run_rollout(
         from drgym.evaluation.faults import stopped_message
 
         err = ServiceUnavailableError(stopped_message(stopped, saved=len(trajectories), total=len(tasks), new=new,
-                                                      path=traj_path))
+                                                      path=run.trajectories))
         err.result = result  # type: ignore[attr-defined]
         raise err from stopped
     return result
@@ -612,7 +706,7 @@ def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _Re
                 t.metadata.setdefault("reward_errors", []).append(f"{getattr(r, 'name', r)}: {type(e).__name__}: {e}")
             continue
         dt = (time.perf_counter() - t0r) / len(trajs)
-        name = "judge" if getattr(r, "name", "") == "llm_match" else getattr(r, "name", "reward")
+        name = getattr(r, "name", "reward")
         for k, t in enumerate(trajs):
             t.reward_components[name] = res.scores[k]
             for cname, vals in (res.components or {}).items():

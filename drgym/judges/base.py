@@ -52,6 +52,7 @@ from tenacity import (
 )
 
 from drgym.errors import ConfigError, JudgeError, ServiceUnavailableError
+from drgym.reasoning import strip_reasoning  # the one reasoning rule, shared with the action parser
 from drgym.judges.cache import VerdictCache
 
 log = logging.getLogger(__name__)
@@ -183,38 +184,7 @@ class JudgeResult:
 # JSON extraction
 # ---------------------------------------------------------------------------------------
 
-_REASONING = r"(?:think|thinking|reasoning)"
-_CLOSED_BLOCK = re.compile(rf"<({_REASONING})\b[^>]*>.*?</\1\s*>", re.S | re.I)
-_CLOSE_TAG = re.compile(rf"</{_REASONING}\s*>", re.I)
-_OPEN_TAG = re.compile(rf"<{_REASONING}\b[^>]*>", re.I)
 _JSON_START = re.compile(r"[{\[]")
-
-
-def strip_reasoning(text: str) -> str:
-    r"""Remove reasoning blocks from a judge's text, leaving only what it concluded.
-
-    Reasoning judges (DeepSeek-R1 distills, Qwen3 in thinking mode, ...) write
-    ``<think>...</think>`` before their answer, and often a first guess inside it. Rules,
-    for the tags ``think``, ``thinking`` and ``reasoning`` (any case):
-
-    - a closed block ``<think>...</think>`` is removed (the shortest match, so a nested
-      block leaves its outer close tag, handled by the next rule);
-    - a close tag with no opening tag (the chat template opened the block in the prompt)
-      ends the reasoning: everything before the last close tag is removed;
-    - an opening tag that is never closed starts reasoning that runs to the end (a
-      judge cut off while thinking): everything from it is removed.
-
-    >>> strip_reasoning('<think>maybe {"score": 0}</think> {"score": 1}').strip()
-    '{"score": 1}'
-    >>> strip_reasoning('first guess 0</think>\n{"score": 1}'), strip_reasoning('{"a": 1} <think>cut off')
-    ('\n{"score": 1}', '{"a": 1} ')
-    """
-    text = _CLOSED_BLOCK.sub(" ", text)
-    closes = list(_CLOSE_TAG.finditer(text))
-    if closes:
-        text = text[closes[-1].end():]
-    m = _OPEN_TAG.search(text)
-    return text[: m.start()] if m else text
 
 
 def json_values(text: str) -> list[Any]:

@@ -15,11 +15,14 @@ spec                        policy
 from __future__ import annotations
 
 import inspect
+import logging
 import json
 from typing import Any
 
 from drgym.errors import ConfigError, unknown_name
 from drgym.policies.base import Policy
+
+log = logging.getLogger(__name__)
 
 KINDS = ("hf", "openai", "vllm", "rag", "scripted")
 RAG_OPTIONS = ("k", "words")
@@ -169,6 +172,7 @@ def describe_policy(policy: Policy) -> dict[str, Any]:
     if hasattr(policy, "describe"):
         try:
             d.update(policy.describe())
-        except Exception:  # describing must never break a run
-            pass
+        except Exception as e:  # describing must not break a run: logged, and recorded in the run config
+            log.warning("describing policy %s failed: %s: %s", policy.name, type(e).__name__, e)
+            d["describe_error"] = f"{type(e).__name__}: {e}"
     return d

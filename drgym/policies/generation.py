@@ -4,6 +4,14 @@ Every generating policy (``hf``, ``vllm``, ``openai`` in text mode) ends a turn 
 closing tag of the first tool call or answer, Search-R1 style (Jin et al. 2025,
 arXiv 2503.09516, section 3.1: generation stops at ``</search>`` and the retrieved
 passages are appended). These helpers make that cut identical across backends.
+
+A stop string ends the turn wherever it occurs, inside reasoning too: vLLM and
+OpenAI-compatible servers apply stop strings server-side and cannot tell reasoning from
+action, and the cut must be the same on every backend. A turn stopped at a ``</search>``
+rehearsed inside an unclosed ``<think>`` therefore ends inside reasoning; the parser
+reads it as reasoning only (an invalid action whose corrective observation asks the
+model to close ``</think>`` before acting; nothing in it is run). See
+:func:`opened_reasoning` for reasoning opened by the chat template.
 """
 
 from __future__ import annotations
@@ -13,13 +21,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from drgym.reasoning import OPEN_TAG, ends_in_reasoning
+
 DEFAULT_STOPS: tuple[str, ...] = ("</search>", "</fetch>", "</answer>", "</tool_call>")
 """Closing tags that end an assistant turn (the env parses the text up to them)."""
 
 _OPEN_FOR_CLOSE = {"</search>": "<search>", "</fetch>": "<fetch>", "</answer>": "<answer>", "</tool_call>": "<tool_call>"}
 
 
-def cut_at_stop(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS, eos: tuple[str, ...] | list[str] = ()) -> tuple[str, str]:
+def cut_text_at_stop(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS, eos: tuple[str, ...] | list[str] = ()) -> tuple[str, str]:
     """Cut ``text`` right after the earliest stop string, else before the earliest eos.
 
     Batched ``generate`` pads finished rows with the pad token, which for SmolLM2 is the
@@ -57,7 +67,7 @@ def cut_ids_at_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...] | lis
                     eos_ids: tuple[int, ...] | list[int] | set[int] = ()) -> tuple[list[int], str]:
     """Cut generated token ids after the token that completes the first stop string.
 
-    The token-level twin of :func:`cut_at_stop`, used where the kept ids go back into
+    The token-level twin of :func:`cut_text_at_stop`, used where the kept ids go back into
     the context (``drgym train``'s rollouts, and ``hf:`` policies, whose evaluations
     must see the same tokens): the cut is at a token boundary, so a token that completes
     ``</search>`` and carries more text (SmolLM2 has ``>.``, ``>,``, ``><``...) is kept
@@ -96,6 +106,23 @@ def cut_ids_at_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...] | lis
     if eos_pos < len(ids):
         return ids[: eos_pos + 1], "eos"
     return ids, "length"
+
+
+def opened_reasoning(prompt: str) -> str:
+    """:data:`~drgym.reasoning.OPEN_TAG` when a chat-template prompt ends inside an open
+    reasoning block, else ``''``.
+
+    DeepSeek-R1 distills' templates (and Qwen3 thinking-only releases) end the
+    generation prompt with ``<think>``, so the model's turn starts inside reasoning and
+    holds only ``... </think>`` and the action. Local policies and the GRPO rollout put
+    this tag before such a turn's text when they hand it to the env, so the parser reads
+    a turn cut before its ``</think>`` (by the token cap, or by a stop string such as a
+    rehearsed ``</search>``) as reasoning, not as the actions it rehearses; a turn that
+    closes its reasoning parses the same with or without it (:mod:`drgym.reasoning`).
+    Only the template's own prompt counts, not text the model left open in an earlier
+    turn: each turn is parsed on its own.
+    """
+    return OPEN_TAG if ends_in_reasoning(prompt) else ""
 
 
 def close_open_tag(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS) -> str:
@@ -144,7 +171,7 @@ def normalise_messages(conversation: list[dict[str, Any]], *, keep_tool_role: bo
 
 
 @dataclass
-class Usage:
+class TokenUsage:
     """Token and time accounting of one generated turn.
 
     Attributes:
@@ -179,3 +206,58 @@ class Timer:
 
     def __exit__(self, *exc) -> None:
         self.s = time.perf_counter() - self.t0
+
+
+# -- thinking models --------------------------------------------------------------------------
+def template_thinking_default(tokenizer: Any) -> bool | None:
+    """What ``tokenizer``'s chat template does with no ``enable_thinking`` argument.
+
+    Reasoning models' templates (Qwen3) read a ``enable_thinking`` variable: Qwen3 thinks
+    unless it is false, which makes the generation prompt end with an empty
+    ``<think>\\n\\n</think>\\n\\n`` block (Qwen3 model card, "Switching Between Thinking
+    and Non-Thinking Mode"). The answer is found by rendering a one-message probe three
+    ways (no argument, true, false) and comparing, so no template is named here.
+
+    Returns:
+        True or False (the template's default), or None when the template ignores the
+        argument (SmolLM2, most instruct models: no thinking switch).
+    """
+    probe = [{"role": "user", "content": "?"}]
+
+    def render(**kw: Any) -> str:
+        return tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True, **kw)
+
+    on, off = render(enable_thinking=True), render(enable_thinking=False)
+    if on == off:
+        return None
+    return render() == on
+
+
+def resolve_thinking(tokenizer: Any, enable_thinking: bool | None, *, where: str = "") -> bool | None:
+    """The thinking mode a run actually gets: ``enable_thinking``, or the template's default when None.
+
+    Returns:
+        True/False, or None when the template has no thinking switch (then a setting
+        other than None is logged as ignored).
+    """
+    default = template_thinking_default(tokenizer)
+    if default is None:
+        if enable_thinking is not None:
+            import logging
+
+            logging.getLogger(__name__).warning("%senable_thinking=%s is ignored: this chat template has no thinking switch",
+                                                f"{where}: " if where else "", enable_thinking)
+        return None
+    return default if enable_thinking is None else bool(enable_thinking)
+
+
+def render_chat(tokenizer: Any, messages: list[dict[str, Any]], *, enable_thinking: bool | None = None,
+                add_generation_prompt: bool = True) -> str:
+    """``apply_chat_template`` as text, with ``enable_thinking`` passed when it is not None.
+
+    The one place drgym renders a chat prompt for a local model (GRPO dataset and rollout
+    prompts, SFT examples, ``hf:``/``vllm:`` policies), so training and evaluation see the
+    same thinking mode. Templates without the switch ignore the argument.
+    """
+    kw: dict[str, Any] = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kw)

@@ -17,9 +17,12 @@ from drgym.policies.base import Conversation, Policy
 from drgym.policies.generation import (
     DEFAULT_STOPS,
     Timer,
-    Usage,
+    TokenUsage,
     cut_ids_at_stop,
     normalise_messages,
+    opened_reasoning,
+    render_chat,
+    resolve_thinking,
 )
 
 log = logging.getLogger(__name__)
@@ -77,15 +80,22 @@ class HFPolicy(Policy):
             layout recorded in the folder's ``drgym_training.json``, which ``drgym
             train`` writes into every model it saves, else ``"chat"``). See
             :meth:`render`; the effective value is in :meth:`describe`.
+        enable_thinking: the chat template's thinking switch (Qwen3: ``False`` makes the
+            generation prompt end with an empty ``<think></think>`` block). None (default)
+            takes the value recorded in a drgym-trained folder's ``drgym_training.json``,
+            else the template's own default (Qwen3: thinking on). :meth:`describe`
+            records the effective value, None for templates without the switch.
 
     Attributes:
-        last_usage: one :class:`~drgym.policies.generation.Usage` per conversation of the
+        last_usage: one :class:`~drgym.policies.generation.TokenUsage` per conversation of the
             latest :meth:`act` call.
 
     Raises:
         ConfigError: bad numeric settings.
         DependencyNotInstalled: the model's weights package is missing.
     """
+
+    enable_thinking: bool | None = None  # the effective value, set by __init__
 
     def __init__(
         self,
@@ -108,6 +118,7 @@ class HFPolicy(Policy):
         seed: int = 0,
         threads: int | None = None,
         layout: str = "auto",
+        enable_thinking: bool | None = None,
     ) -> None:
         if layout not in LAYOUTS:
             raise ConfigError(f"layout must be one of {LAYOUTS}, got {layout!r}.")
@@ -157,6 +168,12 @@ class HFPolicy(Policy):
             elif (folder / "training_args.bin").exists():
                 log.warning("%s: a Trainer output without %s (saved by an older drgym?); using layout=chat. "
                             "If drgym train made it, pass -p layout=continuation.", self.name, TRAINING_RECORD)
+        if enable_thinking is None:
+            from drgym.models import training_record
+
+            rec_thinking = (training_record(self.model_name) or {}).get("enable_thinking")
+            enable_thinking = rec_thinking if isinstance(rec_thinking, bool) else None
+        self.enable_thinking = resolve_thinking(self.tokenizer, enable_thinking, where=self.name)
         self.device = next(self.model.parameters()).device
         self.dtype = str(next(self.model.parameters()).dtype).replace("torch.", "")
         self.max_new_tokens = int(max_new_tokens)
@@ -179,7 +196,7 @@ class HFPolicy(Policy):
         self._generator_seeded = False
         tok = self.tokenizer
         self._eos_ids = tuple({t for t in (tok.eos_token_id, tok.pad_token_id) if t is not None})
-        self.last_usage: list[Usage] = []
+        self.last_usage: list[TokenUsage] = []
 
     # -- public -------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
@@ -191,7 +208,7 @@ class HFPolicy(Policy):
             "prefill": self.prefill or None, "scaffold": self.scaffold,
             "scaffold_tokens": list(self.scaffold_tokens) if self.scaffold != "none" else None,
             "scaffold_cues": list(self.scaffold_cues) if self.scaffold != "none" else None, "seed": self.seed,
-            "layout": self.layout,
+            "layout": self.layout, "enable_thinking": self.enable_thinking,
         }
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
@@ -202,7 +219,13 @@ class HFPolicy(Policy):
             token budget; ``self.last_usage`` holds the matching token counts.
         """
         if self.scaffold == "none":
-            return self.generate([self.render(c) for c in conversations])
+            prompts = [self.render(c) for c in conversations]
+            texts = self.generate(prompts)
+            # a turn the chat template opened inside <think> is handed over behind that tag
+            # (drgym.policies.generation.opened_reasoning); with layout="continuation" only
+            # the first turn follows the template's prompt
+            return [opened_reasoning(p) + t if (self.layout == "chat" or not any(m.get("role") == "assistant" for m in c)) else t
+                    for p, t, c in zip(prompts, texts, conversations)]
         return self._act_scaffolded(conversations)
 
     def _act_scaffolded(self, conversations: list[Conversation]) -> list[str]:
@@ -214,7 +237,7 @@ class HFPolicy(Policy):
             seen_info = any("<information>" in str(m.get("content") or "") for m in c if m.get("role") != "system")
             groups["answer" if seen_info else "search"].append(i)
         outs: list[str] = [""] * len(conversations)
-        usage: list[Usage] = [Usage() for _ in conversations]
+        usage: list[TokenUsage] = [TokenUsage() for _ in conversations]
         for tag, rows in groups.items():
             if not rows:
                 continue
@@ -248,9 +271,9 @@ class HFPolicy(Policy):
         msgs = normalise_messages(conversation, keep_tool_role=False)
         if self.layout == "continuation":
             first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
-            head = self.tokenizer.apply_chat_template(msgs[:first], tokenize=False, add_generation_prompt=True)
+            head = render_chat(self.tokenizer, msgs[:first], enable_thinking=self.enable_thinking)
             return head + "".join(str(m.get("content") or "") for m in msgs[first:]) + self.prefill
-        text = self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        text = render_chat(self.tokenizer, msgs, enable_thinking=self.enable_thinking)
         return text + self.prefill
 
     def generate(self, prompts: list[str], *, max_new_tokens: int | None = None, stops: tuple[str, ...] | None = None) -> list[str]:
@@ -278,7 +301,7 @@ class HFPolicy(Policy):
         ids = [tok(p, add_special_tokens=False)["input_ids"][-self.max_prompt_tokens :] for p in prompts]
         order = sorted(range(len(prompts)), key=lambda i: len(ids[i]))
         outs: list[str] = [""] * len(prompts)
-        usage: list[Usage] = [Usage() for _ in prompts]
+        usage: list[TokenUsage] = [TokenUsage() for _ in prompts]
         if self.temperature > 0 and not self._generator_seeded:
             torch.manual_seed(self.seed)
             self._generator_seeded = True
@@ -310,7 +333,7 @@ class HFPolicy(Policy):
             for j, i in enumerate(rows):
                 kept, reason = cut_ids_at_stop(tok, new[j].tolist(), stops, self._eos_ids)
                 outs[i] = self.prefill + tok.decode(kept, skip_special_tokens=True)
-                usage[i] = Usage(prompt_tokens=len(ids[i]), completion_tokens=len(kept),
+                usage[i] = TokenUsage(prompt_tokens=len(ids[i]), completion_tokens=len(kept),
                                  generation_s=t.s / len(rows), finish=reason)
         self.last_usage = usage
         return outs

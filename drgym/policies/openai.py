@@ -13,9 +13,13 @@ empty action with ``finish="error"`` in its usage (the env shows a corrective
 observation, and the run counts it in ``errors``).
 
 Native function calling (the request's ``tools`` field) is used when ``tools`` is
-``"auto"`` or True; a server that rejects ``tools`` with HTTP 400 switches the policy to
-text tags for the rest of the run (``"auto"`` only). Replies with ``tool_calls`` are
-returned as the JSON of the assistant message, which the env's action parser reads.
+``"auto"`` or True. With ``"auto"``, a request answered HTTP 400 is sent once more without
+``tools``; when the server takes that one, the **episode** (``info["episode_id"]``) goes
+on with text tags and every other episode keeps function calling; when it refuses that
+too, the 400 was not about tools and the turn is a recorded failure. Replies with
+``tool_calls`` are returned as the JSON of the assistant message, which the env's action
+parser reads. Every message list sent follows OpenAI's tool-call pairing rule
+(:meth:`OpenAIPolicy.to_api_messages`).
 """
 
 from __future__ import annotations
@@ -27,29 +31,33 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from drgym.envs.parsing import arguments_json
+from drgym.envs.tools import DEFAULT_TOOLS, tool_schemas
 from drgym.errors import BackendUnavailableError, ConfigError, ServiceUnavailableError
 from drgym.policies.base import Conversation, Policy
-from drgym.policies.generation import DEFAULT_STOPS, Timer, Usage, close_open_tag
+from drgym.policies.generation import DEFAULT_STOPS, Timer, TokenUsage, close_open_tag
 
 log = logging.getLogger(__name__)
 
-TOOL_SCHEMAS: list[dict[str, Any]] = [
-    {"type": "function", "function": {
-        "name": "search", "description": "Search the document collection; returns the top passages with their URLs.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string", "description": "search query"}},
-                       "required": ["query"]}}},
-    {"type": "function", "function": {
-        "name": "fetch", "description": "Fetch the whole document at a URL returned by search.",
-        "parameters": {"type": "object", "properties": {"url": {"type": "string"}}, "required": ["url"]}}},
-    {"type": "function", "function": {
-        "name": "answer", "description": "Give the final answer and end the episode.",
-        "parameters": {"type": "object", "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}},
-]
-"""Function schemas of the three env actions, in the OpenAI ``tools`` format."""
+
+
+def _text(content: Any) -> str:
+    """A message content as text (None -> '', non-strings as JSON)."""
+    if content is None:
+        return ""
+    return content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
 
 
 class _Retryable(Exception):
     """An HTTP status worth retrying (429, 5xx)."""
+
+
+class _Refused(BackendUnavailableError):
+    """The server refused the request (HTTP 4xx other than 429); ``status`` is the code."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def parse_spec(spec: str) -> tuple[str, str]:
@@ -90,11 +98,17 @@ class OpenAIPolicy(Policy):
         stops: stop strings in text mode (the server drops them; they are re-appended).
         extra_body: extra JSON fields merged into each request (e.g. vLLM's
             ``{"top_k": 1}``).
+        enable_thinking: the server-side chat template's thinking switch, sent as
+            ``chat_template_kwargs: {"enable_thinking": ...}`` (vLLM, SGLang); None sends
+            nothing (the OpenAI API itself rejects unknown fields).
 
     Attributes:
-        last_usage: one :class:`~drgym.policies.generation.Usage` per conversation of the
+        last_usage: one :class:`~drgym.policies.generation.TokenUsage` per conversation of the
             latest call (server-reported token counts when given).
-        native_tools: whether function calling is in use now.
+        native_tools: whether function calling is in use (``tools`` not False).
+        text_episodes: ids of the episodes that went on with text tags after a 400.
+        n_repairs: changes :meth:`to_api_messages` had to make to follow the pairing
+            rule (0 for the env's own conversations).
     """
 
     def __init__(
@@ -112,6 +126,7 @@ class OpenAIPolicy(Policy):
         reconnect_s: float | None = None,
         stops: tuple[str, ...] | list[str] = DEFAULT_STOPS,
         extra_body: dict[str, Any] | None = None,
+        enable_thinking: bool | None = None,
     ) -> None:
         import httpx
 
@@ -140,6 +155,12 @@ class OpenAIPolicy(Policy):
         self._down: ServiceUnavailableError | None = None  # set when the endpoint is given up on
         self.stops = tuple(stops)
         self.extra_body = dict(extra_body or {})
+        self.enable_thinking = enable_thinking
+        if enable_thinking is not None:
+            # vLLM's and SGLang's OpenAI servers pass chat_template_kwargs to the model's chat template
+            ctk = dict(self.extra_body.get("chat_template_kwargs") or {})
+            ctk["enable_thinking"] = bool(enable_thinking)
+            self.extra_body["chat_template_kwargs"] = ctk
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.Client(
@@ -148,31 +169,44 @@ class OpenAIPolicy(Policy):
         )
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="drgym-openai")
         self._lock = threading.Lock()
-        self.last_usage: list[Usage] = []
+        self.last_usage: list[TokenUsage] = []
         self.n_errors = 0
+        self.n_repairs = 0
+        self.text_episodes: set[str] = set()
 
     def describe(self) -> dict[str, Any]:
         """Settings recorded in run configs (never the API key)."""
         return {"kind": "openai", "model": self.model, "base_url": self.base_url, "tools": self.tools_mode,
                 "max_tokens": self.max_tokens, "temperature": self.temperature, "concurrency": self.concurrency,
                 "timeout": self.timeout, "retries": self.retries, "reconnect_s": self.reconnect_s,
-                "stops": list(self.stops)}
+                "stops": list(self.stops), "enable_thinking": self.enable_thinking}
 
     # -- message conversion -----------------------------------------------------------------
-    def to_api_messages(self, conversation: Conversation) -> list[dict[str, Any]]:
-        """Env messages -> API messages.
+    def to_api_messages(self, conversation: Conversation, native: bool | None = None) -> list[dict[str, Any]]:
+        """Env messages -> API messages that follow OpenAI's tool-call pairing rule.
 
-        With native tools, an assistant turn holding the JSON of a message with
-        ``tool_calls`` is sent as that structured message and tool results keep role
-        ``"tool"`` with their ``tool_call_id``. In text mode everything is plain text
-        and tool results are sent as user turns.
+        With native tools (``native``, default :attr:`native_tools`), an assistant turn
+        holding the JSON of a message with ``tool_calls`` is sent as that structured
+        message and tool results keep role ``"tool"`` with their ``tool_call_id``. In text
+        mode everything is plain text and tool results are sent as user turns.
+
+        The pairing rule holds for any input (the env's conversations already follow
+        it, see :meth:`drgym.envs.core.SearchAgentEnv._observe`): every assistant message
+        with ``tool_calls`` (ids made unique, arguments JSON text of an object) is
+        followed by exactly one tool message per id, in order: replies to the same id
+        are joined, a declared id with no reply gets ``"No result."``, and a tool
+        message that answers no declared id is sent as a user turn after the replies.
+        Each such repair is counted in :attr:`n_repairs` and logged once.
         """
+        native = self.native_tools if native is None else native
         out: list[dict[str, Any]] = []
-        for m in conversation:
+        i = 0
+        conv = list(conversation)
+        while i < len(conv):
+            m = conv[i]
+            i += 1
             role = m.get("role", "user")
-            content = m.get("content") if m.get("content") is not None else ""
-            if not isinstance(content, str):
-                content = json.dumps(content, ensure_ascii=False)
+            content = _text(m.get("content"))
             if role == "assistant":
                 msg: dict[str, Any] = {"role": "assistant", "content": content}
                 calls = m.get("tool_calls")
@@ -183,31 +217,72 @@ class OpenAIPolicy(Policy):
                         parsed = None
                     if isinstance(parsed, dict) and parsed.get("tool_calls"):
                         calls = parsed["tool_calls"]
-                        msg["content"] = parsed.get("content") or ""
-                if calls and self.native_tools:
-                    msg["tool_calls"] = [self._norm_call(c, i) for i, c in enumerate(calls)]
-                    msg["content"] = msg["content"] or None
-                elif calls:
-                    msg["content"] = msg["content"] or json.dumps({"tool_calls": calls}, ensure_ascii=False)
+                        msg["content"] = _text(parsed.get("content"))
+                calls = [c for c in calls if isinstance(c, dict)] if isinstance(calls, list) else []
+                if not native:
+                    if calls:
+                        msg["content"] = msg["content"] or json.dumps({"tool_calls": calls}, ensure_ascii=False)
+                    out.append(msg)
+                    continue
+                if not calls:
+                    out.append(msg)
+                    continue
+                msg["tool_calls"] = self._norm_calls(calls)
+                msg["content"] = msg["content"] or None
                 out.append(msg)
+                # the tool messages that follow answer this message's calls
+                block = []
+                while i < len(conv) and conv[i].get("role") == "tool":
+                    block.append(conv[i])
+                    i += 1
+                out.extend(self._pair(msg["tool_calls"], block))
             elif role == "tool":
-                if self.native_tools and m.get("tool_call_id"):
-                    out.append({"role": "tool", "tool_call_id": m["tool_call_id"], "content": content})
-                elif self.native_tools and out and out[-1].get("tool_calls"):
-                    out.append({"role": "tool", "tool_call_id": out[-1]["tool_calls"][0]["id"], "content": content})
-                else:
-                    out.append({"role": "user", "content": content})
+                if native and m.get("tool_call_id"):
+                    self._repaired(f"a tool message answers {m.get('tool_call_id')!r} with no assistant call before it")
+                out.append({"role": "user", "content": content})
             else:
                 out.append({"role": role, "content": content})
         return out
 
-    @staticmethod
-    def _norm_call(c: dict[str, Any], i: int) -> dict[str, Any]:
-        fn = c.get("function") or {"name": c.get("name", ""), "arguments": c.get("arguments", {})}
-        args = fn.get("arguments", {})
-        if not isinstance(args, str):
-            args = json.dumps(args, ensure_ascii=False)
-        return {"id": c.get("id") or f"call_{i}", "type": "function", "function": {"name": fn.get("name", ""), "arguments": args}}
+    def _norm_calls(self, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """OpenAI ``tool_calls`` with unique non-empty ids and JSON-object argument text."""
+        out, seen = [], set()
+        for i, c in enumerate(calls):
+            fn = c.get("function") if isinstance(c.get("function"), dict) else {"name": c.get("name", ""), "arguments": c.get("arguments", {})}
+            cid = c.get("id") if isinstance(c.get("id"), str) and c.get("id") else f"call_{i}"
+            while cid in seen:
+                cid = f"{cid}_{i}"
+            if cid != c.get("id"):
+                self._repaired(f"tool call id {c.get('id')!r} is missing or repeated; sent as {cid!r}")
+            seen.add(cid)
+            name = fn.get("name") if isinstance(fn.get("name"), str) and fn.get("name") else "invalid"
+            out.append({"id": cid, "type": "function", "function": {"name": name, "arguments": arguments_json(fn.get("arguments", {}))}})
+        return out
+
+    def _pair(self, calls: list[dict[str, Any]], block: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One tool message per call of ``calls`` from the tool messages that followed them."""
+        replies: dict[str, list[str]] = {c["id"]: [] for c in calls}
+        stray: list[str] = []
+        for t in block:
+            tid = t.get("tool_call_id")
+            (replies[tid] if tid in replies else stray).append(_text(t.get("content")))
+        out = []
+        for cid, texts in replies.items():
+            if len(texts) != 1:
+                self._repaired(f"call {cid!r} had {len(texts)} tool replies; sent as one")
+            out.append({"role": "tool", "tool_call_id": cid, "content": "\n\n".join(texts) or "No result."})
+        if stray:
+            self._repaired(f"{len(stray)} tool message(s) answered no declared call; sent as a user turn")
+            out.append({"role": "user", "content": "\n\n".join(stray)})
+        return out
+
+    def _repaired(self, what: str) -> None:
+        with self._lock:
+            self.n_repairs += 1
+            first = self.n_repairs == 1
+        if first:
+            log.warning("conversation repaired to follow the tool-call pairing rule: %s (further repairs are "
+                        "counted in n_repairs, not logged)", what)
 
     # -- requests ---------------------------------------------------------------------------
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -236,7 +311,7 @@ class OpenAIPolicy(Policy):
             if r.status_code == 429 or r.status_code >= 500:
                 raise _Retryable(f"HTTP {r.status_code}: {r.text[:200]}")
             if r.status_code >= 400:
-                raise BackendUnavailableError(f"HTTP {r.status_code} from {self.base_url}/chat/completions: {r.text[:300]}")
+                raise _Refused(r.status_code, f"HTTP {r.status_code} from {self.base_url}/chat/completions: {r.text[:300]}")
             try:
                 return r.json()
             except ValueError as e:
@@ -258,27 +333,47 @@ class OpenAIPolicy(Policy):
                     self._down = err
             raise err from e
 
-    def _one(self, conversation: Conversation) -> tuple[str, Usage]:
+    def _body(self, conversation: Conversation, native: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "messages": self.to_api_messages(conversation, native),
+                                "max_tokens": self.max_tokens, "temperature": self.temperature}
+        if native:
+            body["tools"] = tool_schemas(DEFAULT_TOOLS)
+            body["tool_choice"] = "auto"
+        elif self.stops:
+            body["stop"] = list(self.stops)[:4]  # OpenAI accepts at most 4 stop strings
+        body.update(self.extra_body)
+        return body
+
+    def _one(self, job: tuple[Conversation, str | None]) -> tuple[str, TokenUsage]:
+        conversation, episode = job
+        native = self.native_tools and episode not in self.text_episodes
+        fallback = None
         with Timer() as t:
-            body: dict[str, Any] = {"model": self.model, "messages": self.to_api_messages(conversation),
-                                    "max_tokens": self.max_tokens, "temperature": self.temperature}
-            if self.native_tools:
-                body["tools"] = TOOL_SCHEMAS
-                body["tool_choice"] = "auto"
-            elif self.stops:
-                body["stop"] = list(self.stops)[:4]  # OpenAI accepts at most 4 stop strings
-            body.update(self.extra_body)
             try:
-                data = self._post(body)
+                data = self._post(self._body(conversation, native))
             except ServiceUnavailableError:
                 raise  # the endpoint is down: act() ends the run
-            except BackendUnavailableError as e:
-                if self.native_tools and self.tools_mode == "auto" and "400" in str(e):
-                    log.warning("server refused the tools field (%s); switching to text tags", e)
+            except _Refused as e:
+                if not (native and self.tools_mode == "auto" and e.status == 400):
+                    return self._fail(e)
+                # Per episode, not per run: the same request is sent once more without
+                # `tools`. If the server takes it, this episode goes on in text tags (its
+                # native calls so far become text); if not, the 400 was about something
+                # else (a prompt over the context length...) and the turn is a failure.
+                # Other episodes keep function calling either way.
+                try:
+                    data = self._post(self._body(conversation, False))
+                except ServiceUnavailableError:
+                    raise
+                except Exception as e2:  # counted and recorded as this turn's error
+                    return self._fail(e2)
+                fallback = str(e)[:300]
+                native = False
+                if episode is not None:
                     with self._lock:
-                        self.native_tools = False
-                    return self._one(conversation)
-                return self._fail(e)
+                        self.text_episodes.add(episode)
+                log.warning("server refused a request with tools (%s); episode %s goes on with text tags", e,
+                            episode if episode is not None else "(unnamed, this turn only)")
             except Exception as e:  # an unexpected failure of this one request
                 return self._fail(e)
         try:
@@ -287,23 +382,25 @@ class OpenAIPolicy(Policy):
         except (KeyError, IndexError, TypeError):
             return self._fail(ValueError(f"malformed chat completion: {str(data)[:200]}"))
         u = data.get("usage") or {}
-        usage = Usage(prompt_tokens=int(u.get("prompt_tokens") or 0), completion_tokens=int(u.get("completion_tokens") or 0),
+        usage = TokenUsage(prompt_tokens=int(u.get("prompt_tokens") or 0), completion_tokens=int(u.get("completion_tokens") or 0),
                       generation_s=t.s, finish=str(choice.get("finish_reason") or ""))
+        if fallback is not None:
+            usage.extra["tools_refused"] = fallback
         calls = msg.get("tool_calls")
         if calls:
             action = json.dumps({"content": msg.get("content") or "", "tool_calls": calls}, ensure_ascii=False)
             usage.finish = "tool_calls"
             return action, usage
         text = msg.get("content") or ""
-        if not self.native_tools:
+        if not native:
             text = close_open_tag(text, self.stops)
         return text, usage
 
-    def _fail(self, e: Exception) -> tuple[str, Usage]:
+    def _fail(self, e: Exception) -> tuple[str, TokenUsage]:
         with self._lock:
             self.n_errors += 1
         log.warning("chat completion failed: %s: %s", type(e).__name__, e)
-        return "", Usage(finish="error", extra={"error": str(e)[:300]})
+        return "", TokenUsage(finish="error", extra={"error": str(e)[:300]})
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
         """One concurrent request per conversation; order preserved.
@@ -318,7 +415,9 @@ class OpenAIPolicy(Policy):
                 the other requests of the batch stop at once.
         """
         self._down = None  # a new batch tries the server again
-        results = list(self._pool.map(self._one, conversations))
+        episodes = [None if (i or {}).get("episode_id") is None else str(i["episode_id"])
+                    for i in (infos or [None] * len(conversations))]
+        results = list(self._pool.map(self._one, zip(conversations, episodes)))
         self.last_usage = [u for _, u in results]
         return [a for a, _ in results]
 

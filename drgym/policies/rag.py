@@ -13,7 +13,7 @@ from typing import Any
 
 from drgym.errors import ConfigError
 from drgym.policies.base import Conversation, Policy
-from drgym.policies.generation import Usage
+from drgym.policies.generation import TokenUsage
 
 READER_SYSTEM = (
     "Answer the question using the passages. Reply with the answer only: a few words, "
@@ -87,7 +87,7 @@ class RagPolicy(Policy):
         self.words = int(words)
         self.reader_spec = reader_spec or getattr(reader, "name", "")
         self.name = f"rag:{self.reader_spec}"
-        self.last_usage: list[Usage] = []
+        self.last_usage: list[TokenUsage] = []
 
     def describe(self) -> dict[str, Any]:
         """Settings recorded in run configs."""
@@ -137,10 +137,10 @@ class RagPolicy(Policy):
                 out[i] = f"<search> {' '.join(question.split())} </search>"
             else:
                 to_read.append((i, self.reader_conversation(question, self.passages_of(conv, info))))
-        usage = [Usage(finish="search") for _ in conversations]
+        usage = [TokenUsage(finish="search") for _ in conversations]
         if to_read:
             replies = self.reader.act([c for _, c in to_read])
-            reader_usage = getattr(self.reader, "last_usage", None) or [Usage() for _ in to_read]
+            reader_usage = getattr(self.reader, "last_usage", None) or [TokenUsage() for _ in to_read]
             for (i, _), reply, u in zip(to_read, replies, reader_usage):
                 ans = clean_answer(reply)
                 out[i] = f"<answer> {ans} </answer>" if ans else "<answer> unknown </answer>"

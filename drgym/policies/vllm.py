@@ -12,9 +12,12 @@ from drgym.policies.base import Conversation, Policy
 from drgym.policies.generation import (
     DEFAULT_STOPS,
     Timer,
-    Usage,
-    cut_at_stop,
+    TokenUsage,
+    cut_text_at_stop,
     normalise_messages,
+    opened_reasoning,
+    render_chat,
+    resolve_thinking,
 )
 
 
@@ -37,6 +40,8 @@ class VLLMPolicy(Policy):
         gpu_memory_utilization: share of GPU memory vLLM may take.
         max_model_len: context length (None = the model's).
         dtype: vLLM dtype (``"auto"``, ``"bfloat16"``...).
+        enable_thinking: the chat template's thinking switch (None: the template's
+            default); the effective value is in :meth:`describe`.
 
     Raises:
         DependencyNotInstalled: vllm is not installed (CPU installs), with the pip command.
@@ -55,6 +60,7 @@ class VLLMPolicy(Policy):
         gpu_memory_utilization: float = 0.5,
         max_model_len: int | None = 8192,
         dtype: str = "auto",
+        enable_thinking: bool | None = None,
     ) -> None:
         try:
             import vllm  # noqa: F401
@@ -83,32 +89,34 @@ class VLLMPolicy(Policy):
             kw["max_model_len"] = int(max_model_len)
         self.llm = LLM(**kw)
         self.tokenizer = self.llm.get_tokenizer()
+        self.enable_thinking = resolve_thinking(self.tokenizer, enable_thinking, where=self.name)
         self.params = SamplingParams(
             max_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
             stop=list(self.stops), include_stop_str_in_output=True, seed=self.seed,
         )
-        self.last_usage: list[Usage] = []
+        self.last_usage: list[TokenUsage] = []
 
     def describe(self) -> dict[str, Any]:
         """Settings recorded in run configs."""
         return {"kind": "vllm", "model": self.model_name, "max_new_tokens": self.max_new_tokens,
-                "temperature": self.temperature, "top_p": self.top_p, "stops": list(self.stops), "seed": self.seed}
+                "temperature": self.temperature, "top_p": self.top_p, "stops": list(self.stops), "seed": self.seed,
+                "enable_thinking": self.enable_thinking}
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
         """Generate one assistant turn per conversation in one engine call."""
-        prompts = [self.tokenizer.apply_chat_template(normalise_messages(c, keep_tool_role=False), tokenize=False,
-                                                      add_generation_prompt=True) for c in conversations]
+        prompts = [render_chat(self.tokenizer, normalise_messages(c, keep_tool_role=False),
+                               enable_thinking=self.enable_thinking) for c in conversations]
         if not prompts:
             self.last_usage = []
             return []
         with Timer() as t:
             outs = self.llm.generate(prompts, self.params, use_tqdm=False)
         texts, usage = [], []
-        for o in outs:
+        for p, o in zip(prompts, outs):
             c = o.outputs[0]
-            text, reason = cut_at_stop(c.text, self.stops, ())
-            texts.append(text)
-            usage.append(Usage(prompt_tokens=len(o.prompt_token_ids or []), completion_tokens=len(c.token_ids or []),
+            text, reason = cut_text_at_stop(c.text, self.stops, ())
+            texts.append(opened_reasoning(p) + text)  # a turn the template opened inside <think>
+            usage.append(TokenUsage(prompt_tokens=len(o.prompt_token_ids or []), completion_tokens=len(c.token_ids or []),
                                generation_s=t.s / len(prompts), finish=reason if reason != "length" else str(c.finish_reason)))
         self.last_usage = usage
         return texts

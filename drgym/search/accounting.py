@@ -1,9 +1,9 @@
 """Per-backend cost and latency accounting.
 
 Every commercial search API bills per request; a study that compares backends has to
-say what each one cost and how fast it answered. :class:`Usage` counts calls, errors
+say what each one cost and how fast it answered. :class:`SearchUsage` counts calls, errors
 and wall-clock latencies (thread-safe) and prices the calls; :class:`MeteredBackend`
-wraps any :class:`~drgym.search.base.SearchBackend` and fills a :class:`Usage`.
+wraps any :class:`~drgym.search.base.SearchBackend` and fills a :class:`SearchUsage`.
 
 Default prices are the providers' public pay-as-you-go list prices per search request
 (USD) seen in 2025; they change, so pass ``price_per_search`` to override:
@@ -70,7 +70,7 @@ def latency_summary(latencies_s: list[float]) -> dict[str, float | None]:
 
 
 @dataclass
-class Usage:
+class SearchUsage:
     """Counters for one backend: calls, errors, latencies, cost.
 
     Attributes:
@@ -147,7 +147,7 @@ class MeteredBackend(SearchBackend):
         self.deterministic = inner.deterministic
         self.max_k = inner.max_k
         price = default_price(inner.name) if price_per_search is None else float(price_per_search)
-        self.usage = Usage(backend=inner.name, price_per_search=price)
+        self.usage = SearchUsage(backend=inner.name, price_per_search=price)
 
     def search_batch(self, queries: list[str], k: int = 10) -> list[list[SearchResult]]:
         t0 = time.perf_counter()

@@ -1,0 +1,111 @@
+"""Run the main job's policies with `drgym rollout` and keep their figures for the README.
+
+Each policy runs as the README shows it (`drgym rollout`, `--policy rag:smollm2`,
+`--policy scripted`: the first 20 `hotpotqa-dev` questions over wiki-default; and the
+first again with torch held to AVX2 kernels) into a fresh `runs/main_job/NAME/`. Its `metrics.json` and `config.json` are copied to
+`scripts/results/main_job/NAME/`, next to a `run.json` with the command, its wall time,
+the load average before and after, and the CPU (model, cores, torch's CPU capability:
+bfloat16 results differ between CPUs with and without AVX512-BF16). Then
+`python scripts/readme_tables.py --write` puts them in the README's main-job table.
+
+    python scripts/main_job.py                    # all of POLICIES
+    python scripts/main_job.py --only scripted    # one (NAME as below)
+    python scripts/main_job.py --add trained "--policy hf:runs/x/final"   # another row
+
+A row added with --add also needs a line in MAIN_JOB_ROWS of scripts/readme_tables.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "scripts" / "results" / "main_job"
+
+# NAME: (the arguments after `drgym rollout`, extra environment variables).
+POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
+    "hf_smollm2": ([], {}),
+    "rag_smollm2": (["--policy", "rag:smollm2"], {}),
+    "scripted": (["--policy", "scripted"], {}),
+    # The main job as a CPU without AVX512-BF16 runs it: torch and oneDNN held to AVX2
+    # kernels. bfloat16 rounds differently there, and the model's outputs change.
+    "hf_smollm2_avx2": (["--policy", "hf:smollm2", "-p", "dtype=bfloat16"],
+                        {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+}
+
+
+def _cpu(env: dict[str, str]) -> dict:
+    """The CPU, and the kernel set torch dispatches to under ``env``."""
+    capability = subprocess.run([sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+                                capture_output=True, text=True, check=True, env={**os.environ, **env}).stdout.strip()
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else ""
+    flags = set()
+    if Path("/proc/cpuinfo").exists():
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    return {"model": model, "cores": os.cpu_count(), "torch_cpu_capability": capability,
+            "avx512_bf16": "avx512_bf16" in flags, "amx_bf16": "amx_bf16" in flags}
+
+
+def _commit() -> str | None:
+    """HEAD, with ``+dirty`` when tracked files differ from it."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def run(name: str, args: list[str], env: dict[str, str], runs_dir: Path) -> dict:
+    out = runs_dir / name
+    if out.exists():
+        shutil.rmtree(out)  # a fresh run, not a resumed one
+    drgym = shutil.which("drgym", path=str(Path(sys.executable).parent)) or "drgym"
+    cmd = ["drgym", "rollout", *args, "--out", os.path.relpath(out, REPO)]
+    info = {"command": shlex.join(cmd), "env": env, "started": dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "load_avg_1_5_15_before": list(os.getloadavg()), "cpu": _cpu(env), "commit": _commit()}
+    t0 = time.perf_counter()
+    subprocess.run([drgym, *cmd[1:]], cwd=REPO, check=True, env={**os.environ, **env})
+    info["wall_s"] = round(time.perf_counter() - t0, 1)
+    info["load_avg_1_5_15_after"] = list(os.getloadavg())
+    dest = RESULTS / name
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in ("metrics.json", "config.json"):
+        shutil.copyfile(out / f, dest / f)
+    (dest / "run.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", action="append", choices=sorted(POLICIES), help="run only this policy (repeatable)")
+    ap.add_argument("--add", nargs=2, metavar=("NAME", "ARGS"), help="run another policy: NAME and the rollout arguments")
+    ap.add_argument("--runs-dir", default="runs/main_job", help="where the run directories go (default runs/main_job)")
+    a = ap.parse_args(argv)
+    todo = {n: POLICIES[n] for n in (a.only or POLICIES)} if not a.add or a.only else {}
+    if a.add:
+        todo[a.add[0]] = (shlex.split(a.add[1]), {})
+    for name, (args, env) in todo.items():
+        info = run(name, args, env, REPO / a.runs_dir)
+        print(f"{name}: {info['wall_s']} s, load {info['load_avg_1_5_15_before'][0]:.2f} -> "
+              f"{info['load_avg_1_5_15_after'][0]:.2f}; results in {RESULTS / name}")
+
+
+if __name__ == "__main__":
+    main()

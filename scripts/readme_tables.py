@@ -1,0 +1,263 @@
+"""Render the README's figure tables from the committed JSON, so that no figure is typed.
+
+    python scripts/readme_tables.py            # print every table
+    python scripts/readme_tables.py --write    # put them into README.md
+    python scripts/readme_tables.py --check    # exit 1 when README.md differs (tests/test_readme_tables.py)
+
+Each table sits in README.md between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``
+(invisible in rendered markdown); everything between the two markers is generated.
+
+Tables and their sources:
+
+- ``main_job``: ``scripts/results/main_job/NAME/{metrics,config,run}.json``, written by
+  ``python scripts/main_job.py``. To add a row (a trained agent, another model), run it
+  with ``scripts/main_job.py --add NAME "ARGS"`` and add ``(NAME, label)`` to MAIN_JOB_ROWS.
+- ``bench_search`` and ``retrieval``: ``scripts/results/bench_search_*.json``
+  (``python scripts/bench_search.py``), one column per file in BENCH_SEARCH_RUNS.
+- ``bench_train``: ``training/results/bench_train*.json`` (``python scripts/bench_train.py``),
+  one row per entry of BENCH_TRAIN_ROWS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+
+
+def _load(rel: str) -> dict:
+    return json.loads((REPO / rel).read_text(encoding="utf-8"))
+
+
+def _row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join([_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)])
+
+
+def _pct(x: float) -> str:
+    """A share as a percentage: one decimal, but ``0 %`` and ``100 %`` exact."""
+    return f"{100 * x:.0f} %" if x in (0, 1) else f"{100 * x:.1f} %"
+
+
+# -- main job ---------------------------------------------------------------------------
+
+MAIN_JOB_DIR = "scripts/results/main_job"
+# (folder under MAIN_JOB_DIR, label in the table); the rows appear in this order.
+MAIN_JOB_ROWS: list[tuple[str, str]] = [
+    ("hf_smollm2", "`hf:smollm2` (scaffold, the main job)"),
+    ("rag_smollm2", "`rag:smollm2`"),
+    ("scripted", "`scripted`"),
+    ("hf_smollm2_avx2", "`hf:smollm2`, bfloat16 on AVX2 kernels only (`ATEN_CPU_CAPABILITY=avx2`)"),
+]
+
+
+def main_job() -> str:
+    rows, cpus, dates = [], set(), []
+    for name, label in MAIN_JOB_ROWS:
+        m = _load(f"{MAIN_JOB_DIR}/{name}/metrics.json")
+        run = _load(f"{MAIN_JOB_DIR}/{name}/run.json")
+        rows.append([
+            label, f"{m['em']:.3f}", f"{m['f1']:.3f}", f"{m['cover_em']:.3f}", _pct(m["answer_rate"]),
+            _pct(m["invalid_action_rate"]), f"{m['turns']:.2f}", f"{m['searches']:.2f}",
+            f"{m['fetches']:.2f}".replace("0.00", "0"), f"{m['completion_tokens']:.0f}",
+            f"{m['wall_s_per_episode']:.2f}",
+            f"{max(run['load_avg_1_5_15_before'][0], run['load_avg_1_5_15_after'][0]):.1f}",
+        ])
+        cpu = run["cpu"]
+        cpus.add(f"{cpu['cores']} cores of an {cpu['model']} CPU ({'with' if cpu['avx512_bf16'] else 'without'} "
+                 "AVX512-BF16)")
+        dates.append(run["started"][:10])
+    header = ["policy", "EM", "F1", "cover-EM", "answer rate", "invalid actions", "turns", "searches", "fetches",
+              "gen tokens / ep", "wall s / ep", "load"]
+    note = (f"One run each, {min(dates)}{'' if len(set(dates)) == 1 else ' to ' + max(dates)}, on "
+            f"{'; '.join(sorted(cpus))}; load: the 1-minute load average (the higher of before and after the run). "
+            f"Figures from `{MAIN_JOB_DIR}/` (`python scripts/main_job.py`).")
+    return _table(header, rows) + "\n\n" + note
+
+
+# -- search benchmark -------------------------------------------------------------------
+
+# (JSON file, column title); one column each.
+BENCH_SEARCH_RUNS: list[tuple[str, str]] = [
+    ("scripts/results/bench_search_run1.json", "run 1"),
+    ("scripts/results/bench_search_run2.json", "run 2"),
+]
+
+
+def _met(runs: list[dict], key: str) -> str:
+    n = sum(bool(r["targets_met"][key]) for r in runs)
+    return "✓" if n == len(runs) else f"met in {n} of {len(runs)} runs"
+
+
+def bench_search() -> str:
+    runs = [_load(f) for f, _ in BENCH_SEARCH_RUNS]
+
+    def level(r: dict, clients: int) -> dict:
+        return next(x for x in r["http"]["levels"] if x["clients"] == clients)
+
+    def lat(r: dict, key: str, digits: int = 1) -> str:
+        v = r["latency"][key]
+        return f"p50 {v['p50_ms']:.{digits}f} ms, p99 {v['p99_ms']:.{digits}f} ms"
+
+    spec: list[tuple[str, Callable[[dict], str], str]] = [
+        (f"build of wiki-default from the shipped embeddings ({runs[0]['build']['passages']:,} passages)",
+         lambda r: f"{r['build']['cached_build_total_s']:.1f} s ({r['build']['cached_build_passages_per_s']:,.0f} passages/s)", ""),
+        ("live encoding, all-MiniLM-L6-v2 on CPU",
+         lambda r: f"{r['build']['live_encoding_passages_per_s']:.0f} passages/s (≈ {r['build']['estimated_live_build_s'] / 60:.0f} min for wiki-default)", ""),
+        ("end-to-end latency, one query in-process, hybrid (default)", lambda r: lat(r, "end_to_end_hybrid"),
+         f"p50 ≤ 20 ms {_met(runs, 'end_to_end_p50_ms<=20')}"),
+        ("end-to-end latency, dense", lambda r: lat(r, "end_to_end_dense"), ""),
+        ("end-to-end latency, BM25", lambda r: lat(r, "end_to_end_bm25", 2), ""),
+        ("search only, p50: Flat / HNSW32 (efSearch 64) / BM25",
+         lambda r: " / ".join(f"{r['latency'][k]['p50_ms']:.2f}" for k in
+                              ("search_only_dense_flat", "search_only_dense_hnsw32_ef64", "search_only_bm25")) + " ms", ""),
+        ("in-process hybrid search of 64 queries at once",
+         lambda r: f"{r['latency']['batched_64_hybrid_queries_per_s']:.0f} queries/s", ""),
+    ]
+    for clients in (1, 16, 64):
+        def cell(r: dict, c: int = clients) -> str:
+            x = level(r, c)
+            s = f"{x['throughput_rps']:.1f} req/s, p50 {x['latency_p50_ms']:.1f} ms, {x['errors']} errors"
+            return s + (f", {x['speedup_vs_1_client']:.2f}× one client" if c > 1 else "")
+        target = ""
+        if clients == 64:
+            target = f"0 errors {_met(runs, '64_clients_0_errors')}; ≥ 4× {_met(runs, '64_clients>=4x_single')}"
+        spec.append((f"HTTP `{runs[0]['http']['endpoint']}`, {clients} client{'s' if clients > 1 else ''}", cell, target))
+    spec.append(("ANN recall@10, HNSW32 vs exact Flat",
+                 lambda r: ", ".join(f"efSearch {k.split('=')[1]}: {v:.3f}"
+                                     for k, v in r["ann_recall@10_hnsw32_vs_flat"].items()),
+                 f"≥ 0.98 at efSearch 64 (the default) {_met(runs, 'ann_recall@10>=0.98 (efSearch=64)')}"))
+    header = ["what", *(f"{title} ({r['started'][:10]}, load {r['load_avg_1_5_15_at_start'][0]:.1f})"
+                        for (_, title), r in zip(BENCH_SEARCH_RUNS, runs)), "target"]
+    rows = [[what, *(fn(r) for r in runs), target] for what, fn, target in spec]
+    machine = runs[0]["machine"]
+    note = (f"{machine['cpus']} CPU cores, no GPU; load average (1 min) at the start of each run in the header. "
+            f"JSON: {', '.join(f'`{f}`' for f, _ in BENCH_SEARCH_RUNS)}.")
+    return _table(header, rows) + "\n\n" + note
+
+
+def retrieval() -> str:
+    runs = [_load(f) for f, _ in BENCH_SEARCH_RUNS]
+    r0 = runs[0]["retrieval"]
+    # Retrieval is deterministic: every run must agree, or the table would hide a change.
+    for f, r in zip(BENCH_SEARCH_RUNS, runs):
+        if r["retrieval"] != r0:
+            raise SystemExit(f"{f[0]}: retrieval figures differ from {BENCH_SEARCH_RUNS[0][0]}")
+    best = r0["best_method_by_recall@10"]
+    names = {"dense": "dense (MiniLM, Flat)", "bm25": "BM25", "hybrid": "hybrid (RRF)"}
+    sets = [s for s in r0 if isinstance(r0[s], dict) and isinstance(r0[s].get("dense"), dict)]
+    rows = []
+    for method in ("dense", "bm25", "hybrid"):
+        cells = [names[method]]
+        for s in sets:
+            v = r0[s][method]
+            cells.append(f"{v['recall@5']:.3f} / {v['recall@10']:.3f} / {v['ndcg@10']:.3f}")
+        cells.append(f"{r0['mean_recall@10'][method]:.3f}")
+        rows.append([f"**{c}**" for c in cells] if method == best else cells)
+    label = {"hotpotqa": "HotpotQA", "musique": "MuSiQue"}
+    header = ["method", *(f"{label.get(s, s)} R@5 / R@10 / nDCG@10 ({r0[s][best]['n_questions']} questions)" for s in sets),
+              "mean R@10"]
+    return _table(header, rows)
+
+
+# -- training benchmark -----------------------------------------------------------------
+
+# (JSON file, description); one row each.
+BENCH_TRAIN_ROWS: list[tuple[str, str]] = [
+    ("training/results/bench_train_kv_reuse.json", "idle machine, KV cache kept between turns"),
+    ("training/results/bench_train_idle.json", "idle machine, every turn re-encoded"),
+    ("training/results/bench_train.json", "loaded machine, every turn re-encoded"),
+]
+
+
+def bench_train() -> str:
+    rows = []
+    for f, desc in BENCH_TRAIN_ROWS:
+        d = _load(f)
+        mt, st = d["multi_turn"], d["single_turn"]
+        ratio = d["ratio_multi_over_single"]
+        r = f"{ratio:.2f}"
+        rows.append([
+            f"{desc}, {d['steps']} steps each (`{Path(f).name}`)", f"{d['load_avg_1m_at_end']:.1f}",
+            f"{mt['median_step_s']:.1f} s", f"{mt['median_generation_s']:.1f}", f"{mt['median_env_s']:.3f}",
+            f"{mt['median_reward_s']:.3f}", f"{mt['median_optimisation_s']:.1f}", f"{st['median_step_s']:.1f} s",
+            f"**{r}**" if ratio <= d["target_ratio"] else r,
+        ])
+    target = _load(BENCH_TRAIN_ROWS[0][0])["target_ratio"]
+    header = ["run", "load (1 min, at end)", "multi-turn step (median)", "generation", "env/search", "reward",
+              "optimisation", "single-turn step", f"ratio (target ≤ {target:g})"]
+    note = f"JSON in `{Path(BENCH_TRAIN_ROWS[0][0]).parent}/` (`python scripts/bench_train.py`)."
+    return _table(header, rows) + "\n\n" + note
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "main_job": main_job,
+    "bench_search": bench_search,
+    "retrieval": retrieval,
+    "bench_train": bench_train,
+}
+
+
+def render(name: str) -> str:
+    """Table ``name`` as it stands between its README markers (with the closing newline)."""
+    return TABLES[name]() + "\n"
+
+
+def _pattern(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- table:{re.escape(name)} -->\n)(.*?)(<!-- /table:{re.escape(name)} -->)", re.S)
+
+
+def readme_table(text: str, name: str) -> str:
+    """The generated part of README text for table ``name`` (what :func:`render` gives);
+    KeyError when the markers are missing."""
+    m = _pattern(name).search(text)
+    if m is None:
+        raise KeyError(f"README.md has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
+    return m.group(2)
+
+
+def write(text: str) -> str:
+    for name in TABLES:
+        pat = _pattern(name)
+        if not pat.search(text):
+            raise KeyError(f"README.md has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
+        text = pat.sub(lambda m, body=render(name): m.group(1) + body + m.group(3), text, count=1)
+    return text
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--write", action="store_true", help="replace the tables in README.md")
+    g.add_argument("--check", action="store_true", help="exit 1 when README.md's tables differ from the JSON")
+    a = ap.parse_args(argv)
+    text = README.read_text(encoding="utf-8")
+    if a.write:
+        new = write(text)
+        if new != text:
+            README.write_text(new, encoding="utf-8")
+        print("README.md " + ("updated" if new != text else "already up to date"))
+        return 0
+    if a.check:
+        stale = [n for n in TABLES if readme_table(text, n) != render(n)]
+        if stale:
+            print(f"README.md tables out of date: {', '.join(stale)}; run python scripts/readme_tables.py --write")
+            return 1
+        print("README.md tables match the JSON")
+        return 0
+    for name, fn in TABLES.items():
+        print(f"<!-- table:{name} -->\n{fn()}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
