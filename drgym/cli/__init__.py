@@ -57,12 +57,17 @@ def main() -> None:
     not a traceback; so does a file that cannot be written because its disk is full or
     read-only, or permission is denied (:func:`write_failure_message`). Anything else is
     a bug and keeps its traceback.
+
+    Before any command imports torch or faiss, the thread count is fixed from the cores
+    this process may use, or ``$DRGYM_THREADS`` (:func:`drgym.cpu.configure_threads`).
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from drgym.cpu import configure_threads
     from drgym.errors import DrgymError
 
     try:
+        configure_threads()
         app()
     except DrgymError as e:
         typer.echo(f"error: {e}", err=True)

@@ -3,7 +3,8 @@
 A run directory holds:
 
 - ``config.json``: everything needed to rerun (the :class:`RolloutConfig`, package
-  versions, the index manifest fingerprint, the policy's resolved settings, seeds,
+  versions, the thread settings (:func:`drgym.cpu.thread_record`), the index manifest
+  fingerprint, the policy's resolved settings (with the dtype and why), seeds,
   the task ids);
 - ``trajectories.jsonl``: one finished episode per line, appended atomically
   (:func:`drgym.atomic.append_jsonl`) as soon as the episode ends;
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from drgym.atomic import append_jsonl, atomic_write_json, read_jsonl
+from drgym.cpu import thread_record
 from drgym.errors import ConfigError, ServiceUnavailableError
 from drgym.policies.base import Conversation, Policy
 
@@ -448,6 +450,7 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
         "command": redact(sys.argv),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions(),
+        "threads": thread_record(),
         "backend": redact(backend_fingerprint(be)),
         "policy": redact(describe_policy(pol)),
         "env": {"id": config.env, "kind": kind, "max_turns": raw0.max_turns, "max_searches": raw0.max_searches,

@@ -95,6 +95,9 @@ below 39 points per centroid; 64 per list follows its wiki's guideline of 30-256
 
 
 def _faiss():
+    from drgym.cpu import configure_threads
+
+    configure_threads()  # before faiss's OpenMP runtime loads: thread count and wait policy
     try:
         import faiss
     except ImportError as e:  # pragma: no cover - faiss-cpu is a hard dependency

@@ -50,7 +50,9 @@ class HFPolicy(Policy):
             when ``model`` is a name.
         name: the policy name recorded in run configs (default ``"hf:<model>"``, or
             ``"hf:<config._name_or_path>"`` for a loaded model).
-        dtype: ``"auto"`` (bf16 on CPU, fp16 on CUDA), ``"float32"``, ``"bfloat16"``...
+        dtype: ``"auto"`` (fp16 on CUDA; on CPU bf16 where the CPU has bf16
+            dot-product instructions, else fp32: :func:`drgym.models.resolve_dtype`),
+            ``"float32"``, ``"bfloat16"``... The dtype used and why are in :meth:`describe`.
         device: ``"cpu"``/``"cuda"``; None picks CUDA when available.
         max_new_tokens: token budget of one turn (>= 1).
         batch_size: rows per ``generate`` call (>= 1).
@@ -73,7 +75,8 @@ class HFPolicy(Policy):
             the model (not part of the action); ``"Search query:"`` makes SmolLM2 write a
             query line where a bare ``<search>`` gets mostly empty or ``and``.
         seed: torch seed for sampling.
-        threads: torch intra-op threads for generation; None keeps the process setting.
+        threads: torch intra-op threads for generation; None keeps the process setting
+            (the available cores, or ``$DRGYM_THREADS``: :mod:`drgym.cpu`).
         layout: ``"chat"`` (each message through the chat template),
             ``"continuation"`` (tool observations continue the assistant turn, the layout
             ``drgym train`` uses with the tag protocol), or ``"auto"`` (default: the
@@ -131,15 +134,18 @@ class HFPolicy(Policy):
             raise ConfigError(f"temperature must be >= 0, got {temperature}.")
         import torch
 
-        from drgym.models import load_causal_lm
+        from drgym.models import load_causal_lm, resolve_dtype
 
         if threads:
             torch.set_num_threads(int(threads))
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
             model = str(model)
             self.model_name = model
+            device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+            dtype, self.dtype_reason = resolve_dtype(dtype, device)
             self.model, self.tokenizer = load_causal_lm(model, dtype=dtype, device=device)
         else:
+            self.dtype_reason = "the loaded model's dtype"
             if tokenizer is None:
                 raise ConfigError("HFPolicy(model=<loaded model>) needs tokenizer=<its tokenizer>.")
             if not hasattr(model, "generate"):
@@ -202,7 +208,8 @@ class HFPolicy(Policy):
     def describe(self) -> dict[str, Any]:
         """Settings recorded in run configs."""
         return {
-            "kind": "hf", "model": self.model_name, "dtype": self.dtype, "device": str(self.device),
+            "kind": "hf", "model": self.model_name, "dtype": self.dtype, "dtype_reason": self.dtype_reason,
+            "device": str(self.device),
             "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
             "temperature": self.temperature, "top_p": self.top_p, "stops": list(self.stops),
             "prefill": self.prefill or None, "scaffold": self.scaffold,

@@ -34,6 +34,7 @@ import asyncio
 import hmac
 import inspect
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from typing import Annotated
 
@@ -41,6 +42,7 @@ from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader
 
+from drgym.cpu import thread_count
 from drgym.errors import BadQueryError, DocumentNotFoundError, DrgymError, SearchError
 from drgym.search.base import SearchBackend
 from drgym.search.wire import (
@@ -126,6 +128,10 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        # Worker threads (the batcher's search_batch calls, /fetch lookups) sized from the
+        # cores this process may use, not from the machine's core count.
+        executor = ThreadPoolExecutor(max_workers=min(32, thread_count() + 4), thread_name_prefix="drgym-serve")
+        asyncio.get_running_loop().set_default_executor(executor)
         await batcher.start()
         try:
             yield
@@ -133,6 +139,7 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
             await batcher.stop()
             if close_backend:
                 backend.close()
+            executor.shutdown(wait=False, cancel_futures=True)
 
     from drgym import __version__
 
