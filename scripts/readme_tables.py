@@ -247,7 +247,36 @@ def server_load() -> str:
         "changes; 'README pool': the benchmark table's queries above, k=10.")
 
 
+# -- scale ------------------------------------------------------------------------------
+
+SCALE = "scripts/results/bench_scale.json"  # python scripts/bench_scale.py
+
+
+def _bench_scale():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_scale", REPO / "scripts" / "bench_scale.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def scale() -> str:
+    r = _load(SCALE)
+    m = r["machine"]
+    return _bench_scale().table(r).rstrip("\n") + (
+        f"\n\n`{r['command'].split(' --work')[0]}`, started {r['started'][:16].replace('T', ' ')}, on "
+        f"{m['affinity']} cores and {m['ram_gb']:.0f} GB (faiss {m['faiss']}); the load average of each stage "
+        f"is in `{SCALE}`.")
+
+
+def scale_paper() -> str:
+    return _bench_scale().paper(_load(SCALE)).rstrip("\n")
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "scale": scale,
+    "scale_paper": scale_paper,
     "server_load": server_load,
     "main_job": main_job,
     "main_job_load": main_job_load,
