@@ -247,23 +247,48 @@ def server_load() -> str:
         "changes; 'README pool': the benchmark table's queries above, k=10.")
 
 
+def _script(name: str):
+    """``scripts/<name>.py`` as a module (the renderers of bench_scale and eval_table live there)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# -- scale ------------------------------------------------------------------------------
+
+SCALE = "scripts/results/bench_scale.json"  # python scripts/bench_scale.py
+
+
+def scale() -> str:
+    r = _load(SCALE)
+    m = r["machine"]
+    return _script("bench_scale").table(r).rstrip("\n") + (
+        f"\n\n`{r['command'].split(' --work')[0]}`, started {r['started'][:16].replace('T', ' ')}, on "
+        f"{m['affinity']} cores and {m['ram_gb']:.0f} GB (faiss {m['faiss']}); the load average of each stage "
+        f"is in `{SCALE}`.")
+
+
+def scale_paper() -> str:
+    return _script("bench_scale").paper(_load(SCALE)).rstrip("\n")
+
+
 # -- the bundled agent's test-slice table ---------------------------------------------------
 
 TEST_TABLE = "training/results/test_table.json"  # python scripts/eval_table.py ...
 
 
 def test_table() -> str:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("eval_table", REPO / "scripts" / "eval_table.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     t = _load(TEST_TABLE)
-    return mod.markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
+    return _script("eval_table").markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
 
 
 TABLES: dict[str, Callable[[], str]] = {
     "test_table": test_table,
+    "scale": scale,
+    "scale_paper": scale_paper,
     "server_load": server_load,
     "main_job": main_job,
     "main_job_load": main_job_load,

@@ -194,11 +194,20 @@ def _check_faiss_gpu() -> None:
     assert gpus_available() == 0
 
 
+def _check_ray() -> None:
+    from drgym.distributed import require_ray
+    from drgym.errors import DependencyNotInstalled
+
+    with pytest.raises(DependencyNotInstalled, match=re.escape("drgym[distributed]")):
+        require_ray()
+
+
 # Each distribution that only an extra installs: (its top-level module, what a user
 # without it gets). A new extra (e.g. `distributed` with ray) adds its entries here.
 OPTIONAL_BACKENDS: dict[str, tuple[str, Callable[[], None]]] = {
     "vllm": ("vllm", _check_vllm),
     "faiss-gpu-cu12": ("faiss", _check_faiss_gpu),
+    "ray": ("ray", _check_ray),
 }
 
 

@@ -158,6 +158,32 @@ def test_units_of_a_jsonl_file_read_as_the_whole_file():
     assert [d for u in units for d in u.read()] == whole
 
 
+def test_units_of_a_folder_of_jsonl_and_parquet_shards(tmp_path):
+    """A corpus folder of two shards (JSONL, and parquet in 3 row groups) in wiki-18
+    layout: units cut the parquet file by row group, and the units read back the 1,000
+    passages in order, as the wiki-18 reader reads the original file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from drgym.corpus.readers import read_corpus
+    from drgym.index.units import plan_units
+
+    lines = WIKI18.read_text().splitlines(keepends=True)
+    folder = tmp_path / "wiki18-shards"
+    folder.mkdir()
+    (folder / "part-0.jsonl").write_text("".join(lines[:400]))
+    rows = [json.loads(x) for x in lines[400:]]
+    pq.write_table(pa.Table.from_pylist(rows), folder / "part-1.parquet", row_group_size=250)
+    (folder / "README.txt").write_text("not a corpus file")
+    units, sources, _ = plan_units(str(folder), chunk_docs=300)
+    assert [(Path(u.path).name, u.n_docs) for u in units] == [
+        ("part-0.jsonl", 300), ("part-0.jsonl", 100), ("part-1.parquet", 500), ("part-1.parquet", 100)]
+    assert [Path(s["path"]).name for s in sources] == ["part-0.jsonl", "part-1.parquet"]
+    docs = [d for u in units for d in u.read()]
+    whole = list(read_corpus(WIKI18))
+    assert [(d.doc_id, d.title, d.text) for d in docs] == [(d.doc_id, d.title, d.text) for d in whole]
+
+
 def untitled_corpus(path: Path, n: int) -> Path:
     """``n`` real 2WikiMultihopQA paragraphs as FineWeb-style rows without titles: not in
     the shipped embedding cache, so every passage is encoded live."""
@@ -287,5 +313,7 @@ def test_streamed_bm25_equals_one_bm25s_call(tmp_path):
 def test_auto_factory_by_size():
     assert choose_factory(20_036, 384) == "Flat"
     assert choose_factory(1_000_000, 384) == "Flat"
-    assert choose_factory(5_000_000, 384) == "IVF8192,PQ48"
-    assert choose_factory(87_000_000, 768) == "IVF32768,PQ96"
+    assert choose_factory(1_000_001, 384) == "IVF1024,PQ48"
+    assert choose_factory(5_000_000, 384) == "IVF2048,PQ48"
+    assert choose_factory(87_000_000, 768, shard_size=25_000_000) == "IVF4096,PQ96"
+    assert choose_factory(87_000_000, 770) == "IVF8192,PQ77"

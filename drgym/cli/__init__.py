@@ -40,9 +40,9 @@ def version() -> None:
 
 
 def _register_all() -> None:
-    from drgym.cli import compare, evaluate, index, rollout, search, serve, train
+    from drgym.cli import compare, distributed, evaluate, index, rollout, search, serve, train
 
-    for module in (index, search, serve, rollout, evaluate, train, compare):
+    for module in (index, search, serve, distributed, rollout, evaluate, train, compare):
         module.register(app)
 
 

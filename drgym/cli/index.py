@@ -39,8 +39,8 @@ def build(
     spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
                      shard_size=shard_size or DEFAULT_SHARD_SIZE, max_tokens=max_tokens, overlap=overlap,
                      bm25=not no_bm25, name=name, chunk_docs=chunk_docs or CHUNK_DOCS)
+    runner = None
     try:
-        runner = None
         if ray:
             from drgym.distributed.build import RayRunner
 
@@ -49,6 +49,9 @@ def build(
     except DrgymError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from e
+    finally:
+        if runner is not None:
+            runner.close()
     _report(res, t0)
 
 

@@ -157,7 +157,7 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
 
     Returns:
         Settings recorded in the manifest (``k1``, ``b``, ``method``, ``stopwords``,
-        ``vocab_size``).
+        ``vocab_size``, ``passage_term_pairs``).
 
     Raises:
         ConfigError: the estimated memory exceeds ``max_memory`` (the message gives both
@@ -212,6 +212,7 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
         "b": retriever.b,
         "stopwords": STOPWORDS,
         "vocab_size": len(retriever.vocab_dict),
+        "passage_term_pairs": int(pairs),
     }
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import json
 import logging
 import math
@@ -73,21 +74,38 @@ BUILD_PREFIX = ".build-"
 _STATE = "build.json"
 
 
-def choose_factory(n: int, dim: int) -> str:
+def choose_factory(n: int, dim: int, shard_size: int | None = None) -> str:
     """The FAISS factory ``auto`` picks for about ``n`` passages of dimension ``dim``.
 
-    ``Flat`` (exact) up to :data:`FLAT_MAX`; beyond it ``IVF{nlist},PQ{m}`` with
-    ``nlist`` the power of two nearest ``4 * sqrt(n)`` (FAISS's guideline is 4-16
-    sqrt(n)) and ``m = dim / 8`` sub-quantizers of 8 bits (``dim / 4`` bytes when 8 does
-    not divide ``dim``), so each vector costs ``m`` bytes instead of ``4 * dim``.
+    ``Flat`` (exact) up to :data:`FLAT_MAX` passages; beyond it ``IVF{nlist},PQ{m}``
+    for the rows of one shard (``min(n, shard_size)``): ``nlist`` the power of two
+    nearest ``sqrt(rows)`` (the low end of FAISS's 1-16 sqrt(N) guideline, so that
+    k-means stays affordable on CPUs) and ``m`` sub-quantizers of 8 bits, ``m`` the
+    largest divisor of ``dim`` up to ``dim / 8`` (48 for 384-d): each vector costs ``m`` bytes of RAM
+    instead of ``4 * dim``, and the top candidates are re-scored exactly from the
+    memory-mapped float16 embeddings (:data:`drgym.index.dense.DEFAULT_SEARCH_PARAMS`).
+    HNSW is never picked: its graph is built at ~1 ms per vector per core and needs the
+    float32 vectors in RAM (see the README's Scale section); ask for ``HNSW32``
+    explicitly when latency matters more than build time and memory.
 
     >>> choose_factory(21_000, 384), choose_factory(5_000_000, 384), choose_factory(21_000_000, 768)
-    ('Flat', 'IVF8192,PQ48', 'IVF16384,PQ96')
+    ('Flat', 'IVF2048,PQ48', 'IVF4096,PQ96')
+    >>> choose_factory(87_000_000, 768, shard_size=25_000_000)
+    'IVF4096,PQ96'
     """
     if n <= FLAT_MAX:
         return "Flat"
-    nlist = 2 ** max(8, round(math.log2(4 * math.sqrt(n))))
-    m = dim // 8 if dim % 8 == 0 else (dim // 4 if dim % 4 == 0 else dim)
+    return ivfpq_factory(min(n, shard_size) if shard_size else n, dim)
+
+
+def ivfpq_factory(rows: int, dim: int) -> str:
+    """``IVF{nlist},PQ{m}`` for a shard of ``rows`` vectors (see :func:`choose_factory`).
+
+    >>> ivfpq_factory(100_000, 384), ivfpq_factory(2_500_000, 768)
+    ('IVF256,PQ48', 'IVF2048,PQ96')
+    """
+    nlist = 2 ** min(16, max(8, round(math.log2(math.sqrt(rows)))))
+    m = max(d for d in range(1, max(1, dim // 8) + 1) if dim % d == 0)
     return f"IVF{nlist},PQ{m}"
 
 
@@ -305,13 +323,15 @@ class ShardTask:
 
 @dataclass
 class BuildContext:
-    """What a runner needs to encode units: the encoder and the chunking settings."""
+    """What a runner needs to encode units: the encoder (loaded, and as the user named it,
+    for runners that load it again elsewhere) and the chunking settings."""
 
     encoder: object
     max_tokens: int
     overlap: int
     memory_docs: list[Document] | None = None
     progress: bool = False
+    encoder_spec: str = ""
 
 
 class LocalRunner:
@@ -353,23 +373,22 @@ def _plan(spec: IndexSpec, root: Path, docs: list[Document] | None) -> tuple[lis
     if docs is not None or spec.corpus in NAMED:
         units, sources, label = plan_units(spec.corpus, spec.format, chunk_docs=spec.chunk_docs, docs=docs)
         return units, sources, label, corpus_fingerprint(docs if docs is not None else _named(spec.corpus))
+    from drgym.index.units import corpus_files, source_stat
+
     p = Path(spec.corpus).expanduser()
-    if p.exists():
-        from drgym.index.units import corpus_files, source_stat
-
-        sources = [source_stat(f) for f in corpus_files(p)]
-        key = json.dumps([source_key(sources), spec.format, spec.chunk_docs])
-        import hashlib
-
-        cache = root / ".plans" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
-        if cache.exists():
-            try:
-                d = json.loads(cache.read_text())
-                return [Unit.from_dict(u) for u in d["units"]], d["sources"], d["label"], ""
-            except (ValueError, KeyError, TypeError) as e:
-                log.warning("ignoring unreadable plan cache %s (%s)", cache, e)
+    if not p.exists():
+        return (*plan_units(spec.corpus, spec.format, chunk_docs=spec.chunk_docs), "")  # raises: unknown corpus
+    sources = [source_stat(f) for f in corpus_files(p)]
+    key = json.dumps([source_key(sources), spec.format, spec.chunk_docs])
+    cache = root / ".plans" / (hashlib.sha256(key.encode()).hexdigest()[:24] + ".json")
+    if cache.exists():
+        try:
+            d = json.loads(cache.read_text())
+            return [Unit.from_dict(u) for u in d["units"]], d["sources"], d["label"], ""
+        except (ValueError, KeyError, TypeError) as e:
+            log.warning("ignoring unreadable plan cache %s (%s)", cache, e)
     units, sources, label = plan_units(spec.corpus, spec.format, chunk_docs=spec.chunk_docs)
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):  # a read-only root: plan again next time
         atomic_write_json(cache, {"units": [u.to_dict() for u in units], "sources": sources, "label": label}, indent=None)
     return units, sources, label, ""
 
@@ -436,7 +455,7 @@ def build_index(
     if spec.factory == "auto":
         from dataclasses import replace
 
-        spec = replace(spec, factory=choose_factory(_estimate_docs(units), encoder.dim))
+        spec = replace(spec, factory=choose_factory(_estimate_docs(units), encoder.dim, spec.shard_size))
     from drgym.index.dense import new_faiss_index
 
     new_faiss_index(encoder.dim, spec.factory)  # a bad factory string fails now, not after encoding
@@ -444,49 +463,75 @@ def build_index(
     folder = root / planned.name
     announce = (lambda m: print(m, flush=True)) if progress else None
 
-    def reusable() -> IndexManifest | None:
-        if force or not (folder / "manifest.json").exists():
-            return None
-        try:
-            existing = IndexManifest.read(folder)
-            if same_identity(existing, planned):
-                existing.check_files(folder)
-                return existing
-            log.info("index %s: manifest changed, rebuilding", folder)
-        except (CorruptIndexError, IndexNotFoundError) as e:
-            log.warning("index %s is corrupt (%s); rebuilding", folder, e)
-        return None
-
     # An identical index is reused before taking the lock (whose file needs a writable
     # root): indexes on a read-only disk stay usable. A manifest of a newer format
     # (IndexMismatchError) stops here with what to do.
-    existing = reusable()
+    existing = reusable_index(folder, planned, force)
     if existing is not None:
         return BuildResult(folder, existing, False, time.perf_counter() - t0)
     with build_lock(root, planned.name, announce=announce):
-        existing = reusable()  # built by another process while we waited for the lock
+        existing = reusable_index(folder, planned, force)  # built by another process while we waited
         if existing is not None:
             return BuildResult(folder, existing, False, time.perf_counter() - t0)
-        build_dir = root / f"{BUILD_PREFIX}{planned.name}"
         state = {"identity": planned.identity(), "corpus_fingerprint": planned.corpus_fingerprint,
                  "sources": source_key(planned.sources), "chunk_docs": spec.chunk_docs,
                  "bm25": spec.bm25, "units": len(units)}
-        state = json.loads(json.dumps(state))
-        prepare_build_dir(build_dir, state, resume)
-        ctx = BuildContext(encoder, planned.chunking["max_tokens"], planned.chunking["overlap"], docs, progress)
-        try:
-            manifest, resumed = run_build(build_dir, planned, units, ctx, runner, timings, bm25=spec.bm25)
-            swap_into_place(build_dir, folder)
-        except (ConfigError, CorpusError):
-            shutil.rmtree(build_dir, ignore_errors=True)  # the input or spec is wrong: nothing to resume
-            raise
-        except BaseException as e:
-            log.warning("build of %s stopped; the partial build in %s is resumed by running the same build again",
-                        planned.name, build_dir)
-            if _disk_full(e, root):  # one line naming the folder, whichever library hit the full disk
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(build_dir)) from e
-            raise
+        ctx = BuildContext(encoder, planned.chunking["max_tokens"], planned.chunking["overlap"], docs, progress,
+                           encoder_spec=spec.encoder)
+        manifest, resumed = build_into_place(root, planned, state, units, ctx, runner, timings, bm25=spec.bm25,
+                                             resume=resume)
     return BuildResult(folder, manifest, True, time.perf_counter() - t0, resumed)
+
+
+def reusable_index(folder: Path, planned: IndexManifest, force: bool) -> IndexManifest | None:
+    """The manifest of an index at ``folder`` that :func:`same_identity` finds equal to
+    ``planned`` and whose files are intact, or None (also with ``force``).
+
+    Raises:
+        IndexMismatchError: the manifest there is of a newer format.
+    """
+    if force or not (folder / "manifest.json").exists():
+        return None
+    try:
+        existing = IndexManifest.read(folder)
+        if same_identity(existing, planned):
+            existing.check_files(folder)
+            return existing
+        log.info("index %s: manifest changed, rebuilding", folder)
+    except (CorruptIndexError, IndexNotFoundError) as e:
+        log.warning("index %s is corrupt (%s); rebuilding", folder, e)
+    return None
+
+
+def build_into_place(root: Path, planned: IndexManifest, state: dict, units: list[Unit], ctx: BuildContext, runner,
+                     timings: dict, *, bm25: bool, resume: bool, dense=None) -> tuple[IndexManifest, int]:
+    """Build ``planned`` in ``<root>/.build-<name>`` (resuming a partial build whose
+    ``state`` matches) and rename it to ``<root>/<name>``; the caller holds the lock.
+
+    A wrong input or spec (:class:`ConfigError`, :class:`CorpusError`) removes the
+    partial build; any other failure keeps it for the next run to resume.
+
+    Returns:
+        ``(manifest, units resumed)``.
+
+    Raises:
+        OSError: ENOSPC naming the partial build folder when the disk filled up.
+    """
+    build_dir = root / f"{BUILD_PREFIX}{planned.name}"
+    prepare_build_dir(build_dir, json.loads(json.dumps(state)), resume)
+    try:
+        manifest, resumed = run_build(build_dir, planned, units, ctx, runner, timings, bm25=bm25, dense=dense)
+        swap_into_place(build_dir, root / planned.name)
+    except (ConfigError, CorpusError):
+        shutil.rmtree(build_dir, ignore_errors=True)  # the input or spec is wrong: nothing to resume
+        raise
+    except BaseException as e:
+        log.warning("build of %s stopped; the partial build in %s is resumed by running the same build again",
+                    planned.name, build_dir)
+        if _disk_full(e, root):  # one line naming the folder, whichever library hit the full disk
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(build_dir)) from e
+        raise
+    return manifest, resumed
 
 
 def _disk_full(e: BaseException, root: Path) -> bool:

@@ -44,16 +44,14 @@ from drgym.index.build import (
     IndexSpec,
     LocalRunner,
     ShardTask,
+    build_into_place,
     build_lock,
     choose_factory,
     planned_manifest,
-    prepare_build_dir,
-    run_build,
-    same_identity,
+    reusable_index,
     source_key,
-    swap_into_place,
 )
-from drgym.index.manifest import UNKNOWN_REVISION, IndexManifest, ShardInfo
+from drgym.index.manifest import UNKNOWN_REVISION, ShardInfo
 from drgym.index.units import CHUNK_DOCS, plan_units, source_stat
 
 log = logging.getLogger(__name__)
@@ -270,7 +268,7 @@ def import_index(
             raise ConfigError(f"the .npy files have different dimensions: {sorted(dims)}.")
         n_vec, dim = sum(len(a) for a in arrays), dims.pop()
         if factory == "auto":
-            factory = choose_factory(n_vec, dim)
+            factory = choose_factory(n_vec, dim, shard_size)
         from drgym.index.dense import new_faiss_index
 
         new_faiss_index(dim, factory)
@@ -293,24 +291,15 @@ def import_index(
     planned.normalized = normalized
     planned.chunking = {"max_tokens": 0, "overlap": 0, "tokenizer": "", "encoder_max_length": enc.max_length,
                         "imported": "faiss" if faiss_index is not None else "npy"}
-    folder = root / planned.name
+    existing = reusable_index(root / planned.name, planned, force)  # before the lock: read-only disks work
+    if existing is not None:
+        return BuildResult(root / planned.name, existing, False, time.perf_counter() - t0)
     with build_lock(root, planned.name, announce=(lambda m: print(m, flush=True)) if progress else None):
-        if not force and (folder / "manifest.json").exists():
-            try:
-                existing = IndexManifest.read(folder)
-                if same_identity(existing, planned):
-                    existing.check_files(folder)
-                    return BuildResult(folder, existing, False, time.perf_counter() - t0)
-            except Exception as e:  # noqa: BLE001 - a broken old index is rebuilt
-                log.warning("index %s unreadable (%s); importing again", folder, e)
-        from drgym.index.build import BUILD_PREFIX
-
-        build_dir = root / f"{BUILD_PREFIX}{planned.name}"
+        existing = reusable_index(root / planned.name, planned, force)
+        if existing is not None:
+            return BuildResult(root / planned.name, existing, False, time.perf_counter() - t0)
         state = {"identity": planned.identity(), "sources": source_key(planned.sources), "chunk_docs": chunk_docs,
                  "units": len(units), "import": True}
-        import json
-
-        prepare_build_dir(build_dir, json.loads(json.dumps(state)), resume)
         planned.sources = sources  # the vector files are added back by the dense step
 
         def dense(bdir: Path, n: int) -> tuple[list[ShardInfo], list[dict]]:
@@ -330,14 +319,9 @@ def import_index(
                      for no, s in enumerate(range(0, n, shard_size))]
             return LocalRunner().build_shards(tasks, progress=progress), vec_sources
 
-        ctx = BuildContext(None, 0, 0, None, progress)
-        try:
-            manifest, resumed = run_build(build_dir, planned, units, ctx, LocalRunner(), timings, bm25=bm25, dense=dense)
-            swap_into_place(build_dir, folder)
-        except (ConfigError, CorpusError):
-            shutil.rmtree(build_dir, ignore_errors=True)
-            raise
-    return BuildResult(folder, manifest, True, time.perf_counter() - t0, resumed)
+        manifest, resumed = build_into_place(root, planned, state, units, BuildContext(None, 0, 0, None, progress),
+                                             LocalRunner(), timings, bm25=bm25, resume=resume, dense=dense)
+    return BuildResult(root / planned.name, manifest, True, time.perf_counter() - t0, resumed)
 
 
 class _EncoderView:

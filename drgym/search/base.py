@@ -62,6 +62,25 @@ def collapse_to_documents(results: list[SearchResult], k: int) -> list[SearchRes
     return out
 
 
+class PartialResults(list):
+    """The hits of one query from a sharded backend when some shards did not answer:
+    the best of the shards that did (a plain ``list`` of :class:`SearchResult`).
+
+    The server passes it on as a ``partial`` field of the answer and never caches it.
+
+    Attributes:
+        missing_shards: numbers of the shards that did not answer.
+        n_shards: shards of the index.
+    """
+
+    partial = True
+
+    def __init__(self, hits=(), *, missing_shards=(), n_shards: int = 0) -> None:
+        super().__init__(hits)
+        self.missing_shards = tuple(int(s) for s in missing_shards)
+        self.n_shards = int(n_shards)
+
+
 class SearchBackend(abc.ABC):
     """Search and fetch over some collection of documents.
 

@@ -148,7 +148,7 @@ class LocalSearchEngine(SearchBackend):
             name, or a loaded :class:`drgym.embedding.Encoder`; it must be the encoder
             the index was built with.
         device: ``"cpu"`` or ``"cuda"`` for the encoder and FAISS; None picks a GPU if any.
-        search_params: FAISS search parameters (``{"efSearch": 64, "nprobe": 16}`` by default).
+        search_params: FAISS search parameters (:data:`drgym.index.dense.DEFAULT_SEARCH_PARAMS` by default).
         max_k: largest accepted ``k``.
         rrf_depth: candidates per method fused by hybrid search.
         collapse: ``"document"`` (default: k distinct documents, best passage each) or

@@ -170,6 +170,29 @@ def decode_b64_json(s: str) -> dict[str, Any] | None:
 # -- response / request models ----------------------------------------------------------
 
 
+class PartialInfo(BaseModel):
+    """Present in an answer only when some index shards did not answer (sharded serving,
+    :mod:`drgym.distributed.serve`): the hits are the best of the other shards."""
+
+    missing_shards: list[int] = Field(description="shards that did not answer")
+    shards: int = Field(description="shards of the index")
+
+
+def partial_info(hit_lists) -> PartialInfo | None:
+    """The :class:`PartialInfo` of result lists, or None when every shard answered."""
+    missing: set[int] = set()
+    n = 0
+    for hits in hit_lists:
+        if getattr(hits, "partial", False):
+            missing.update(hits.missing_shards)
+            n = max(n, hits.n_shards)
+    return PartialInfo(missing_shards=sorted(missing), shards=n) if n else None
+
+
+_PARTIAL = dict(default=None, exclude_if=lambda v: v is None,
+                description="only when some index shards did not answer: which ones (the hits come from the others)")
+
+
 class SearchResponse(BaseModel):
     """``GET /search`` answer (DeepResearchGym shape)."""
 
@@ -178,6 +201,7 @@ class SearchResponse(BaseModel):
         None, description="score per hit (higher is better) when with_distance=true, else null"
     )
     outlinks: list[str] | None = Field(default_factory=list, description="always empty: drgym keeps no outlinks")
+    partial: PartialInfo | None = Field(**_PARTIAL)
 
 
 class FetchResponse(BaseModel):
@@ -248,6 +272,7 @@ class RetrieveResponse(BaseModel):
     """``POST /retrieve`` answer: one list per query, in the order of the queries."""
 
     result: list[list[RetrieveHit]] | list[list[RetrieveDocument]]
+    partial: PartialInfo | None = Field(**_PARTIAL)
 
 
 class HealthResponse(BaseModel):

@@ -56,6 +56,7 @@ from drgym.search.wire import (
     ServerSettings,
     b64_json,
     document_record,
+    partial_info,
     result_record,
     retrieve_document,
     retrieve_request_model,
@@ -232,6 +233,7 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
             results=[b64_json(result_record(r)) for r in hits],
             distances=[float(r.score) for r in hits] if with_distance else None,
             outlinks=outlinks,
+            partial=partial_info([hits]),
         )
 
     search_errors = {**_E400, **e401, **_E429, **_E500}
@@ -282,8 +284,8 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
             hits[i] = hs
         if req.return_scores:
             return RetrieveResponse(result=[[RetrieveHit(document=retrieve_document(r), score=float(r.score))
-                                             for r in hs] for hs in hits])
-        return RetrieveResponse(result=[[retrieve_document(r) for r in hs] for hs in hits])
+                                             for r in hs] for hs in hits], partial=partial_info(hits))
+        return RetrieveResponse(result=[[retrieve_document(r) for r in hs] for hs in hits], partial=partial_info(hits))
 
     @app.get("/health", response_model=HealthResponse, tags=["meta"])
     async def health() -> HealthResponse:

@@ -176,7 +176,7 @@ class MicroBatcher:
                 if isinstance(res, BaseException):
                     raise res
             for (i, _), res in zip(pending, results):
-                out[i] = list(res)
+                out[i] = res if getattr(res, "partial", False) else list(res)
         return out  # type: ignore[return-value]
 
     def stats(self) -> dict[str, int | float]:
@@ -257,7 +257,8 @@ class MicroBatcher:
             if isinstance(res, BaseException):
                 self.errors += 1
             else:
-                self.cache.put((q, k, collapse), tuple(res))
+                if not getattr(res, "partial", False):  # shards missing: never cached
+                    self.cache.put((q, k, collapse), tuple(res))
         for it in live:
             if it.future.done():
                 continue

@@ -1,0 +1,54 @@
+"""``drgym serve-ray``: serve an index sharded over a Ray cluster (``drgym[distributed]``).
+
+The distributed build is ``drgym index build --ray`` (in :mod:`drgym.cli.index`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def serve_ray(
+    index_dir: str = typer.Option(..., "--index-dir", help="Index folder (or name under $DRGYM_HOME/indexes) to serve, one Serve application per dense shard."),
+    config: Optional[Path] = typer.Option(None, "--config", help="YAML overriding drgym/distributed/serve.yaml (replicas, autoscaling, timeouts, method, server settings)."),
+    method: Optional[str] = typer.Option(None, help="dense, bm25 or hybrid (default: the config's, hybrid)."),
+    host: str = typer.Option("127.0.0.1", help="Address of Ray Serve's HTTP proxy."),
+    port: int = typer.Option(8000, help="TCP port of Ray Serve's HTTP proxy."),
+    ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join (default: start a local one)."),
+) -> None:
+    """Serve an index sharded on Ray Serve behind the same /search, /fetch, /retrieve API as drgym serve; Ctrl-C stops it."""
+    import time
+
+    from drgym.distributed import require_ray
+    from drgym.distributed.serve import deploy, load_config
+    from drgym.errors import DrgymError
+    from drgym.paths import indexes_dir
+
+    try:
+        ray = require_ray()
+        folder = Path(index_dir).expanduser()
+        if not (folder / "manifest.json").exists() and (indexes_dir() / index_dir / "manifest.json").exists():
+            folder = indexes_dir() / index_dir
+        cfg = load_config(config, {"router": {"method": method}} if method else None)
+        ray.init(address=ray_address, include_dashboard=False)
+        url = deploy(folder, cfg, host=host, port=port)
+    except DrgymError as e:
+        typer.echo(f"drgym serve-ray: error: {e}", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"drgym serve-ray: {folder} on {url} (Ctrl-C stops)", err=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``drgym serve-ray`` to ``app``."""
+    app.command("serve-ray")(serve_ray)

@@ -1,0 +1,253 @@
+"""Sharded serving with Ray Serve, behind the same API as ``drgym serve``.
+
+    drgym serve-ray --index-dir ~/.cache/drgym/indexes/wiki-18--e5-base-v2--IVF4096_PQ96 --port 8000
+
+One Serve application per dense shard (:class:`ShardServer`: the shard's FAISS index,
+memory-mapped, plus its float16 embeddings for exact re-ranking) and one router
+application (:class:`Router`) serving :func:`drgym.server.app.create_app` over a
+:class:`ShardedSearchEngine`: the same routes (``/search``, ``/fineweb/search``,
+``/fetch``, ``/retrieve``, ``/health``), wire models and micro-batching as the
+single-process server. The router encodes each query once, sends the vectors to every
+shard in parallel, and merges the shards' top-k with
+:func:`drgym.index.dense.merge_shard_results`, the merge the local engine uses (score,
+then passage_id), so the rankings equal the single-process server's. The docstore, BM25
+and hybrid fusion stay in the router (they are per index, not per shard).
+
+A shard that fails or does not answer within ``shard_timeout_s`` is left out: the answer
+then holds the best hits of the other shards and a ``partial`` field naming the missing
+shards (never a 500; only when no shard answers is it an error). Replicas and autoscaling
+come from a YAML config (:data:`DEFAULT_CONFIG`, documented inline).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from drgym.distributed import require_ray
+from drgym.errors import BackendUnavailableError, ConfigError
+from drgym.search.base import PartialResults
+from drgym.search.local import LocalSearchEngine
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CONFIG = Path(__file__).with_name("serve.yaml")
+
+
+def load_config(path: str | Path | None = None, overrides: dict | None = None) -> dict[str, Any]:
+    """The serving config: :data:`DEFAULT_CONFIG`, then the YAML file at ``path``, then
+    ``overrides``, merged key by key. A ``num_replicas`` given in a later layer drops the
+    ``autoscaling_config`` of an earlier one (Ray Serve takes one or the other).
+
+    Raises:
+        ConfigError: a file that is not a YAML mapping.
+    """
+    import yaml
+
+    def read(p: Path) -> dict:
+        try:
+            d = yaml.safe_load(Path(p).read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"cannot read serving config {p}: {e}") from e
+        if not isinstance(d, dict):
+            raise ConfigError(f"serving config {p} must be a YAML mapping.")
+        return d
+
+    def merge(a: dict, b: dict) -> dict:
+        out = copy.deepcopy(a)
+        for k, v in b.items():
+            if k == "num_replicas" and "autoscaling_config" in out:
+                out.pop("autoscaling_config")
+            if k == "autoscaling_config" and "num_replicas" in out:
+                out.pop("num_replicas")
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+        return out
+
+    cfg = read(DEFAULT_CONFIG)
+    if path is not None:
+        cfg = merge(cfg, read(Path(path)))
+    return merge(cfg, overrides or {})
+
+
+class ShardServer:
+    """One dense shard of an index (a Ray Serve deployment).
+
+    Args:
+        folder: the index folder (on storage the replica's node can read).
+        shard_id: which shard.
+        search_params: FAISS / rerank parameters (as :class:`~drgym.index.dense.DenseIndex`).
+        mmap: memory-map flat-coded FAISS files.
+    """
+
+    def __init__(self, folder: str, shard_id: int, search_params: dict | None = None, mmap: bool = True) -> None:
+        from drgym.index.dense import DenseIndex
+        from drgym.index.manifest import IndexManifest
+
+        m = IndexManifest.read(folder)
+        self.shard_id = int(shard_id)
+        if not 0 <= self.shard_id < len(m.shards):
+            raise ConfigError(f"index {folder} has {len(m.shards)} shards, no shard {shard_id}.")
+        self.dense = DenseIndex(folder, m.shards, m.dim, m.n_passages, search_params=search_params,
+                                shard_ids=[self.shard_id], mmap=mmap)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` of this shard: float32 scores and int64 global rows, ``(nq, k)``."""
+        return self.dense.search(np.asarray(queries, dtype=np.float32), int(k))
+
+
+class _RemoteDense:
+    """Stands in for :class:`~drgym.index.dense.DenseIndex` in the router: fans the query
+    vectors out to the shard handles and merges their answers."""
+
+    def __init__(self, handles: list, tie_rank: np.ndarray, timeout_s: float) -> None:
+        self.handles = list(handles)
+        self.tie_rank = tie_rank
+        self.timeout_s = float(timeout_s)
+        self._local = threading.local()
+
+    @property
+    def missing(self) -> list[int]:
+        """Shards left out of this thread's searches since :meth:`reset`."""
+        return sorted(getattr(self._local, "missing", set()))
+
+    def reset(self) -> None:
+        self._local.missing = set()
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        from drgym.index.dense import merge_shard_results
+
+        q = np.ascontiguousarray(queries, dtype=np.float32)
+        calls = [(i, h.search.remote(q, k)) for i, h in enumerate(self.handles)]
+        parts_s, parts_r, missing = [], [], []
+        for i, call in calls:
+            try:
+                s, r = call.result(timeout_s=self.timeout_s)
+            except Exception as e:  # noqa: BLE001 - any shard failure makes the answer partial
+                log.warning("shard %d did not answer (%s: %s); answering without it", i, type(e).__name__, e)
+                missing.append(i)
+                continue
+            parts_s.append(np.asarray(s, dtype=np.float32))
+            parts_r.append(np.asarray(r, dtype=np.int64))
+        self._local.missing = getattr(self._local, "missing", set()) | set(missing)
+        if len(missing) == len(self.handles):
+            raise BackendUnavailableError(f"none of the {len(self.handles)} index shards answered within "
+                                          f"{self.timeout_s:g} s.")
+        return merge_shard_results(parts_s, parts_r, self.tie_rank, q.shape[0], k)
+
+
+class ShardedSearchEngine(LocalSearchEngine):
+    """A :class:`~drgym.search.local.LocalSearchEngine` whose dense search runs on shard
+    servers: encoding, BM25, hybrid fusion, docstore lookups and result building are the
+    local engine's own code.
+
+    Args:
+        folder: the index folder.
+        handles: one Ray Serve handle per shard, in shard order (anything with
+            ``.search.remote(queries, k).result(timeout_s=...)``).
+        shard_timeout_s: seconds to wait for each shard.
+        Other arguments as :class:`~drgym.search.local.LocalSearchEngine`.
+
+    Results of a search that some shards missed are :class:`~drgym.search.base.PartialResults`.
+    """
+
+    name = "sharded"
+
+    def __init__(self, folder: str | Path, handles: list, *, shard_timeout_s: float = 10.0, **kwargs) -> None:
+        super().__init__(folder, **kwargs)
+        if len(handles) != len(self.manifest.shards):
+            raise ConfigError(f"index {folder} has {len(self.manifest.shards)} shards but {len(handles)} shard servers.")
+        self._remote = _RemoteDense(handles, self._shared.tie_rank, shard_timeout_s)
+        self._shared._dense = self._remote
+
+    def search_batch(self, queries: list[str], k: int = 10, *, method: str | None = None,
+                     collapse: str | None = None):
+        """As :meth:`LocalSearchEngine.search_batch`; lists are
+        :class:`~drgym.search.base.PartialResults` when shards were missing."""
+        self._remote.reset()
+        out = super().search_batch(queries, k, method=method, collapse=collapse)
+        missing = self._remote.missing
+        if missing:
+            n = len(self._remote.handles)
+            return [PartialResults(hits, missing_shards=missing, n_shards=n) for hits in out]
+        return out
+
+    def __repr__(self) -> str:
+        m = self.manifest
+        return (f"ShardedSearchEngine({m.name!r}, method={self.method!r}, collapse={self.collapse!r}, passages={m.n_passages}, "
+                f"encoder={m.encoder!r}, factory={m.factory!r}, shards={len(m.shards)})")
+
+
+class Router:
+    """The router deployment: the drgym FastAPI app over a :class:`ShardedSearchEngine`
+    (built in the replica, after the constructor, by Ray Serve's late-bound ingress)."""
+
+    def __init__(self, folder: str, shard_apps: list[str], method: str = "hybrid", server: dict | None = None,
+                 shard_timeout_s: float = 10.0) -> None:
+        from ray import serve
+
+        from drgym.search.wire import ServerSettings
+
+        self.settings = ServerSettings(**(server or {}))
+        handles = [serve.get_deployment_handle("ShardServer", app_name=a) for a in shard_apps]
+        self.engine = ShardedSearchEngine(folder, handles, shard_timeout_s=shard_timeout_s, method=method,
+                                          max_k=self.settings.max_k)
+        self.engine.encode_queries(["warm up"])  # load the encoder now, not on the first request
+
+    def __serve_build_asgi_app__(self):
+        from drgym.server.app import create_app
+
+        return create_app(self.engine, self.settings, close_backend=True)
+
+
+def deploy(folder: str | Path, config: dict | None = None, *, host: str = "127.0.0.1", port: int = 8000) -> str:
+    """Deploy an index on the connected Ray cluster: the shard applications, then the
+    router at ``/``.
+
+    Args:
+        folder: the index folder.
+        config: a config from :func:`load_config` (None: the default).
+        host, port: where Ray Serve's HTTP proxy listens.
+
+    Returns:
+        The base URL, e.g. ``http://127.0.0.1:8000``.
+
+    Raises:
+        DependencyNotInstalled: Ray is not installed.
+        IndexNotFoundError, CorruptIndexError: no readable index at ``folder``.
+    """
+    require_ray()
+    from ray import serve
+
+    from drgym.index.manifest import IndexManifest
+
+    folder = str(Path(folder).expanduser().resolve())
+    cfg = config or load_config()
+    m = IndexManifest.read(folder)
+    m.check_files(folder)
+    serve.start(http_options={"host": host, "port": int(port)})
+    prefix = cfg.get("prefix", "drgym")
+    shard_apps = []
+    for i in range(len(m.shards)):
+        name = f"{prefix}-shard-{i}"
+        dep = serve.deployment(ShardServer, name="ShardServer", **cfg["shard"].get("deployment", {}))
+        serve.run(dep.bind(folder, i, cfg["shard"].get("search_params"), bool(cfg["shard"].get("mmap", True))),
+                  name=name, route_prefix=None)
+        shard_apps.append(name)
+    r = cfg["router"]
+    dep = serve.deployment(serve.ingress()(Router), name="Router", **r.get("deployment", {}))
+    serve.run(dep.bind(folder, shard_apps, r.get("method", "hybrid"), r.get("server", {}),
+                       float(cfg.get("shard_timeout_s", 10.0))), name=f"{prefix}-router", route_prefix="/")
+    return f"http://{host}:{port}"
+
+
+def shard_app_names(folder: str | Path, config: dict | None = None) -> list[str]:
+    """Names of the shard applications :func:`deploy` creates for ``folder``."""
+    from drgym.index.manifest import IndexManifest
+
+    prefix = (config or load_config()).get("prefix", "drgym")
+    return [f"{prefix}-shard-{i}" for i in range(len(IndexManifest.read(folder).shards))]

@@ -1,0 +1,598 @@
+"""How drgym's index scales: build, size, memory, latency and recall at 10^5..5x10^6 passages.
+
+    nice -n 10 python scripts/bench_scale.py --sizes 100000 1000000 5000000 \\
+        --work .cache/bench_scale --out scripts/results/bench_scale.json
+    python scripts/bench_scale.py --table scripts/results/bench_scale.json   # README table
+
+For each size N, in this order, each stage in its own subprocess (so its peak RSS is its
+own, read from ``getrusage``):
+
+1. ``gen``: N passages of synthetic text in wiki-18 layout (``{"id", "contents"}``,
+   100 words a passage drawn from a Zipf(1.1) vocabulary of 50,000 pseudo-words) and N
+   synthetic unit vectors (dim 384, float16 ``.npy`` shards of 10^6 rows), plus 200
+   queries and their exact top-10 (inner product on the stored float16 values, computed
+   chunk by chunk while generating). The vectors are a topic mixture fitted to real
+   MiniLM embeddings: the mean and covariance of the 21,123 vectors drgym ships
+   (``drgym/data/embeddings``), N/32 topic centres drawn from that Gaussian, and each
+   passage = normalise(mean + centre + 0.8 * noise of the same covariance); queries are
+   fresh draws from random topics. Its median nearest-neighbour cosine (~0.69) is near
+   the real one on wiki-default (0.63); uniform random vectors would have none of that
+   structure and make every ANN index look worse than on real data.
+2. ``import``: ``drgym index import --embeddings`` with factory Flat and no BM25: the
+   encoder is bypassed, the rest is the real streamed build (docstore filled unit by
+   unit, fingerprint, tie ranks, float16 embedding shards). Shards of ``--shard-size``
+   rows (2.5M by default, so the 5M index has 2 shards, as a 24 GB machine should).
+3. ``dense`` per factory (``Flat``, ``HNSW32`` up to ``--hnsw-max``, ``IVF{nlist},PQ48``
+   as ``auto`` picks it): the FAISS shards built from the memory-mapped embeddings, the
+   code path of a real build.
+4. ``search`` per factory and search setting: single queries and batches of 64 at
+   k=10 through :class:`drgym.index.dense.DenseIndex` (shard merge and tie-break
+   included; FAISS files memory-mapped for flat codes), p50/p99 latency, recall@10 vs
+   exact. drgym's defaults (efSearch 64; nprobe ``max(16, nlist/16)``; exact re-rank of
+   100 IVF-PQ candidates), and for IVF-PQ also nprobe 16 and no re-rank.
+5. ``bm25`` for N <= ``--bm25-max``: drgym's streamed BM25 over the docstore: time,
+   peak RSS, passage-term pairs (calibrates the memory check of
+   :func:`drgym.index.bm25.write_bm25`).
+
+Timings are wall-clock on whatever machine runs it; the load average is recorded with
+every stage. The JSON is rewritten after each stage, so a long run can be read (and a
+killed one keeps what it measured). Growth is fitted as ``y = a * N**b`` on the sizes
+measured (``fits``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+DIM = 384
+N_QUERIES = 200
+K = 10
+SEED = 0
+SHARD_ROWS = 1_000_000  # rows per generated .npy file
+VOCAB = 50_000
+WORDS = 100
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def rss_now() -> dict[str, float]:
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS", "RssAnon", "RssFile", "VmHWM")):
+                k, v = line.split(":")
+                out[k] = round(int(v.split()[0]) / 1024, 1)
+    return out
+
+
+def du(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def pct(xs, q) -> float:
+    return round(float(np.percentile(np.asarray(xs), q)), 3)
+
+
+# -- stage: gen ---------------------------------------------------------------------------
+
+
+def stage_gen(n: int, work: Path) -> dict:
+    """Synthetic corpus JSONL, float16 vector shards, queries, exact top-10."""
+    t0 = time.perf_counter()
+    real = np.load(REPO / "drgym/data/embeddings/all-MiniLM-L6-v2-53aa51172d142c89/vectors.npy").astype(np.float32)
+    mu = real.mean(0)
+    chol = np.linalg.cholesky(np.cov(real - mu, rowvar=False) + 1e-6 * np.eye(DIM)).astype(np.float32)
+    rng = np.random.default_rng(SEED)
+    n_topics = max(1, n // 32)
+    centers = (rng.standard_normal((n_topics, DIM), dtype=np.float32) @ chol.T)
+
+    def draw(m: int) -> np.ndarray:
+        t = rng.integers(0, n_topics, m)
+        x = mu + centers[t] + 0.8 * (rng.standard_normal((m, DIM), dtype=np.float32) @ chol.T)
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
+
+    queries = draw(N_QUERIES).astype(np.float32)
+    # vocabulary: pseudo-words of 3-10 letters, Zipf(1.1) frequencies
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    lens = rng.integers(3, 11, VOCAB)
+    words = np.array(["".join(rng.choice(letters, size=L)) for L in lens])
+    p = 1.0 / np.arange(1, VOCAB + 1) ** 1.1
+    p /= p.sum()
+
+    work.mkdir(parents=True, exist_ok=True)
+    best_s = np.full((N_QUERIES, K), -np.inf, np.float32)
+    best_i = np.full((N_QUERIES, K), -1, np.int64)
+    t_text = t_vec = t_gt = 0.0
+    chunk = 100_000
+    vec_files = []
+    buf: list[np.ndarray] = []
+    buf_rows = 0
+    with open(work / "corpus.jsonl", "w", encoding="utf-8") as f:
+        for start in range(0, n, chunk):
+            m = min(chunk, n - start)
+            t = time.perf_counter()
+            ids = rng.choice(VOCAB, size=(m, WORDS), p=p)
+            lines = []
+            for j in range(m):
+                i = start + j
+                lines.append(json.dumps({"id": str(i), "contents": f'"Synthetic passage {i}"\n' + " ".join(words[ids[j]])}))
+            f.write("\n".join(lines) + "\n")
+            t_text += time.perf_counter() - t
+            t = time.perf_counter()
+            v = draw(m)
+            t_vec += time.perf_counter() - t
+            t = time.perf_counter()
+            s = queries @ v.astype(np.float32).T
+            alls = np.concatenate([best_s, s], axis=1)
+            alli = np.concatenate([best_i, np.arange(start, start + m)[None, :].repeat(N_QUERIES, 0)], axis=1)
+            part = np.argpartition(-alls, K - 1, axis=1)[:, :K]
+            ps, pi = np.take_along_axis(alls, part, 1), np.take_along_axis(alli, part, 1)
+            order = np.argsort(-ps, axis=1, kind="stable")
+            best_s, best_i = np.take_along_axis(ps, order, 1), np.take_along_axis(pi, order, 1)
+            t_gt += time.perf_counter() - t
+            buf.append(v)
+            buf_rows += m
+            if buf_rows >= SHARD_ROWS or start + m == n:
+                path = work / f"vectors-{len(vec_files):03d}.npy"
+                np.save(path, np.concatenate(buf))
+                vec_files.append(str(path))
+                buf, buf_rows = [], 0
+    np.save(work / "queries.npy", queries)
+    np.save(work / "truth.npy", best_i)
+    nn_cos = float(np.median(best_s[:, 0]))
+    return {"seconds": round(time.perf_counter() - t0, 1), "text_s": round(t_text, 1), "vectors_s": round(t_vec, 1),
+            "exact_top10_s": round(t_gt, 1), "corpus_bytes": du(work / "corpus.jsonl"),
+            "vector_bytes": sum(du(Path(p)) for p in vec_files), "vector_files": vec_files,
+            "median_nn_cosine": round(nn_cos, 4), "median_10th_cosine": round(float(np.median(best_s[:, -1])), 4),
+            "topics": n_topics, "peak_rss_mb": round(peak_rss_mb(), 1)}
+
+
+# -- stage: import ------------------------------------------------------------------------
+
+
+def stage_import(n: int, work: Path, shard_size: int) -> dict:
+    from drgym.index.importer import import_index
+
+    files = sorted(str(p) for p in work.glob("vectors-*.npy"))
+    t = time.perf_counter()
+    res = import_index(work / "corpus.jsonl", embeddings=files, encoder="synthetic-minilm-384", factory="Flat",
+                       shard_size=shard_size, bm25=False, name="bench", root=work / "indexes", force=True)
+    secs = time.perf_counter() - t
+    m = res.manifest
+    folder = res.folder
+    out = {"seconds": round(secs, 1), "timings": m.timings, "n_passages": m.n_passages, "shards": len(m.shards),
+           "docstore_bytes": du(folder / "docs.sqlite"),
+           "embeddings_bytes": sum(du(folder / s.embeddings) for s in m.shards),
+           "tie_rank_bytes": du(folder / "dense" / "tie_rank.npy"),
+           "peak_rss_mb": round(peak_rss_mb(), 1)}
+    for s in m.shards:  # the dense stage rebuilds every factory the same way
+        (folder / s.faiss).unlink()
+    for p in files:  # the embedding shards now hold the vectors; free the disk
+        Path(p).unlink()
+    (work / "corpus.jsonl").unlink()
+    return out
+
+
+# -- stage: dense -------------------------------------------------------------------------
+
+
+def alt_folder(work: Path, factory: str) -> Path:
+    return work / "indexes" / ("alt-" + factory.replace(",", "_"))
+
+
+def stage_dense(work: Path, factory: str) -> dict:
+    from drgym.index.build import ShardTask
+    from drgym.index.manifest import IndexManifest
+
+    main = work / "indexes" / "bench"
+    m = IndexManifest.read(main)
+    alt = alt_folder(work, factory)
+    (alt / "dense").mkdir(parents=True, exist_ok=True)
+    for s in m.shards:  # reuse the float16 embedding shards: only the FAISS step runs
+        link = alt / s.embeddings
+        if not link.exists():
+            link.symlink_to(main / s.embeddings)
+    link = alt / "dense" / "tie_rank.npy"
+    if not link.exists():
+        link.symlink_to(main / "dense" / "tie_rank.npy")
+    t = time.perf_counter()
+    per_shard = []
+    for no, s in enumerate(m.shards):
+        ts = time.perf_counter()
+        ShardTask(str(alt), no, s.start, s.count, [], m.dim, factory).run()
+        per_shard.append(round(time.perf_counter() - ts, 1))
+    secs = time.perf_counter() - t
+    return {"factory": factory, "seconds": round(secs, 1), "seconds_per_shard": per_shard,
+            "index_bytes": sum(du(alt / s.faiss) for s in m.shards), "peak_rss_mb": round(peak_rss_mb(), 1)}
+
+
+# -- stage: search ------------------------------------------------------------------------
+
+
+def stage_search(work: Path, factory: str, params: dict, budget_s: float) -> dict:
+    from drgym.index.dense import DenseIndex
+    from drgym.index.manifest import IndexManifest
+
+    m = IndexManifest.read(work / "indexes" / "bench")
+    alt = alt_folder(work, factory)
+    q = np.load(work / "queries.npy")
+    truth = np.load(work / "truth.npy")
+    t = time.perf_counter()
+    idx = DenseIndex(alt, m.shards, m.dim, m.n_passages, device="cpu", search_params=dict(params), mmap=True)
+    load_s = time.perf_counter() - t
+    after_load = rss_now()
+    idx.search(q[:1], K)  # warm-up
+    single, rows = [], []
+    t_end = time.perf_counter() + budget_s
+    for i in range(N_QUERIES):
+        t = time.perf_counter()
+        _, r = idx.search(q[i : i + 1], K)
+        single.append((time.perf_counter() - t) * 1000)
+        rows.append(r[0])
+        if time.perf_counter() > t_end and len(single) >= 20:
+            break
+    recall = float(np.mean([len(set(r.tolist()) & set(truth[i].tolist())) / K for i, r in enumerate(rows)]))
+    batch = []
+    t_end = time.perf_counter() + budget_s
+    for b in range(20):
+        sel = np.arange(b * 64, b * 64 + 64) % N_QUERIES
+        t = time.perf_counter()
+        idx.search(q[sel], K)
+        batch.append((time.perf_counter() - t) * 1000)
+        if time.perf_counter() > t_end and len(batch) >= 3:
+            break
+    return {"factory": factory, "params": params, "load_s": round(load_s, 2),
+            "single_ms_p50": pct(single, 50), "single_ms_p99": pct(single, 99), "single_n": len(single),
+            "batch64_ms_p50": pct(batch, 50), "batch64_ms_p99": pct(batch, 99), "batch64_n": len(batch),
+            "recall@10": round(recall, 4), "recall_queries": len(rows),
+            "rss_after_load_mb": after_load, "rss_end_mb": rss_now(), "peak_rss_mb": round(peak_rss_mb(), 1)}
+
+
+# -- stage: bm25 --------------------------------------------------------------------------
+
+
+def stage_bm25(work: Path) -> dict:
+    import sqlite3
+
+    from drgym.docstore import PASSAGE_TEXT
+    from drgym.index.bm25 import write_bm25
+
+    db = work / "indexes" / "bench" / "docs.sqlite"
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+
+    def texts():
+        cur = conn.execute(f"SELECT d.title, {PASSAGE_TEXT} FROM passages p JOIN documents d ON d.doc_id = p.doc_id "
+                           "ORDER BY p.row")
+        while rows := cur.fetchmany(10_000):
+            yield from ((f"{a}\n{b}" if a else b) for a, b in rows)
+
+    base = rss_now()
+    t = time.perf_counter()
+    out_dir = work / "bm25-bench"
+    settings = write_bm25(out_dir, texts(), max_memory=1 << 62)
+    secs = time.perf_counter() - t
+    size = du(out_dir)
+    shutil.rmtree(out_dir)
+    peak = peak_rss_mb()
+    pairs = settings.get("passage_term_pairs", 0)
+    return {"seconds": round(secs, 1), "index_bytes": size, "vocab": settings["vocab_size"], "pairs": pairs,
+            "rss_before_mb": base.get("VmRSS"), "peak_rss_mb": round(peak, 1),
+            "bytes_per_pair_measured": round((peak - base.get("VmRSS", 0)) * 2**20 / pairs, 1) if pairs else None}
+
+
+# -- driver -------------------------------------------------------------------------------
+
+
+def run_stage(args: list[str], log) -> dict:
+    """Run ``bench_scale.py _stage ...`` in a subprocess under the same interpreter."""
+    cmd = [sys.executable, __file__, "_stage", *args]
+    t = time.perf_counter()
+    p = subprocess.run(cmd, capture_output=True, text=True)
+    log.write(f"{now()} {' '.join(args)} rc={p.returncode} {time.perf_counter() - t:.0f}s\n{p.stderr[-3000:]}\n")
+    log.flush()
+    if p.returncode != 0:
+        return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"rc {p.returncode}",
+                "load_avg": os.getloadavg()}
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
+def ivfpq(n: int, shard_size: int) -> str:
+    """The IVF-PQ factory ``auto`` would pick for a shard of this size (also below the
+    size where ``auto`` still picks Flat)."""
+    from drgym.index.build import ivfpq_factory
+
+    return ivfpq_factory(min(n, shard_size), DIM)
+
+
+def fit(xs: list[float], ys: list[float]) -> dict | None:
+    """Least-squares ``y = a * x**b`` in log-log space."""
+    pts = [(x, y) for x, y in zip(xs, ys) if x and y and y > 0]
+    if len(pts) < 2:
+        return None
+    lx, ly = np.log([p[0] for p in pts]), np.log([p[1] for p in pts])
+    b, la = np.polyfit(lx, ly, 1)
+    return {"b": round(float(b), 3), "a": float(f"{math.exp(la):.4g}"), "points": len(pts)}
+
+
+def fits(res: dict) -> dict:
+    out = {}
+    sizes = sorted(res["sizes"], key=int)
+    ns = [int(s) for s in sizes]
+    imp = [res["sizes"][s].get("import", {}) for s in sizes]
+    out["import_seconds"] = fit(ns, [i.get("seconds") for i in imp])
+    out["docstore_bytes"] = fit(ns, [i.get("docstore_bytes") for i in imp])
+    out["import_peak_rss_mb"] = fit(ns, [i.get("peak_rss_mb") for i in imp])
+    for fam in ("Flat", "HNSW32", "IVF-PQ"):
+        d = [res["sizes"][s].get("dense", {}).get(fam, {}) for s in sizes]
+        out[f"{fam}_build_seconds"] = fit(ns, [x.get("seconds") for x in d])
+        out[f"{fam}_index_bytes"] = fit(ns, [x.get("index_bytes") for x in d])
+        out[f"{fam}_build_peak_rss_mb"] = fit(ns, [x.get("peak_rss_mb") for x in d])
+        srch = [res["sizes"][s].get("search", {}).get(fam, {}) for s in sizes]
+        out[f"{fam}_single_ms_p50"] = fit(ns, [x.get("single_ms_p50") for x in srch])
+        out[f"{fam}_batch64_ms_p50"] = fit(ns, [x.get("batch64_ms_p50") for x in srch])
+    return {k: v for k, v in out.items() if v}
+
+
+def write(res: dict, out: Path) -> None:
+    sys.path.insert(0, str(REPO))
+    from drgym.atomic import atomic_write_json
+
+    res["fits"] = fits(res)
+    atomic_write_json(out, res)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 5_000_000])
+    ap.add_argument("--work", type=Path, default=REPO / ".cache" / "bench_scale")
+    ap.add_argument("--out", type=Path, default=REPO / "scripts" / "results" / "bench_scale.json")
+    ap.add_argument("--shard-size", type=int, default=2_500_000)
+    ap.add_argument("--hnsw-max", type=int, default=1_000_000, help="largest N for HNSW32 (build time)")
+    ap.add_argument("--bm25-max", type=int, default=1_000_000, help="largest N for the BM25 stage")
+    ap.add_argument("--budget", type=float, default=90.0, help="seconds per latency measurement (min 20 singles, 3 batches)")
+    ap.add_argument("--keep", action="store_true", help="keep the work folder of each size")
+    ap.add_argument("--table", type=Path, help="print the README table of a result JSON and exit")
+    ap.add_argument("--paper", type=Path, help="print the README's extrapolation to wiki-18 and ClueWeb22-B and exit")
+    a = ap.parse_args()
+    if a.table:
+        print(table(json.loads(a.table.read_text())))
+        return
+    if a.paper:
+        print(paper(json.loads(a.paper.read_text())))
+        return
+    res = json.loads(a.out.read_text()) if a.out.exists() else {}
+    import faiss
+
+    res.setdefault("sizes", {})
+    res.update({
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "machine": {"cpus": os.cpu_count(), "affinity": len(os.sched_getaffinity(0)), "platform": platform.platform(),
+                    "ram_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
+                    "python": platform.python_version(), "faiss": faiss.__version__, "numpy": np.__version__},
+        "settings": {"dim": DIM, "queries": N_QUERIES, "k": K, "shard_size": a.shard_size, "hnsw_max": a.hnsw_max,
+                     "words_per_passage": WORDS, "vocab": VOCAB, "seed": SEED,
+                     "vectors": "topic mixture fitted to drgym's 21,123 shipped MiniLM vectors (see docstring)",
+                     "search_defaults": "drgym's DEFAULT_SEARCH_PARAMS: efSearch 64, nprobe 0 = max(16, nlist/16), rerank 100",
+                     "flat_search": "FAISS files memory-mapped (IO_FLAG_MMAP_IFC): RSS counts the page cache"},
+        "started": res.get("started") or now(),
+        "code_commit": os.environ.get("DRGYM_BENCH_COMMIT") or subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
+    })
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    log = open(a.out.with_suffix(".log"), "a")
+    for n in a.sizes:
+        key = str(n)
+        r = res["sizes"].setdefault(key, {})
+        work = a.work / f"n{n}"
+        if work.exists() and "import" not in r:
+            shutil.rmtree(work)
+        if "gen" not in r or "error" in r["gen"]:
+            r["gen"] = run_stage(["gen", key, str(work)], log)
+            write(res, a.out)
+        if "import" not in r or "error" in r["import"]:
+            r["import"] = run_stage(["import", key, str(work), str(a.shard_size)], log)
+            write(res, a.out)
+        sys.path.insert(0, str(REPO))
+        from drgym.index.dense import DEFAULT_SEARCH_PARAMS
+
+        families = {"Flat": "Flat", "IVF-PQ": ivfpq(n, a.shard_size)}
+        if n <= a.hnsw_max:
+            families["HNSW32"] = "HNSW32"
+        r.setdefault("dense", {})
+        r.setdefault("search", {})
+        for fam, factory in families.items():
+            if fam not in r["dense"] or "error" in r["dense"][fam]:
+                r["dense"][fam] = run_stage(["dense", str(work), factory], log)
+                write(res, a.out)
+            settings = [(fam, {})]  # drgym defaults
+            if fam == "IVF-PQ":
+                settings += [("IVF-PQ nprobe 16", {"nprobe": 16}), ("IVF-PQ rerank 0", {"rerank": 0})]
+            for label, params in settings:
+                if label not in r["search"] or "error" in r["search"][label]:
+                    full = {**DEFAULT_SEARCH_PARAMS, **params}
+                    r["search"][label] = run_stage(["search", str(work), factory, json.dumps(full), str(a.budget)], log)
+                    write(res, a.out)
+            shutil.rmtree(alt_folder(work, factory), ignore_errors=True)
+        if n <= a.bm25_max and ("bm25" not in r or "error" in r.get("bm25", {})):
+            r["bm25"] = run_stage(["bm25", str(work)], log)
+            write(res, a.out)
+        if not a.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    res["finished"] = now()
+    write(res, a.out)
+    print(table(res))
+
+
+def _stage(argv: list[str]) -> None:
+    sys.path.insert(0, str(REPO))
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    kind = argv[0]
+    if kind == "gen":
+        out = stage_gen(int(argv[1]), Path(argv[2]))
+    elif kind == "import":
+        out = stage_import(int(argv[1]), Path(argv[2]), int(argv[3]))
+    elif kind == "dense":
+        out = stage_dense(Path(argv[1]), argv[2])
+    elif kind == "search":
+        out = stage_search(Path(argv[1]), argv[2], json.loads(argv[3]), float(argv[4]))
+    elif kind == "bm25":
+        out = stage_bm25(Path(argv[1]))
+    else:
+        raise SystemExit(f"unknown stage {kind}")
+    print(json.dumps(out))
+
+
+def table(res: dict) -> str:
+    """Markdown tables of a result JSON (the README's Scale tables): the import (docstore,
+    embeddings) per size, then each FAISS index and search setting."""
+    gb = lambda b: f"{b / 2**30:.2f}" if b else "-"  # noqa: E731
+    ms = lambda s, k: f"{s[k + '_p50']:.1f} / {s[k + '_p99']:.1f}"  # noqa: E731
+    sizes = sorted(res["sizes"], key=int)
+    out = ["| N | import (s) | import peak RSS GB | docstore GB | float16 embeddings GB | BM25 build (s) | BM25 peak RSS GB | BM25 index GB |",
+           "|---|---|---|---|---|---|---|---|"]
+    for key in sizes:
+        imp, bm = res["sizes"][key].get("import", {}), res["sizes"][key].get("bm25", {})
+        out.append(f"| {int(key):,} | {imp.get('seconds', '-')} | {gb(imp.get('peak_rss_mb', 0) * 2**20)} "
+                   f"| {gb(imp.get('docstore_bytes'))} | {gb(imp.get('embeddings_bytes'))} | {bm.get('seconds', '-')} "
+                   f"| {gb(bm.get('peak_rss_mb', 0) * 2**20)} | {gb(bm.get('index_bytes'))} |")
+    out += ["", "| N | index (search setting) | FAISS build (s) | build peak RSS GB | index GB | 1 query p50 / p99 (ms) "
+                "| 64 queries p50 / p99 (ms) | recall@10 | search peak RSS GB |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for key in sizes:
+        r = res["sizes"][key]
+        for label, s in r.get("search", {}).items():
+            fam = "IVF-PQ" if label.startswith("IVF-PQ") else label
+            d = r.get("dense", {}).get(fam, {})
+            name = d.get("factory", fam) + ("" if label == fam else " (" + label.split(" ", 1)[1] + ")")
+            if "error" in s:
+                out.append(f"| {int(key):,} | {name} | error: {s['error'][:80]} | | | | | | |")
+                continue
+            out.append(f"| {int(key):,} | {name} | {d.get('seconds', '-')} | {gb(d.get('peak_rss_mb', 0) * 2**20)} "
+                       f"| {gb(d.get('index_bytes'))} | {ms(s, 'single_ms')} | {ms(s, 'batch64_ms')} "
+                       f"| {s['recall@10']:.3f} | {gb(s['peak_rss_mb'] * 2**20)} |")
+    return "\n".join(out)
+
+
+# -- on paper: wiki-18 and ClueWeb22-B ------------------------------------------------------
+
+ASSUMED = {
+    # Not measured here (no GPU on the benchmark machine): encoding throughput per GPU.
+    "e5-base-v2 passages/s per A100 (fp16, 100-word passages)": 2000,
+    "MiniCPM-Embedding-Light documents/s per A100 (fp16, 512 tokens)": 300,
+    # ClueWeb22-B clean text per document (the docstore keeps it whole); set your own.
+    "ClueWeb22-B text bytes per document": 5000,
+}
+TARGETS = [
+    # name, vectors, dim, shards, factory family, vectors' text bytes (None: as the bench's 100-word passages),
+    # encoder throughput key
+    ("wiki-18, one machine (`auto`: IVF-PQ)", 21_015_324, 768, 1, "IVF-PQ", None,
+     "e5-base-v2 passages/s per A100 (fp16, 100-word passages)"),
+    ("wiki-18, Search-R1's `e5_Flat.index` imported", 21_015_324, 768, 1, "Flat", None,
+     "e5-base-v2 passages/s per A100 (fp16, 100-word passages)"),
+    ("wiki-18, 4 Ray shards (IVF-PQ)", 21_015_324, 768, 4, "IVF-PQ", None,
+     "e5-base-v2 passages/s per A100 (fp16, 100-word passages)"),
+    ("ClueWeb22-B, 4 Ray shards (IVF-PQ), one vector a document", 87_000_000, 1024, 4, "IVF-PQ",
+     "ClueWeb22-B text bytes per document", "MiniCPM-Embedding-Light documents/s per A100 (fp16, 512 tokens)"),
+]
+
+
+def paper(res: dict) -> str:
+    """The README's extrapolation: per-shard figures of the largest measured size scaled to
+    wiki-18 (21,015,324 passages, e5-base-v2, 768-d) and ClueWeb22-B (87M documents,
+    MiniCPM-Embedding-Light, 1024-d, one vector a document as DeepResearchGym embeds them).
+
+    Scaling rules (stated in the README): index memory from the factory's bytes per vector;
+    Flat search time ∝ rows x dim; IVF-PQ search time ∝ rows x code bytes (drgym's
+    ``nprobe = nlist/16`` scans 1/16 of a shard's codes); IVF-PQ build time ∝
+    rows x nlist x dim (coarse assignment); docstore bytes = measured bytes per passage
+    beyond the passage text + the text; encoding from :data:`ASSUMED` GPU throughputs.
+    """
+    import re as _re
+
+    sys.path.insert(0, str(REPO))
+    from drgym.index.build import ivfpq_factory
+
+    key = max((k for k, r in res["sizes"].items() if "Flat" in r.get("search", {}) and "IVF-PQ" in r.get("search", {})
+               and "error" not in r["search"]["IVF-PQ"]), key=int)
+    r = res["sizes"][key]
+    n0, shards0 = int(key), int(r["import"]["shards"])
+    rows0, d0 = n0 / shards0, res["settings"]["dim"]
+    flat_ms0 = r["search"]["Flat"]["single_ms_p50"] / shards0  # shards are searched one after the other
+    ivf_ms0 = r["search"]["IVF-PQ"]["single_ms_p50"] / shards0
+    ivf_fac0 = r["dense"]["IVF-PQ"]["factory"]
+    nlist0, m0 = (int(x) for x in _re.fullmatch(r"IVF(\d+),PQ(\d+)", ivf_fac0).groups())
+    ivf_build0 = float(np.mean(r["dense"]["IVF-PQ"]["seconds_per_shard"]))
+    text0 = r["gen"]["corpus_bytes"] / n0 - 30  # JSONL minus the {"id", "contents"} wrapping
+    doc_over = r["import"]["docstore_bytes"] / n0 - text0
+    gb = lambda b: f"{b / 1e9:,.1f} GB"  # noqa: E731
+    rows = {k: [] for k in ("vectors, dim", "shards x vectors", "FAISS index", "RAM per shard (index)",
+                            "float16 embeddings per shard (disk, page cache)", "docstore (disk)",
+                            "tie ranks (router, memory-mapped)", "encoding (assumed GPU throughput)",
+                            "FAISS build per shard (2 CPU cores, scaled)", "search per shard, 1 query (1 core, scaled)")}
+    heads = []
+    for name, n, d, shards, fam, text_key, enc_key in TARGETS:
+        heads.append(name)
+        rows_s = n / shards
+        rows["vectors, dim"].append(f"{n:,}, {d}")
+        rows["shards x vectors"].append(f"{shards} x {rows_s / 1e6:,.2f}M")
+        if fam == "Flat":  # memory-mapped (DenseIndex mmap=True): page cache rather than private RAM
+            fac, ram = "Flat", 4 * d * rows_s
+            ms = flat_ms0 * rows_s / rows0 * d / d0
+            build = "append only (minutes)"
+        else:
+            fac = ivfpq_factory(int(rows_s), d)
+            nlist, m = (int(x) for x in _re.fullmatch(r"IVF(\d+),PQ(\d+)", fac).groups())
+            ram = (m + 8) * rows_s + 4 * d * nlist + 4 * 256 * d
+            ms = ivf_ms0 * rows_s / rows0 * m / m0
+            hours = ivf_build0 * (rows_s * nlist * d) / (rows0 * nlist0 * d0) / 3600
+            build = f"{hours:,.0f} h (a GPU cuts the k-means and assignment)"
+        text = ASSUMED[text_key] if text_key else text0
+        rows["FAISS index"].append(fac)
+        rows["RAM per shard (index)"].append(gb(ram))
+        rows["float16 embeddings per shard (disk, page cache)"].append(
+            gb(2 * d * rows_s) if fam != "Flat" else f"none (the {gb(4 * d * rows_s)} FAISS file holds the vectors)")
+        rows["docstore (disk)"].append(gb(n * (doc_over + text)))
+        rows["tie ranks (router, memory-mapped)"].append(gb(8 * n))
+        rate = ASSUMED[enc_key]
+        rows["encoding (assumed GPU throughput)"].append(
+            f"{n / rate / 3600:,.1f} GPU-hours: {n / rate / 3600 / 8:,.1f} h on 8 GPUs")
+        rows["FAISS build per shard (2 CPU cores, scaled)"].append(build)
+        rows["search per shard, 1 query (1 core, scaled)"].append(f"{ms:,.0f} ms")
+    out = [f"Measured basis: {n0:,} vectors in {shards0} shard(s) of {rows0 / 1e6:g}M, {d0}-d, "
+           f"Flat {flat_ms0:.1f} ms and {ivf_fac0} {ivf_ms0:.2f} ms per shard and query, {ivf_fac0} build "
+           f"{ivf_build0:,.0f} s per shard, docstore {doc_over:,.0f} bytes per passage beyond its text "
+           f"(load average {r['search']['Flat'].get('load_avg', ['?'])[0]} during the search runs).", "",
+           "| | " + " | ".join(heads) + " |", "|---" * (len(heads) + 1) + "|"]
+    for k, v in rows.items():
+        out.append(f"| {k} | " + " | ".join(v) + " |")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_stage":
+        _stage(sys.argv[2:])
+    else:
+        main()
