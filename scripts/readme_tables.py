@@ -285,7 +285,29 @@ def test_table() -> str:
     return _script("eval_table").markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
 
 
+BENCH_TRAIN_LORA = "training/results/bench_train_lora.json"  # python scripts/bench_train.py --vs-full ...
+
+
+def bench_train_lora() -> str:
+    r = _load(BENCH_TRAIN_LORA)
+    o, g = r["optimisation"], r["generation_one_turn"]
+    labels = {"lora": f"LoRA r={r['peft']['r']} on the top {len(r['peft'].get('layers_to_transform') or [])} layers "
+                      "(the config)", "full": "full fine-tuning", "top10": "top 10 decoder layers, no adapter"}
+    rows = [[labels[k], f"{v['trainable_params'] / 1e6:.2f} M", f"{v['median_optimisation_s']:.1f}",
+             f"{v['median_optimisation_s'] / o['full']['median_optimisation_s']:.2f}×"] for k, v in o.items()]
+    b = r["batch"]
+    return _table(["what trains", "trainable parameters", "GRPO optimisation of the batch (s, median of "
+                   f"{r['repeats']})", "vs full"], rows) + (
+        f"\n\nOne GRPO batch of the config ({b['rows']} rollouts, {b['prompt_tokens']} prompt and "
+        f"{b['completion_tokens']} completion tokens, {b['loss_tokens (model, env_mask=1)']} in the loss): TRL's "
+        f"GRPO loss, backward and AdamW step, on {r['torch_threads']} thread, 1-minute load "
+        f"{r['load_avg_1m_at_start_end'][0]:.1f} to {r['load_avg_1m_at_start_end'][1]:.1f}. Generating one turn "
+        f"with the adapter unmerged (as GRPO does) took {g['lora_unmerged']['median_generation_s']:.1f} s against "
+        f"{g['plain']['median_generation_s']:.1f} s for the plain model. `{BENCH_TRAIN_LORA}`.")
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "bench_train_lora": bench_train_lora,
     "test_table": test_table,
     "scale": scale,
     "scale_paper": scale_paper,
