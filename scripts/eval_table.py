@@ -104,7 +104,10 @@ def markdown(table: dict) -> str:
              "| policy | EM | F1 | answer rate | searches / episode |", "|---|---|---|---|---|"]
     for label, row in table["rows"].items():
         s = row["scores"]
-        lines.append(f"| {label} (`{row['policy']}`) | {cell(s['em'])} | {cell(s['f1'])} | "
+        pol = row["policy"]
+        if "/runs/" in pol:  # a local training output: show it relative to the checkout that trained it
+            pol = "hf:runs/" + pol.split("/runs/", 1)[1]
+        lines.append(f"| {label} (`{pol}`) | {cell(s['em'])} | {cell(s['f1'])} | "
                      f"{cell(s['answered'], pct=True)} | {cell(s['searches'], nd=2)} |")
     lines += ["", "| paired difference (per question) | mean | 95% CI | excludes 0 | wins / losses |",
               "|---|---|---|---|---|"]

@@ -56,6 +56,7 @@ MAIN_JOB_ROWS: list[tuple[str, str]] = [
     ("hf_smollm2", "`hf:smollm2` (scaffold, the main job)"),
     ("rag_smollm2", "`rag:smollm2`"),
     ("scripted", "`scripted`"),
+    ("hf_smollm2_drgym", "`hf:smollm2-drgym` (SmolLM2 + LoRA, SFT + GRPO in drgym)"),
     ("hf_smollm2_avx2", "`hf:smollm2`, bfloat16 on AVX2 kernels only (`ATEN_CPU_CAPABILITY=avx2`)"),
 ]
 
@@ -306,7 +307,24 @@ def bench_train_lora() -> str:
         f"{g['plain']['median_generation_s']:.1f} s for the plain model. `{BENCH_TRAIN_LORA}`.")
 
 
+GRPO_SUMMARY = "training/results/smollm2_drgym_cpu/grpo_summary.json"  # python scripts/summarize_grpo.py ...
+
+
+def grpo_summary() -> str:
+    r = _load(GRPO_SUMMARY)
+    cols = [("steps", "steps", "{}"), ("reward", "train reward", "{:.3f}"), ("reward_std", "reward std in batch", "{:.3f}"),
+            ("f1", "train F1 (T=1)", "{:.3f}"), ("degenerate_group_frac", "zero-variance groups", "{:.2f}"),
+            ("answered_frac", "answered", "{:.2f}"), ("invalid_actions", "invalid actions / ep", "{:.2f}"),
+            ("entropy", "entropy", "{:.2f}"), ("model_tokens", "model tokens / ep", "{:.0f}"), ("step_s", "s / step", "{:.0f}")]
+    rows = [[fmt.format(w[k]) for k, _, fmt in cols] for w in r["windows"]]
+    evals = ", ".join(f"step {e['step']}: {e['f1']:.3f}" for e in r["evaluations"])
+    return _table([c[1] for c in cols], rows) + (
+        f"\n\nHeld-out F1 (greedy, `hipporag-dev`, 20 questions) at each evaluation: {evals}. "
+        f"`{GRPO_SUMMARY}` (`python scripts/summarize_grpo.py RUN --out ...`).")
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "grpo_summary": grpo_summary,
     "bench_train_lora": bench_train_lora,
     "test_table": test_table,
     "scale": scale,

@@ -12,7 +12,7 @@ Writes ``drgym/data/adapters/<name>/``:
 Usage::
 
     python scripts/ship_adapter.py --src runs/smollm2_drgym_cpu/final --config smollm2_drgym_cpu \\
-        --sft-record training/results/sft_data_record.json --grpo-summary runs/smollm2_drgym_cpu/summary.json \\
+        --sft-record training/results/sft_data_record.json --grpo-summary runs/smollm2_drgym_cpu/summary.json (the trainer's) \\
         --table training/results/test_table.json
 """
 
@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+SFT_RECORD_SHOWN = "training/results/smollm2_drgym_cpu/sft_data_record.json"
+"""Where the model card says the SFT data record is (the committed copy)."""
 
 
 def _table_lines(table: dict) -> list[str]:
@@ -35,7 +37,8 @@ def _table_lines(table: dict) -> list[str]:
     for label, row in table["rows"].items():
         s = row["scores"]
         f = lambda d, nd=3: f"{d['mean']:.{nd}f} [{d['lo']:.{nd}f}, {d['hi']:.{nd}f}]"  # noqa: E731
-        lines.append(f"| {label} (`{row['policy']}`) | {f(s['em'])} | {f(s['f1'])} | {f(s['answered'], 2)} | "
+        pol = row["policy"] if "/runs/" not in row["policy"] else "hf:runs/" + row["policy"].split("/runs/", 1)[1]
+        lines.append(f"| {label} (`{pol}`) | {f(s['em'])} | {f(s['f1'])} | {f(s['answered'], 2)} | "
                      f"{f(s['searches'], 2)} |")
     lines += ["", "| paired difference | mean | 95% CI |", "|---|---|---|"]
     for k, d in table["paired"].items():
@@ -74,7 +77,7 @@ def model_card(name: str, rec: dict, cfg, sft_record: dict | None, summary: dict
         L.append(f"- Stage 1, SFT (LoRA): {sft_record['kept']} trajectories whose answer is in the retrieved text "
                  f"({json.dumps(sft_record['kept_by_source'])}), from rejection sampling of the scaffolded base model "
                  f"on {sft_record['questions']} train questions (`scripts/make_sft_data.py`, record in "
-                 "`training/results/sft_data_record.json`); "
+                 f"`{SFT_RECORD_SHOWN}`); "
                  f"{json.dumps({k: cfg.sft[k] for k in ('num_train_epochs', 'learning_rate', 'per_device_train_batch_size') if k in cfg.sft})}.")
     g = cfg.grpo
     L.append(f"- Stage 2, GRPO (TRL, multi-turn `rollout_func`, retrieved tokens masked): "
