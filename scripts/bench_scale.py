@@ -316,6 +316,7 @@ def run_stage(args: list[str], log) -> dict:
                 "load_avg": os.getloadavg()}
     out = json.loads(p.stdout.strip().splitlines()[-1])
     out["load_avg"] = [round(x, 2) for x in os.getloadavg()]
+    out["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")  # None: faiss's default, one per core
     return out
 
 
