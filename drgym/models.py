@@ -87,6 +87,60 @@ def convert_smollm2(out_dir: str | os.PathLike | None = None) -> Path:
     return out
 
 
+ADAPTERS_DIR = Path(__file__).resolve().parent / "data" / "adapters"
+"""LoRA adapters shipped inside the package (``drgym/data/adapters/<name>/``)."""
+
+PACKAGED_ADAPTERS = ("smollm2-drgym",)
+"""Names of the shipped adapters, loadable as ``hf:<name>`` (base model + adapter):
+``smollm2-drgym`` is SmolLM2-135M-Instruct with the LoRA adapter ``drgym train`` made
+(its model card is ``drgym/data/adapters/smollm2-drgym/README.md``)."""
+
+ADAPTER_CONFIG = "adapter_config.json"
+"""The file PEFT writes into a saved adapter folder."""
+
+SMOLLM2_HUB_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"
+"""SmolLM2's hub name: what drgym writes as an adapter's base model when the base is the
+bundled SmolLM2 (drgym resolves it to the bundled weights, see :data:`SMOLLM2_ALIASES`)."""
+
+
+def packaged_adapter(name: str) -> Path | None:
+    """The folder of a shipped adapter (``"smollm2-drgym"``), or None for other names."""
+    n = str(name).strip().lower()
+    if n in PACKAGED_ADAPTERS:
+        return ADAPTERS_DIR / n
+    return None
+
+
+def is_adapter(path: str | os.PathLike) -> bool:
+    """True when ``path`` is a folder holding a PEFT adapter (``adapter_config.json``)."""
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def adapter_base(path: str | os.PathLike) -> str:
+    """The base model of the adapter in ``path``, as a name :func:`resolve_lm` accepts.
+
+    Read from the folder's ``drgym_training.json`` (``base_model``) when present, else
+    from ``adapter_config.json`` (``base_model_name_or_path``).
+
+    Raises:
+        ConfigError: the folder names no base model.
+    """
+    import json
+
+    from drgym.errors import ConfigError
+
+    rec = training_record(str(path)) or {}
+    base = rec.get("base_model") if rec.get("adapter") else None
+    if not base:
+        try:
+            base = json.loads((Path(path) / ADAPTER_CONFIG).read_text(encoding="utf-8")).get("base_model_name_or_path")
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"cannot read the adapter config in {path}: {e}") from e
+    if not base:
+        raise ConfigError(f"the adapter in {path} names no base model (base_model_name_or_path is empty).")
+    return str(base)
+
+
 TRAINING_RECORD = "drgym_training.json"
 """File that ``drgym train`` writes into every model folder it saves (final and
 checkpoints): ``{"protocol", "layout", "stage", "config", "env", "drgym_version"}``.
@@ -103,7 +157,8 @@ def training_record(name_or_path: str) -> dict | None:
     """
     import json
 
-    p = Path(str(name_or_path)) / TRAINING_RECORD
+    folder = packaged_adapter(str(name_or_path)) or Path(str(name_or_path))
+    p = folder / TRAINING_RECORD
     try:
         d = json.loads(p.read_text(encoding="utf-8")) if p.is_file() else None
     except (OSError, ValueError):
@@ -114,22 +169,31 @@ def training_record(name_or_path: str) -> dict | None:
 def resolve_lm(name_or_path: str) -> str:
     """Map an LM name to a loadable name or folder (``smollm2`` -> converted folder).
 
+    A shipped adapter name (``smollm2-drgym``) maps to its folder in the package; a
+    folder holding a PEFT adapter (``adapter_config.json``) is returned as is (load it
+    with :func:`load_model`, which adds its base model).
+
     Raises:
         ConfigError: a path (absolute, ``./``, ``../``, ``~``, or with more than one
-            ``/``) that is not a folder holding a ``config.json``; an existing folder or
-            file that is not a saved model.
+            ``/``) that is not a folder holding a ``config.json`` or an adapter; an
+            existing folder or file that is not a saved model.
     """
     from drgym.errors import ConfigError
 
     name_or_path = str(name_or_path)
     if name_or_path.lower() in SMOLLM2_ALIASES:
         return str(convert_smollm2())
+    packaged = packaged_adapter(name_or_path)
+    if packaged is not None:
+        if not is_adapter(packaged):
+            raise ConfigError(f"the shipped adapter {name_or_path!r} is missing from this install ({packaged}).")
+        return str(packaged)
     p = Path(name_or_path).expanduser()
     looks_like_path = name_or_path.startswith(("/", ".", "~")) or name_or_path.count("/") > 1
     if p.exists():
-        if not (p.is_dir() and (p / "config.json").is_file()):
-            raise ConfigError(f"{name_or_path!r} is not a saved model folder (no config.json in it); give a folder "
-                              "written by save_pretrained / drgym train, 'smollm2', or a hub name.")
+        if not (p.is_dir() and ((p / "config.json").is_file() or is_adapter(p))):
+            raise ConfigError(f"{name_or_path!r} is not a saved model folder (no config.json or {ADAPTER_CONFIG} in "
+                              "it); give a folder written by save_pretrained / drgym train, 'smollm2', or a hub name.")
         return str(p)
     if looks_like_path:
         raise ConfigError(f"model folder {name_or_path!r} does not exist.")
@@ -180,6 +244,70 @@ def load_pretrained(cls, name_or_path: str, **kwargs):
                           "offline: give a local folder or 'smollm2').") from e
 
 
+def load_tokenizer(name_or_path: str):
+    """The tokenizer of a model or adapter folder (an adapter without tokenizer files uses its base's).
+
+    Raises:
+        ConfigError: see :func:`resolve_lm` and :func:`load_pretrained`.
+    """
+    from transformers import AutoTokenizer
+
+    path = resolve_lm(name_or_path)
+    if is_adapter(path) and not any((Path(path) / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        path = resolve_lm(adapter_base(path))
+    return load_pretrained(AutoTokenizer, path)
+
+
+def load_model(name_or_path: str, *, dtype=None, adapter: str = "merge"):
+    """A causal LM from a name, a model folder, or an adapter folder (base model + LoRA adapter).
+
+    Args:
+        name_or_path: anything :func:`resolve_lm` accepts.
+        dtype: a ``torch.dtype`` (default float32). An adapter is loaded onto a float32
+            base and merged before the cast, so a bf16 model holds the merged weights
+            rounded once.
+        adapter: for an adapter folder, ``"merge"`` (fold the adapter into the base
+            weights: a plain model, as fast as the base; for generation and evaluation),
+            ``"trainable"`` (a ``peft.PeftModel`` whose adapter weights train, the rest
+            frozen; to continue training it) or ``"frozen"`` (a ``PeftModel``, nothing
+            trainable).
+
+    Returns:
+        The model (``PreTrainedModel`` or ``peft.PeftModel``), on CPU.
+
+    Raises:
+        ConfigError: bad path, unloadable files, or an unknown ``adapter`` mode.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from drgym.errors import ConfigError
+
+    if adapter not in ("merge", "trainable", "frozen"):
+        raise ConfigError(f"adapter must be 'merge', 'trainable' or 'frozen', got {adapter!r}.")
+    dtype = dtype or torch.float32
+    path = resolve_lm(name_or_path)
+    if not is_adapter(path):
+        return load_pretrained(AutoModelForCausalLM, path, dtype=dtype)
+    from peft import PeftModel
+
+    base_name = adapter_base(path)
+    base = load_pretrained(AutoModelForCausalLM, resolve_lm(base_name), dtype=torch.float32)
+    try:
+        model = PeftModel.from_pretrained(base, path, is_trainable=adapter == "trainable")
+    except (OSError, ValueError, KeyError, RuntimeError) as e:
+        raise ConfigError(f"cannot load the adapter in {path} onto {base_name!r}: {' '.join(str(e).split())[:300]}") from e
+    for pc in model.peft_config.values():
+        # the local base folder, not the portable name the adapter was saved with: PEFT reads
+        # the base's config from here when it saves (a hub name would mean a network look-up)
+        pc.base_model_name_or_path = resolve_lm(base_name)
+    log.info("loaded adapter %s onto %s (%s)", path, base_name, adapter)
+    if adapter == "merge":
+        model = model.merge_and_unload()
+        return model.to(dtype)
+    return model
+
+
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 """The usual ``dtype`` values (any torch floating dtype name is accepted)."""
 
@@ -219,7 +347,9 @@ def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device
     """Load a causal LM and its tokenizer for generation.
 
     Args:
-        name_or_path: ``"smollm2"``, a hub name, or a local folder.
+        name_or_path: ``"smollm2"``, a shipped adapter (``"smollm2-drgym"``), a hub
+            name, or a local model or adapter folder (an adapter is merged into its base,
+            :func:`load_model`).
         dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"`` (see
             :func:`resolve_dtype`: fp16 on CUDA; on CPU bf16 only where the CPU has bf16
             dot-product instructions, else fp32).
@@ -227,21 +357,22 @@ def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device
 
     Returns:
         ``(model, tokenizer)``; the model is in eval mode; the tokenizer pads on the left.
+
+    Raises:
+        ConfigError: see :func:`load_model` and :func:`load_tokenizer`.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from drgym.cpu import configure_threads
 
     configure_threads()
-    path = resolve_lm(name_or_path)
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     torch_dtype = getattr(torch, resolve_dtype(dtype, device)[0])
-    tok = load_pretrained(AutoTokenizer, path)
+    tok = load_tokenizer(name_or_path)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    model = load_pretrained(AutoModelForCausalLM, path, dtype=torch_dtype).to(device)
+    model = load_model(name_or_path, dtype=torch_dtype).to(device)
     model.eval()
     return model, tok

@@ -7,7 +7,10 @@ name                source (format)                                         rows
 ==================  ======================================================  ======  ========
 hotpotqa-dev        HippoRAG ``hotpotqa_train.json`` (JSON, repr fields)    79      yes
 musique-dev         HippoRAG ``musique_train.json``                         80      yes
-hipporag-dev        both of the above                                       159     yes
+hipporag            both of the above                                       159     yes
+hipporag-train      fixed split of ``hipporag``: train slice                79      yes
+hipporag-dev        its dev slice (choosing settings)                       20      yes
+hipporag-test       its test slice; [:20] = hotpotqa-dev[:20] (main job)    60      yes
 nq-open             NQ-open dev, first 200 rows (JSONL)                     200     yes
 nq-open-full        NQ-open dev (JSONL)                                     2,819   shared
 bamboogle           R1-Searcher ``eval_set/bamboogle.jsonl``                66      yes
@@ -29,6 +32,9 @@ drb-en / drb-zh     its English / Chinese prompts                           40/5
 researchy           DeepResearchGym Researchy queries + key points          1,000   shared
 researchy-100       the 100-query sample, with key points                   100     shared
 ==================  ======================================================  ======  ========
+
+The ``hipporag-*`` slices are listed by task id in ``hipporag_split.json``, written by
+``scripts/make_hipporag_split.py`` (seeded, stratified by source).
 
 "shipped" files are in ``drgym/data/tasks`` (see DATA_NOTICE.md); "shared" files are read
 from ``$DRGYM_SHARED_DATA`` or ``<repo>/../shared/data`` and raise a clear error when
@@ -401,10 +407,48 @@ def _shipped(name: str) -> Path:
     return TASKS_DIR / name
 
 
+HIPPORAG_SPLIT = "hipporag_split.json"
+"""The fixed train/dev/test split of ``hipporag`` (task ids per slice), shipped in
+``drgym/data/tasks`` and written by ``scripts/make_hipporag_split.py``."""
+
+
+def hipporag_split() -> dict[str, list[str]]:
+    """Task ids of the fixed ``hipporag`` split: ``{"train": [...], "dev": [...], "test": [...]}``.
+
+    ``test[:20]`` are the main job's questions (``hotpotqa-dev[:20]``); no id is in two
+    slices and the three cover the 159 questions (``tests/test_tasks.py`` checks both).
+
+    Raises:
+        CorpusError: the shipped split file is missing or malformed.
+    """
+    import json
+
+    p = _shipped(HIPPORAG_SPLIT)
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+        return {k: [str(i) for i in d[k]] for k in ("train", "dev", "test")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CorpusError(f"the hipporag split file {p} is missing or malformed ({e}); "
+                          "rewrite it with python scripts/make_hipporag_split.py.") from e
+
+
+def _hipporag_slice(name: str) -> list[Task]:
+    by_id = {t.task_id: t for t in load_tasks("hipporag")}
+    ids = hipporag_split()[name]
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise CorpusError(f"hipporag-{name}: {len(missing)} task ids of {HIPPORAG_SPLIT} are not in hipporag "
+                          f"(e.g. {missing[0]!r}).")
+    return [by_id[i] for i in ids]
+
+
 TASK_SETS: dict[str, Callable[[], list[Task]]] = {
     "hotpotqa-dev": lambda: load_hipporag_hotpotqa(_shipped("hipporag_hotpotqa_train.json")),
     "musique-dev": lambda: load_hipporag_musique(_shipped("hipporag_musique_train.json")),
-    "hipporag-dev": lambda: load_tasks("hotpotqa-dev") + load_tasks("musique-dev"),
+    "hipporag": lambda: load_tasks("hotpotqa-dev") + load_tasks("musique-dev"),
+    "hipporag-train": lambda: _hipporag_slice("train"),
+    "hipporag-dev": lambda: _hipporag_slice("dev"),
+    "hipporag-test": lambda: _hipporag_slice("test"),
     "nq-open": lambda: load_nq_open(_shipped("nq_open_dev_200.jsonl")),
     "nq-open-full": lambda: load_nq_open(_shared("nq-open/NQ-open.dev.jsonl")),
     "bamboogle": lambda: load_r1_searcher(_shipped("r1_bamboogle.jsonl"), source="bamboogle"),

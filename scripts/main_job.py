@@ -37,6 +37,8 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "hf_smollm2": ([], {}),
     "rag_smollm2": (["--policy", "rag:smollm2"], {}),
     "scripted": (["--policy", "scripted"], {}),
+    # the bundled agent trained in drgym (issue 2.5); the main job's questions are not in its train slice
+    "hf_smollm2_drgym": (["--policy", "hf:smollm2-drgym"], {}),
     # The main job as a CPU without AVX512-BF16 runs it: torch and oneDNN held to AVX2
     # kernels. bfloat16 rounds differently there, and the model's outputs change.
     "hf_smollm2_avx2": (["--policy", "hf:smollm2", "-p", "dtype=bfloat16"],

@@ -56,6 +56,7 @@ MAIN_JOB_ROWS: list[tuple[str, str]] = [
     ("hf_smollm2", "`hf:smollm2` (scaffold, the main job)"),
     ("rag_smollm2", "`rag:smollm2`"),
     ("scripted", "`scripted`"),
+    ("hf_smollm2_drgym", "`hf:smollm2-drgym` (SmolLM2 + LoRA, SFT + GRPO in drgym)"),
     ("hf_smollm2_avx2", "`hf:smollm2`, bfloat16 on AVX2 kernels only (`ATEN_CPU_CAPABILITY=avx2`)"),
 ]
 
@@ -247,34 +248,85 @@ def server_load() -> str:
         "changes; 'README pool': the benchmark table's queries above, k=10.")
 
 
-# -- scale ------------------------------------------------------------------------------
-
-SCALE = "scripts/results/bench_scale.json"  # python scripts/bench_scale.py
-
-
-def _bench_scale():
+def _script(name: str):
+    """``scripts/<name>.py`` as a module (the renderers of bench_scale and eval_table live there)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_scale", REPO / "scripts" / "bench_scale.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
 
 
+# -- scale ------------------------------------------------------------------------------
+
+SCALE = "scripts/results/bench_scale.json"  # python scripts/bench_scale.py
+
+
 def scale() -> str:
     r = _load(SCALE)
     m = r["machine"]
-    return _bench_scale().table(r).rstrip("\n") + (
+    return _script("bench_scale").table(r).rstrip("\n") + (
         f"\n\n`{r['command'].split(' --work')[0]}`, started {r['started'][:16].replace('T', ' ')}, on "
         f"{m['affinity']} cores and {m['ram_gb']:.0f} GB (faiss {m['faiss']}); the load average of each stage "
         f"is in `{SCALE}`.")
 
 
 def scale_paper() -> str:
-    return _bench_scale().paper(_load(SCALE)).rstrip("\n")
+    return _script("bench_scale").paper(_load(SCALE)).rstrip("\n")
+
+
+# -- the bundled agent's test-slice table ---------------------------------------------------
+
+TEST_TABLE = "training/results/test_table.json"  # python scripts/eval_table.py ...
+
+
+def test_table() -> str:
+    t = _load(TEST_TABLE)
+    return _script("eval_table").markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
+
+
+BENCH_TRAIN_LORA = "training/results/bench_train_lora.json"  # python scripts/bench_train.py --vs-full ...
+
+
+def bench_train_lora() -> str:
+    r = _load(BENCH_TRAIN_LORA)
+    o, g = r["optimisation"], r["generation_one_turn"]
+    labels = {"lora": f"LoRA r={r['peft']['r']} on the top {len(r['peft'].get('layers_to_transform') or [])} layers "
+                      "(the config)", "full": "full fine-tuning", "top10": "top 10 decoder layers, no adapter"}
+    rows = [[labels[k], f"{v['trainable_params'] / 1e6:.2f} M", f"{v['median_optimisation_s']:.1f}",
+             f"{v['median_optimisation_s'] / o['full']['median_optimisation_s']:.2f}×"] for k, v in o.items()]
+    b = r["batch"]
+    return _table(["what trains", "trainable parameters", "GRPO optimisation of the batch (s, median of "
+                   f"{r['repeats']})", "vs full"], rows) + (
+        f"\n\nOne GRPO batch of the config ({b['rows']} rollouts, {b['prompt_tokens']} prompt and "
+        f"{b['completion_tokens']} completion tokens, {b['loss_tokens (model, env_mask=1)']} in the loss): TRL's "
+        f"GRPO loss, backward and AdamW step, on {r['torch_threads']} thread, 1-minute load "
+        f"{r['load_avg_1m_at_start_end'][0]:.1f} to {r['load_avg_1m_at_start_end'][1]:.1f}. Generating one turn "
+        f"with the adapter unmerged (as GRPO does) took {g['lora_unmerged']['median_generation_s']:.1f} s against "
+        f"{g['plain']['median_generation_s']:.1f} s for the plain model. `{BENCH_TRAIN_LORA}`.")
+
+
+GRPO_SUMMARY = "training/results/smollm2_drgym_cpu/grpo_summary.json"  # python scripts/summarize_grpo.py ...
+
+
+def grpo_summary() -> str:
+    r = _load(GRPO_SUMMARY)
+    cols = [("steps", "steps", "{}"), ("reward", "train reward", "{:.3f}"), ("reward_std", "reward std in batch", "{:.3f}"),
+            ("f1", "train F1 (T=1)", "{:.3f}"), ("degenerate_group_frac", "zero-variance groups", "{:.2f}"),
+            ("answered_frac", "answered", "{:.2f}"), ("invalid_actions", "invalid actions / ep", "{:.2f}"),
+            ("entropy", "entropy", "{:.2f}"), ("model_tokens", "model tokens / ep", "{:.0f}"), ("step_s", "s / step", "{:.0f}")]
+    rows = [[fmt.format(w[k]) for k, _, fmt in cols] for w in r["windows"]]
+    evals = ", ".join(f"step {e['step']}: {e['f1']:.3f}" for e in r["evaluations"])
+    return _table([c[1] for c in cols], rows) + (
+        f"\n\nHeld-out F1 (greedy, `hipporag-dev`, 20 questions) at each evaluation: {evals}. "
+        f"`{GRPO_SUMMARY}` (`python scripts/summarize_grpo.py RUN --out ...`).")
 
 
 TABLES: dict[str, Callable[[], str]] = {
+    "grpo_summary": grpo_summary,
+    "bench_train_lora": bench_train_lora,
+    "test_table": test_table,
     "scale": scale,
     "scale_paper": scale_paper,
     "server_load": server_load,

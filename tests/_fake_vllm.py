@@ -283,7 +283,11 @@ def vllm_generation(accelerator, *, mode: str, client=None, llm=None, max_comple
     from trl.generation.vllm_generation import VLLMGeneration
 
     g = VLLMGeneration.__new__(VLLMGeneration)
-    g.model, g.accelerator, g.processing_class = None, accelerator, None
+    import torch
+
+    # a stand-in module: TRL asks accelerate's is_peft_model(self.model), which needs a module
+    # once peft is installed (a None model fails there, not in the code under test)
+    g.model, g.accelerator, g.processing_class = torch.nn.Linear(1, 1), accelerator, None
     g.mode, g.structured_outputs_regex = mode, None
     g.server_base_url, g.server_host, g.server_port, g.group_port, g.server_timeout = None, "0.0.0.0", 8000, 51216, 240.0
     g.tensor_parallel_size, g.gpu_memory_utilization, g.max_model_length, g.max_num_seqs = 1, 0.9, None, None

@@ -19,7 +19,7 @@ from drgym.errors import ConfigError, CorpusError
 from drgym.records import Task
 
 SHIPPED = {  # name: rows, as counted in the shipped files
-    "hotpotqa-dev": 79, "musique-dev": 80, "hipporag-dev": 159, "nq-open": 200, "bamboogle": 66,
+    "hotpotqa-dev": 79, "musique-dev": 80, "hipporag": 159, "hipporag-train": 79, "hipporag-dev": 20, "hipporag-test": 60, "nq-open": 200, "bamboogle": 66,
     "r1-hotpotqa": 393, "r1-2wiki": 398, "r1-musique": 379, "deepresearcher-dev": 627,
     "simpleqa": 100, "frames": 50, "drb": 90, "drb-en": 40, "drb-zh": 50,
 }
@@ -129,3 +129,30 @@ def test_researchy_with_key_points(shared_data):
     assert tasks[0].question == "should children compete in competitive sports" and tasks[0].kind == "research"
     assert len(tasks[0].key_points) == 15 and set(tasks[0].key_points[0]) == {"point", "number"}
     assert sum(1 for t in tasks if t.key_points) == 99  # SOURCE.md: 24 of the 1000 queries have no key points
+
+
+def test_hipporag_split_is_disjoint_covers_all_and_keeps_main_job_out_of_train():
+    from drgym.envs.task_loaders import hipporag_split
+
+    split = hipporag_split()
+    sets = {k: set(v) for k, v in split.items()}
+    assert all(len(sets[k]) == len(split[k]) for k in sets)  # no duplicate within a slice
+    assert not sets["train"] & sets["dev"] and not sets["train"] & sets["test"] and not sets["dev"] & sets["test"]
+    assert sets["train"] | sets["dev"] | sets["test"] == {t.task_id for t in load_tasks("hipporag")}
+    main_job = [t.task_id for t in load_tasks("hotpotqa-dev", limit=20)]  # drgym rollout's default questions
+    assert [t.task_id for t in load_tasks("hipporag-test")][:20] == main_job
+    assert not set(main_job) & (sets["train"] | sets["dev"])
+    for name in ("train", "dev", "test"):  # both sources in every slice
+        srcs = {t.source for t in load_tasks(f"hipporag-{name}")}
+        assert srcs == {"hotpotqa", "musique"}, (name, srcs)
+
+
+def test_hipporag_split_file_is_what_the_script_makes():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "scripts" / "make_hipporag_split.py"), "--check"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -50,7 +50,7 @@ def test_bundled_configs_build_trainer_arguments(name):
         assert g.use_vllm and g.vllm_mode == ("server" if "server" in name else "colocate")
         assert "vllm" not in sys.modules  # building the arguments never imports vllm
     else:
-        assert not g.use_vllm and g.bf16 is False and g.num_generations == 4
+        assert not g.use_vllm and g.bf16 is False and g.num_generations >= 2
 
 
 def test_cpu_config_values():
@@ -195,7 +195,32 @@ def test_plot_run_writes_pngs(tmp_path):
     append_jsonl(tmp_path / "metrics.jsonl", {"step": 2, "eval/reward": 0.25, "eval/f1": 0.2})
     paths = plot_run(tmp_path)
     assert (tmp_path / "plots" / "curves.png") in paths
+    assert paths[0] == tmp_path / "plots" / "summary.png"  # reward, held-out F1, degenerate groups, length
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ConfigError, match="metrics.jsonl"):
         plot_run(tmp_path / "nothing")
+
+
+def test_plot_summary_panels_show_the_logged_series(tmp_path):
+    """summary.png's four panels hold the train reward (with its mean of 10), held-out F1, the
+    degenerate-group fraction and the response length, read from metrics.jsonl."""
+    from unittest import mock
+
+    from drgym.training import plot
+
+    from drgym.atomic import append_jsonl
+
+    for step in range(1, 13):
+        append_jsonl(tmp_path / "metrics.jsonl", {"step": step, "reward": step / 10, "guard/degenerate_group_frac": 0.5,
+                                                  "completions/mean_length": 20 + step})
+    append_jsonl(tmp_path / "metrics.jsonl", {"step": 10, "eval/f1": 0.3, "eval/reward": 0.4})
+    drawn = []
+    real = plot._draw
+    with mock.patch.object(plot, "_draw", side_effect=lambda ax, rows, title, keys, smooth=0: (
+            drawn.append((title, keys, smooth)), real(ax, rows, title, keys, smooth))):
+        plot.plot_run(tmp_path)
+    assert drawn[:4] == [("train reward (per step, and mean of 10)", ["reward"], 10),
+                         ("held-out F1 (greedy)", ["eval/f1"], 0),
+                         ("degenerate (zero-variance) groups", ["guard/degenerate_group_frac"], 0),
+                         ("response length (model tokens per episode)", ["completions/mean_length"], 0)]

@@ -131,15 +131,46 @@ def write_training_record(folder: str | Path, cfg, stage: str) -> Path:
     """
     from drgym import __version__
     from drgym.atomic import atomic_write_json
-    from drgym.models import TRAINING_RECORD
+    from drgym.models import TRAINING_RECORD, is_adapter
 
     protocol = "tags" if stage == "sft" else cfg.protocol  # SFT trains tag-protocol trajectories only
     rec = {"protocol": protocol, "layout": "chat" if protocol == "json" else "continuation", "stage": stage,
            "run": cfg.name, "config": cfg.source, "base_model": cfg.model, "env": cfg.env, "search": cfg.search,
            "rollout": cfg.rollout, "enable_thinking": cfg.enable_thinking, "drgym_version": __version__}
+    if is_adapter(folder):
+        rec.update(adapter_record(folder, cfg))
     path = Path(folder) / TRAINING_RECORD
     atomic_write_json(path, json.loads(json.dumps(rec, default=str)))
     return path
+
+
+def adapter_record(folder: str | Path, cfg) -> dict[str, Any]:
+    """Training-record fields of a saved LoRA adapter, and a portable base in its ``adapter_config.json``.
+
+    The base model is the root of the run's model: ``cfg.model``, or, when that is itself
+    an adapter (GRPO continuing an SFT adapter), that adapter's base. When the base is the
+    bundled SmolLM2, ``adapter_config.json`` gets its hub name
+    (:data:`drgym.models.SMOLLM2_HUB_NAME`, which drgym resolves to the bundled weights)
+    in place of this machine's cache path, so the folder loads on any install.
+
+    Returns:
+        ``{"adapter": True, "base_model", "init_from", "peft"}``.
+    """
+    import json
+
+    from drgym.atomic import atomic_write_json
+    from drgym.models import ADAPTER_CONFIG, SMOLLM2_ALIASES, SMOLLM2_HUB_NAME, adapter_base, is_adapter, resolve_lm
+
+    init = str(cfg.model)
+    base = adapter_base(resolve_lm(init)) if is_adapter(resolve_lm(init)) else init
+    smol = base.lower() in SMOLLM2_ALIASES
+    acfg_path = Path(folder) / ADAPTER_CONFIG
+    acfg = json.loads(acfg_path.read_text(encoding="utf-8"))
+    acfg["base_model_name_or_path"] = SMOLLM2_HUB_NAME if smol else base
+    atomic_write_json(acfg_path, acfg)
+    return {"adapter": True, "base_model": "smollm2" if smol else base, "init_from": init,
+            "peft": {k: acfg.get(k) for k in ("r", "lora_alpha", "lora_dropout", "target_modules",
+                                               "layers_to_transform") if k in acfg}}
 
 
 class TrainingRecordCallback(TrainerCallback):

@@ -17,6 +17,8 @@ A config file has these top-level keys (all but ``name`` optional)::
     sft: {...}                        # trl.SFTConfig keyword arguments
     launch: {accelerate_config: accelerate_zero2.yaml, num_processes: 8}   # drgym train grpo --launch
     enable_thinking: null             # chat-template switch of thinking models (null: the template's default)
+    peft: {r: 16, lora_alpha: 32, target_modules: [q_proj, v_proj]}   # LoRA (peft.LoraConfig kwargs)
+    zero_variance: {filter_groups: true}   # GRPO: drop groups whose rewards are all equal
 
 Unknown keys raise :class:`~drgym.errors.ConfigError` with a "did you mean" hint, and
 so does any GRPOConfig/SFTConfig argument TRL rejects.
@@ -36,8 +38,10 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 TOP_KEYS = {
     "name", "output_dir", "model", "trainable_layers", "env", "search", "tasks", "rollout", "rewards",
-    "protocol", "eval", "grpo", "sft", "launch", "seed", "torch_threads", "enable_thinking",
+    "protocol", "eval", "grpo", "sft", "launch", "seed", "torch_threads", "enable_thinking", "peft", "zero_variance",
 }
+
+ZERO_VARIANCE_KEYS = {"filter_groups"}
 
 
 @dataclass
@@ -84,6 +88,8 @@ class RunConfig:
     grpo: dict[str, Any] = field(default_factory=dict)
     sft: dict[str, Any] = field(default_factory=dict)
     launch: dict[str, Any] = field(default_factory=dict)
+    peft: dict[str, Any] = field(default_factory=dict)
+    zero_variance: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     torch_threads: int | None = None
     enable_thinking: bool | None = None
@@ -186,7 +192,7 @@ def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
     tl = data.get("trainable_layers")
     if tl is not None and (not isinstance(tl, int) or tl < 0):
         raise ConfigError(f"{source}: trainable_layers must be a non-negative integer or null, got {tl!r}.")
-    for sec in ("grpo", "sft", "search", "rollout", "launch"):
+    for sec in ("grpo", "sft", "search", "rollout", "launch", "peft", "zero_variance"):
         if data.get(sec) is not None and not isinstance(data[sec], dict):
             raise ConfigError(f"{source}: '{sec}' must be a mapping, got {type(data[sec]).__name__}.")
     from drgym.training.launch import LAUNCH_KEYS
@@ -211,12 +217,18 @@ def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
         grpo=dict(data.get("grpo") or {}),
         sft=dict(data.get("sft") or {}),
         launch=dict(data.get("launch") or {}),
+        peft=dict(data.get("peft") or {}),
+        zero_variance=dict(data.get("zero_variance") or {}),
         seed=int(data.get("seed") or 0),
         torch_threads=None if data.get("torch_threads") is None else int(data["torch_threads"]),
         enable_thinking=thinking,
         source=source,
     )
     cfg.rollout_settings()  # validates the rollout section early
+    _check_keys(cfg.zero_variance, ZERO_VARIANCE_KEYS, "zero_variance key")
+    if cfg.peft and cfg.trainable_layers is not None:
+        raise ConfigError(f"{source}: give 'peft' (LoRA adapters) or 'trainable_layers' (train the top N layers), "
+                          "not both; with LoRA, peft.layers_to_transform picks the layers.")
     return cfg
 
 
@@ -269,6 +281,41 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         else:
             data[k] = v
     return parse_config(data, source=str(p))
+
+
+def build_peft_config(cfg: RunConfig):
+    """``peft.LoraConfig`` from the ``peft`` section, or None when there is none.
+
+    The section holds ``peft.LoraConfig`` keyword arguments (``r``, ``lora_alpha``,
+    ``lora_dropout``, ``target_modules``, ``layers_to_transform``...); ``task_type``
+    defaults to ``CAUSAL_LM``. TRL's ``SFTTrainer`` and ``GRPOTrainer`` take it as
+    ``peft_config`` (Hu et al. 2021, LoRA, arXiv 2106.09685).
+
+    Args:
+        cfg: the run config.
+
+    Returns:
+        A ``peft.LoraConfig``, or None without a ``peft`` section (full or partial
+        fine-tuning, see ``trainable_layers``).
+
+    Raises:
+        ConfigError: an unknown LoraConfig argument (with a "did you mean" hint), or a
+            value peft rejects.
+    """
+    if not cfg.peft:
+        return None
+    import peft
+
+    kw = dict(cfg.peft)
+    kw.setdefault("task_type", "CAUSAL_LM")
+    known = {f.name for f in dataclasses.fields(peft.LoraConfig)}
+    for k in kw:
+        if k not in known:
+            raise unknown_name("peft (LoraConfig) argument", k, known)
+    try:
+        return peft.LoraConfig(**kw)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{cfg.source}: peft.LoraConfig rejected the 'peft' section: {e}") from e
 
 
 # -- TRL argument objects -----------------------------------------------------------------
@@ -331,6 +378,21 @@ def _trl_version() -> str:
     return trl.__version__
 
 
+LOSS_TYPES = ("grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo")
+"""``grpo.loss_type`` values TRL 1.16 implements: ``grpo`` (per-sequence mean, Shao et al.
+2024), ``dr_grpo`` (a constant normaliser, Liu et al. 2025, arXiv 2503.20783), ``dapo``
+(TRL's default: the number of loss tokens of the batch, Yu et al. 2025, arXiv 2503.14476)..."""
+
+SCALE_REWARDS = ("group", "batch", "none", True, False)
+"""``grpo.scale_rewards``: divide advantages by the group's reward std (``group``, GRPO),
+the batch's (``batch``), or not at all (``none``, as Dr. GRPO recommends)."""
+
+
+def _check_choice(cfg: RunConfig, key: str, value: Any, choices: tuple) -> None:
+    if value not in choices:
+        raise ConfigError(f"{cfg.source}: {key} must be one of {', '.join(map(repr, choices))}, got {value!r}.")
+
+
 def build_grpo_args(cfg: RunConfig, *, validate_only: bool = False):
     """``trl.GRPOConfig`` from the ``grpo`` section (CPU-safe defaults on CPU).
 
@@ -345,6 +407,8 @@ def build_grpo_args(cfg: RunConfig, *, validate_only: bool = False):
     from trl import GRPOConfig
 
     kw = dict(cfg.grpo)
+    _check_choice(cfg, "grpo.loss_type", kw.get("loss_type", "dapo"), LOSS_TYPES)
+    _check_choice(cfg, "grpo.scale_rewards", kw.get("scale_rewards", "group"), SCALE_REWARDS)
     kw.setdefault("report_to", ["tensorboard"])
     kw.setdefault("logging_steps", 1)
     kw.setdefault("beta", 0.0)

@@ -115,7 +115,7 @@ def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None 
                    out_path: str | Path | None = None, run_dir: str | Path | None = None) -> dict[str, Any]:
     """Held-out evaluation of a model folder, exactly as the training eval callback.
 
-    Loads the model in fp32 and runs :func:`make_evaluator` (``drgym rollout``'s runner, the
+    Loads the model in fp32 (a LoRA adapter folder merged into its base) and runs :func:`make_evaluator` (``drgym rollout``'s runner, the
     training token layout) on the first ``num_tasks`` tasks of ``tasks.eval``.
 
     Args:
@@ -141,10 +141,9 @@ def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None 
     import time
 
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from drgym.atomic import atomic_write_json
-    from drgym.models import load_pretrained, resolve_lm
+    from drgym.models import load_model, load_tokenizer
 
     cfg.apply_threads()
     if "eval" not in cfg.tasks:
@@ -162,15 +161,14 @@ def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None 
     if out_path:
         _check_out_paths(Path(out_path), Path(run_dir))
     model_ref = str(model_path or cfg.model)
-    path = resolve_lm(model_ref)
-    tok = load_pretrained(AutoTokenizer, path)
+    tok = load_tokenizer(model_ref)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if cfg.protocol == "json":
         from drgym.training.toolenv import use_tool_template
 
         use_tool_template(tok)
-    model = load_pretrained(AutoModelForCausalLM, path, dtype=torch.float32).eval()
+    model = load_model(model_ref, dtype=torch.float32).eval()  # an adapter folder is merged into its base
     tasks_by_id = {t.task_id: t for t in tasks}
     funcs, weights, _ = build_reward_funcs(cfg, tasks_by_id, num_generations=1, output_dir=cfg.output_dir)
     if run_dir is None:

@@ -60,13 +60,151 @@ def _trainer_class():
                 self.generator.manual_seed(int(self.seed) + self.epoch)
 
     class DrgymGRPOTrainer(GRPOTrainer):
+        drgym_filter_groups = False  # set from the config's zero_variance.filter_groups
+
         def _get_train_sampler(self, dataset=None):
             base = super()._get_train_sampler(dataset)
             return EpochSeededRepeatSampler(
                 data_source=base.data_source, mini_repeat_count=base.mini_repeat_count, batch_size=base.batch_size,
                 repeat_count=base.repeat_count, shuffle=base.shuffle, seed=base.seed)
 
+        def _generate_and_score_completions(self, inputs):
+            out = super()._generate_and_score_completions(inputs)
+            if self.drgym_filter_groups and self.model.training:
+                mark_informative(out, degenerate_rows(self, out["completion_ids"].size(0)), self)
+            return out
+
+        def _compute_loss(self, model, inputs):
+            import torch
+
+            keep = inputs.pop(INFORMATIVE, None)
+            if keep is None:
+                return super()._compute_loss(model, inputs)
+            if not bool(keep.any()):
+                # every group of this batch is zero-variance: no forward pass, and a loss that reaches no
+                # parameter, so their grads stay None and AdamW leaves them (and its moments) as they are
+                return torch.zeros((), device=keep.device, requires_grad=True)
+            return super()._compute_loss(model, select_rows(inputs, keep))
+
     return DrgymGRPOTrainer
+
+
+INFORMATIVE = "drgym_informative"
+"""Key of the per-row ``bool`` tensor that marks rows of groups with a reward spread."""
+
+
+def degenerate_rows(trainer, n_local: int) -> list[bool]:
+    """Which rows of the local batch belong to a zero-variance group, from the rewards TRL just scored.
+
+    Rebuilds the weighted total reward of every completion of the generation batch from
+    the per-function rewards TRL logged for it (``trainer._logs["rewards"]``, gathered
+    over processes, every reward function included) and ``trainer.reward_weights``,
+    exactly as TRL sums them (``nansum``; a row with no score is NaN), groups them by
+    ``num_generations`` and flags groups whose finite rewards are all equal (or that
+    have at most one).
+
+    Returns:
+        ``list[bool]`` of length ``n_local`` (this process's rows).
+
+    Raises:
+        ValueError: the logged rewards do not cover the batch.
+    """
+    import math
+
+    n_proc = trainer.accelerator.num_processes
+    n = n_local * n_proc
+    names = list(trainer.reward_func_names)
+    cols = [list(trainer._logs["rewards"][k])[-n:] for k in names]
+    if any(len(c) != n for c in cols):
+        raise ValueError(f"zero-variance filter: TRL logged {[len(c) for c in cols]} rewards for a batch of {n}.")
+    w = [float(x) for x in trainer.reward_weights.tolist()]
+    totals = []
+    for i in range(n):
+        vals = [(c[i], wk) for c, wk in zip(cols, w) if c[i] is not None and not math.isnan(c[i])]
+        totals.append(sum(v * wk for v, wk in vals) if vals else float("nan"))
+    G = trainer.num_generations
+    flags = [False] * n
+    for g in range(0, n, G):
+        finite = [x for x in totals[g:g + G] if not math.isnan(x)]
+        if len(finite) <= 1 or max(finite) - min(finite) < 1e-9:
+            flags[g:g + G] = [True] * len(totals[g:g + G])
+    r = trainer.accelerator.process_index
+    return flags[r * n_local:(r + 1) * n_local]
+
+
+def mark_informative(batch: dict[str, Any], degenerate_rows: list[bool], trainer) -> dict[str, Any]:
+    """Zero-variance group filter (``zero_variance.filter_groups``): mark the rows that carry signal.
+
+    A group whose rewards are all equal has advantage 0 for every row under every
+    ``scale_rewards`` choice, so it adds no gradient, only weight in the loss
+    normaliser. DAPO's dynamic sampling (Yu et al. 2025, arXiv 2503.14476, section 3.2)
+    resamples until a batch holds only informative groups; a ``rollout_func`` cannot
+    resample, so the batch is kept at its size and the degenerate groups are dropped from
+    the loss instead: rows are marked here (``batch[INFORMATIVE]``, split and shuffled
+    with the batch by TRL) and removed in ``_compute_loss`` before the forward pass, and
+    ``num_items_in_batch`` (the ``dapo``/``cispo`` normaliser) counts the loss tokens of the
+    informative rows only. The ``grpo``/``bnpo``/``dr_grpo`` losses then average over
+    informative rows as well. A batch with no informative group skips the forward and
+    backward pass and leaves the weights and the optimizer's moments unchanged (its
+    parameters get no gradient). Logged: ``zero_variance/filtered_frac`` (share of rows dropped).
+
+    Args:
+        batch: the output of ``GRPOTrainer._generate_and_score_completions`` (modified in place).
+        degenerate_rows: one bool per row of the local batch (:func:`degenerate_rows`).
+        trainer: the trainer (its accelerator and metrics).
+
+    Returns:
+        ``batch``.
+
+    Raises:
+        ValueError: ``degenerate_rows`` does not match the batch size.
+    """
+    import torch
+
+    n = batch["completion_ids"].size(0)
+    if len(degenerate_rows) != n:
+        raise ValueError(f"zero-variance filter: {len(degenerate_rows)} group flags for a batch of {n} rows.")
+    device = batch["completion_ids"].device
+    keep = torch.tensor([not d for d in degenerate_rows], dtype=torch.bool, device=device)
+    loss_mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
+    batch[INFORMATIVE] = keep
+    batch["num_items_in_batch"] = trainer.accelerator.gather((loss_mask * keep.unsqueeze(1)).sum()).sum()
+    trainer._metrics["train"]["zero_variance/filtered_frac"].append(1.0 - keep.float().mean().item())
+    return batch
+
+
+def select_rows(inputs: dict[str, Any], keep) -> dict[str, Any]:
+    """The rows ``keep`` of a GRPO loss batch, with all-padding columns cut off.
+
+    Tensors whose first dimension is the batch are indexed; scalars (``num_items_in_batch``)
+    and other values pass through. Prompt columns that are padding in every kept row
+    (left padding) and completion columns past every kept row's end (right padding) are
+    cut, so the forward pass covers only what the kept rows need.
+    """
+    import torch
+
+    n = keep.size(0)
+    out: dict[str, Any] = {}
+    for k, v in inputs.items():
+        if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.size(0) == n:
+            out[k] = v[keep]
+        elif isinstance(v, list) and len(v) == n:
+            out[k] = [x for x, m in zip(v, keep.tolist()) if m]
+        else:
+            out[k] = v
+    pm = out["prompt_mask"]
+    first = int(pm.any(0).nonzero()[0]) if pm.any() else 0
+    cm = out["completion_mask"]
+    last = int(cm.any(0).nonzero()[-1]) + 1 if cm.any() else cm.size(1)
+    p_cols, c_cols = pm.size(1), cm.size(1)
+    for k, v in list(out.items()):
+        if not isinstance(v, torch.Tensor) or v.dim() < 2:
+            continue
+        if k.startswith("prompt") and v.size(1) == p_cols:
+            out[k] = v[:, first:]
+        elif k != "advantages" and v.size(1) == c_cols and not k.startswith("prompt"):
+            out[k] = v[:, :last]
+    return out
 
 
 def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callbacks=None, backend=None,
@@ -96,26 +234,32 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
         JsonlLoggerCallback,
         TrainingRecordCallback,
     )
-    from drgym.training.config import build_grpo_args
+    from drgym.training.config import build_grpo_args, build_peft_config
     from drgym.training.rollout import SearchRolloutFunc
-    from drgym.training.sft import freeze_bottom
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from drgym.training.sft import count_parameters, freeze_bottom
 
-    from drgym.models import load_pretrained, resolve_lm
+    from drgym.models import load_model, load_tokenizer
 
     if max_steps is not None:
         cfg.grpo["max_steps"] = int(max_steps)
     cfg.apply_threads()
     args = build_grpo_args(cfg)
-    path = resolve_lm(cfg.model)
-    tok = load_pretrained(AutoTokenizer, path)
+    tok = load_tokenizer(cfg.model)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    peft_config = build_peft_config(cfg)
     if model is None:
         torch.manual_seed(cfg.seed)
-        model = load_pretrained(AutoModelForCausalLM, path, dtype=torch.float32)
-    trainable, total = freeze_bottom(model, cfg.trainable_layers)
-    log.info("GRPO: %d / %d parameters trainable", trainable, total)
+        # an adapter folder (e.g. the LoRA SFT output) goes on training its own adapter
+        model = load_model(cfg.model, dtype=torch.float32, adapter="trainable")
+    from accelerate.utils import is_peft_model
+
+    if is_peft_model(model):
+        if peft_config is not None:
+            log.info("GRPO: %s already holds a LoRA adapter; training it (the config's peft section is not applied)",
+                     cfg.model)
+        peft_config = None
+    freeze_bottom(model, cfg.trainable_layers)
 
     if "train" not in cfg.tasks:
         raise ConfigError(f"{cfg.source}: tasks.train is required for GRPO.")
@@ -148,7 +292,7 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
         use_tool_template(tok)
         dataset = json_dataset(train_tasks, env_factory)
         trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
-                              processing_class=tok, callbacks=callbacks,
+                              processing_class=tok, callbacks=callbacks, peft_config=peft_config,
                               environment_factory=make_tool_env_class(env_factory))
         rollout = None
     else:
@@ -156,7 +300,11 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
         rollout = SearchRolloutFunc(env_factory, table, cfg.rollout_settings())
         callbacks.append(BatchLogCallback(rollout, Path(args.output_dir) / "batches.jsonl"))
         trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
-                              processing_class=tok, callbacks=callbacks, rollout_func=rollout)
+                              processing_class=tok, callbacks=callbacks, rollout_func=rollout,
+                              peft_config=peft_config)
+    trainer.drgym_filter_groups = bool(cfg.zero_variance.get("filter_groups", False))
+    trainable, total = count_parameters(trainer.model)
+    log.info("GRPO: %d / %d parameters trainable", trainable, total)
     monitor.trainer = trainer
     if eval_cb is not None:
         eval_cb.attach(trainer)
@@ -183,7 +331,8 @@ def refuse_earlier_run(out: Path) -> None:
                           "pass --resume to continue it, or another --output-dir, or remove it.")
 
 
-def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict[str, Any]:
+def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None, backend=None,
+             extra_reward_funcs=None, extra_callbacks=None) -> dict[str, Any]:
     """Train with GRPO and save the final model to ``<output_dir>/final``.
 
     Args:
@@ -194,6 +343,8 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
             one an uninterrupted run would have drawn (``batches.jsonl`` records each
             step's task ids).
         max_steps: overrides ``grpo.max_steps``.
+        backend: a search backend instead of the one ``cfg.search`` builds.
+        extra_reward_funcs, extra_callbacks: see :func:`build_trainer`.
 
     Returns:
         A summary dict (also written to ``<output_dir>/summary.json``).
@@ -209,7 +360,8 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None) -> dict
 
     if not resume:
         refuse_earlier_run(Path(cfg.output_dir))
-    trainer, parts = build_trainer(cfg, max_steps=max_steps)
+    trainer, parts = build_trainer(cfg, max_steps=max_steps, backend=backend, extra_reward_funcs=extra_reward_funcs,
+                                   extra_callbacks=extra_callbacks)
     out = Path(trainer.args.output_dir)
     ckpt = None
     if resume:

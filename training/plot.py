@@ -19,7 +19,17 @@ PANELS: list[tuple[str, list[str]]] = [
     ("KL / entropy", ["kl", "entropy"]),
     ("grad norm", ["grad_norm"]),
     ("seconds", ["step_time", "timing/generation_s", "timing/env_s"]),
+    ("retrieved share of completion tokens", ["env/retrieved_token_frac"]),
 ]
+
+#: The four panels of ``summary.png``, the one-picture view of a GRPO run: (title, [metric keys]).
+SUMMARY_PANELS: list[tuple[str, list[str]]] = [
+    ("train reward (per step, and mean of 10)", ["reward"]),
+    ("held-out F1 (greedy)", ["eval/f1"]),
+    ("degenerate (zero-variance) groups", ["guard/degenerate_group_frac", "zero_variance/filtered_frac"]),
+    ("response length (model tokens per episode)", ["completions/mean_length"]),
+]
+SMOOTH = 10
 
 
 def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
@@ -40,7 +50,9 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         out_dir: where to write; default ``<run_dir>/plots``.
 
     Returns:
-        The PNG paths: ``curves.png`` (all panels) and one ``<panel>.png`` per panel.
+        The PNG paths: ``summary.png`` (train reward, held-out F1, degenerate-group
+        fraction and response length in one picture; written when the run logged a
+        reward), ``curves.png`` (all panels) and one ``<panel>.png`` per panel.
 
     Raises:
         ConfigError: no ``metrics.jsonl`` or no numeric metric in it.
@@ -81,6 +93,18 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
         atomic_write_bytes(p, buf.getvalue())
         written.append(p)
 
+    summary = [(t, [k for k in keys if _series(rows, k)[0]]) for t, keys in SUMMARY_PANELS]
+    if summary[0][1]:
+        fig, axes = plt.subplots(2, 2, figsize=(11, 6.4), squeeze=False)
+        for ax, (title, keys) in zip(axes.flat, summary):
+            if keys:
+                _draw(ax, rows, title, keys, smooth=SMOOTH if title.startswith("train reward") else 0)
+            else:
+                ax.set_title(title + ": not logged", fontsize=10)
+                ax.axis("off")
+        fig.suptitle(run_dir.name)
+        fig.tight_layout(rect=(0, 0, 1, 0.96))
+        save(fig, out / "summary.png")
     ncols = 2
     nrows = (len(panels) + ncols - 1) // ncols
     fig, axes = plt.subplots(nrows, ncols, figsize=(11, 3.2 * nrows), squeeze=False)
@@ -99,10 +123,13 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     return written
 
 
-def _draw(ax, rows, title: str, keys: list[str]) -> None:
+def _draw(ax, rows, title: str, keys: list[str], smooth: int = 0) -> None:
     for k in keys:
         xs, ys = _series(rows, k)
-        ax.plot(xs, ys, marker="o", ms=3, label=k)
+        line, = ax.plot(xs, ys, marker="o", ms=3, label=k, alpha=0.45 if smooth else 1.0)
+        if smooth and len(ys) >= smooth:
+            avg = [sum(ys[i - smooth + 1:i + 1]) / smooth for i in range(smooth - 1, len(ys))]
+            ax.plot(xs[smooth - 1:], avg, color=line.get_color(), lw=2, label=f"{k} (mean of {smooth})")
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("optimizer step")
     ax.grid(alpha=0.3)

@@ -699,7 +699,8 @@ class SearchRolloutFunc:
                    out["final_answer"], out["completion_ids"], out["env_mask"])]
         mine = {"episodes": eps, "generation_s": self.last_timings.get("generation_s", 0.0),
                 "env_s": self.last_timings.get("env_s", 0.0), "nan_logprobs": self.last_step_stats.get("nan_logprobs", 0),
-                "padding_rows": self.last_step_stats.get("padding_rows", 0)}
+                "padding_rows": self.last_step_stats.get("padding_rows", 0),
+                "completion_tokens": sum(len(ids) for ids in out["completion_ids"])}
         ranks = gather_rows(trainer, [mine])
         rows = [e for r in ranks for e in r["episodes"]]
         n = max(1, len(rows))
@@ -707,9 +708,12 @@ class SearchRolloutFunc:
         for j, name in enumerate(("env/turns_mean", "env/searches_mean", "env/invalid_actions_mean",
                                   "env/answered_frac", "env/empty_answer_frac", "env/obs_tokens_mean")):
             m[name].append(sum(e[j] for e in rows) / n)
+        # share of the batch's completion tokens that are retrieved text (masked from the loss)
+        m["env/retrieved_token_frac"].append(sum(e[5] for e in rows) / max(1, sum(r["completion_tokens"] for r in ranks)))
         if "nan_logprobs" in self.last_step_stats:  # vLLM
             m["rollout/nan_logprobs"].append(sum(r["nan_logprobs"] for r in ranks))
         if len(ranks) > 1:
             m["rollout/padding_rows"].append(sum(r["padding_rows"] for r in ranks))
         m["timing/generation_s"].append(max(r["generation_s"] for r in ranks))
         m["timing/env_s"].append(max(r["env_s"] for r in ranks))
+

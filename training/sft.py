@@ -179,9 +179,13 @@ def freeze_bottom(model, trainable_layers: int | None) -> tuple[int, int]:
         if norm is not None and trainable_layers > 0:
             for p in norm.parameters():
                 p.requires_grad_(True)
+    return count_parameters(model)
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """``(trainable, total)`` parameter counts of ``model`` (a PEFT model counts its adapter as trainable)."""
     total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return trainable, total
+    return sum(p.numel() for p in model.parameters() if p.requires_grad), total
 
 
 def _decoder_layers(model):
@@ -213,12 +217,11 @@ def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None =
         TrainingRecordCallback,
         write_training_record,
     )
-    from drgym.training.config import build_sft_args
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from drgym.training.config import build_peft_config, build_sft_args
     from trl import SFTTrainer
 
     from drgym.atomic import atomic_write_json
-    from drgym.models import load_pretrained, resolve_lm
+    from drgym.models import load_model, load_tokenizer
 
     args = build_sft_args(cfg, output_dir)
     cfg.apply_threads()
@@ -227,8 +230,8 @@ def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None =
         from drgym.training.grpo import refuse_earlier_run
 
         refuse_earlier_run(out)
-    path = resolve_lm(cfg.model)
-    tok = load_pretrained(AutoTokenizer, path)
+    peft_config = build_peft_config(cfg)
+    tok = load_tokenizer(cfg.model)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     trajs = load_trajectories(trajectory_paths)
@@ -238,11 +241,14 @@ def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None =
     ds = build_sft_dataset(tok, trajs, tasks_by_id=tasks_by_id, gold_answers=gold_answers, min_reward=min_reward,
                            max_length=int(cfg.sft.get("max_length") or 1024), enable_thinking=cfg.enable_thinking)
     torch.manual_seed(cfg.seed)
-    model = load_pretrained(AutoModelForCausalLM, path, dtype=torch.float32)
-    trainable, total = freeze_bottom(model, cfg.trainable_layers)
-    log.info("SFT: %d / %d parameters trainable", trainable, total)
+    # an adapter folder as cfg.model goes on training its adapter; peft_config adds a new one
+    model = load_model(cfg.model, dtype=torch.float32, adapter="trainable")
+    freeze_bottom(model, cfg.trainable_layers)
     callbacks = [JsonlLoggerCallback(out / "metrics.jsonl"), TrainingRecordCallback(cfg, "sft")] + list(extra_callbacks or [])
-    trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=callbacks)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=callbacks,
+                         peft_config=peft_config)
+    trainable, total = count_parameters(trainer.model)
+    log.info("SFT: %d / %d parameters trainable", trainable, total)
     trainer.train(resume_from_checkpoint=_last_checkpoint(out) if resume else None)
     final = out / "final"
     trainer.save_model(str(final))
@@ -276,7 +282,7 @@ def _tasks_for(cfg, ids: set[str]) -> dict[str, Any]:
 
 
 def make_scripted_trajectories(cfg, out_path: str | Path, *, split: str = "train", start: int | None = None,
-                               limit: int | None = None, max_turns: int | None = None) -> list:
+                               limit: int | None = None, max_turns: int | None = None, backend=None) -> list:
     """Roll out the scripted policy (search the question, answer a span of the top hit).
 
     Uses :class:`drgym.policies.scripted.ScriptedPolicy` (``fetch=False``) in the run's
@@ -284,6 +290,9 @@ def make_scripted_trajectories(cfg, out_path: str | Path, *, split: str = "train
     :class:`drgym.envs.driver.BatchedDriver`, and writes the trajectories as JSONL.
     With ``--gold-answers`` at SFT time these become expert demonstrations of the
     protocol: one search, the real retrieved ``<information>``, the gold answer.
+
+    Args:
+        backend: a search backend instead of the one ``cfg.search`` builds.
 
     Returns:
         The trajectories.
@@ -297,7 +306,7 @@ def make_scripted_trajectories(cfg, out_path: str | Path, *, split: str = "train
     ts = cfg.tasks[split]
     ts = TaskSlice(ts.set, ts.start if start is None else start, ts.limit if limit is None else limit)
     tasks = load_task_slice(ts)
-    factory = make_env_factory(cfg, tasks, max_turns=max_turns)
+    factory = make_env_factory(cfg, tasks, max_turns=max_turns, backend=backend)
     envs = [factory() for _ in range(min(8, len(tasks)))]
     with BatchedDriver(envs) as driver:
         trajs = driver.run(ScriptedPolicy(protocol="tags", fetch=False), [{"task": t} for t in tasks], seed=cfg.seed)

@@ -1,0 +1,209 @@
+"""The test-slice table of the bundled agent: five policies, bootstrap CIs, paired differences.
+
+Every policy runs through ``drgym rollout``'s runner (:func:`drgym.evaluation.runner.run_rollout`)
+on the same questions in the same env: the main job's (``drgym/SearchQA-v0`` over
+``wiki-default`` with hybrid search, top-3, 4 turns, 3 searches, 2 fetches, observations of
+500 drgym tokens; the hf policies' defaults, greedy). The default task set is
+``hipporag-test`` (60 questions; its first 20 are the main job's), touched only for final
+figures; ``--tasks hipporag-dev`` gives the same table on the dev slice.
+
+For each policy: EM, F1 (HotpotQA's official F1, the env's ``f1`` reward), answer rate and
+searches per episode, each a mean over questions with a 95% bootstrap confidence interval
+over questions (``scipy.stats.bootstrap``, percentile method, 10,000 resamples, seeded).
+Paired differences (per-question difference, then the same bootstrap) are given for
+SFT + GRPO minus SFT (the RL lift: it counts only when its interval excludes 0) and for
+SFT + GRPO minus ``rag:smollm2`` (the main job's default rule, README).
+
+Run directories go to ``<runs>/<label>/`` and are resumed on a rerun; the table goes to
+``--out`` (JSON) and ``<out>.md``.
+
+Usage::
+
+    python scripts/eval_table.py --sft runs/smollm2_drgym_cpu/sft/final --grpo hf:smollm2-drgym \\
+        --tasks hipporag-test --runs runs/test_eval --out training/results/test_table.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+METRICS = ("em", "f1", "answered", "searches")
+N_RESAMPLES = 10_000
+SEED = 0
+
+
+def per_question(trajectories: list[dict]) -> dict[str, dict[str, float]]:
+    """``{task_id: {"em", "f1", "answered", "searches"}}`` from a run's trajectory dicts."""
+    from drgym.evaluation.metrics import episode_counts
+
+    out = {}
+    for t in trajectories:
+        comp = t.get("reward_components") or {}
+        out[t["task_id"]] = {"em": float(comp.get("em") or 0.0), "f1": float(comp.get("f1") or 0.0),
+                             "answered": 1.0 if t.get("terminated") else 0.0,
+                             "searches": float(episode_counts(t)["searches"])}
+    return out
+
+
+def mean_ci(values: list[float]) -> dict[str, float]:
+    """Mean and 95% percentile-bootstrap interval over questions (``scipy.stats.bootstrap``)."""
+    import numpy as np
+    from scipy.stats import bootstrap
+
+    x = np.asarray(values, dtype=float)
+    m = float(x.mean())
+    if np.all(x == x[0]):  # no spread: the interval is the point
+        return {"mean": m, "lo": m, "hi": m}
+    res = bootstrap((x,), np.mean, confidence_level=0.95, n_resamples=N_RESAMPLES, method="percentile",
+                    random_state=np.random.default_rng(SEED))
+    return {"mean": m, "lo": float(res.confidence_interval.low), "hi": float(res.confidence_interval.high)}
+
+
+def paired(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]], metric: str) -> dict[str, float]:
+    """Mean of ``a - b`` per question (same task ids) with its bootstrap interval; ``excludes_zero``."""
+    ids = sorted(set(a) & set(b))
+    if len(ids) != len(a) or len(ids) != len(b):
+        raise SystemExit(f"paired difference: the runs cover different questions ({len(a)} vs {len(b)}).")
+    r = mean_ci([a[i][metric] - b[i][metric] for i in ids])
+    r["excludes_zero"] = bool(r["lo"] > 0 or r["hi"] < 0)
+    r["n"] = len(ids)
+    r["wins"] = sum(a[i][metric] > b[i][metric] for i in ids)
+    r["losses"] = sum(a[i][metric] < b[i][metric] for i in ids)
+    return r
+
+
+def run_policy(label: str, spec: str, tasks: str, runs: Path, options: dict, env: dict | None = None) -> dict:
+    """One rollout run (resumed when its directory exists) in the main job's env, or in the
+    env ``env`` describes (``{"env_options": {...}, "max_turns": int}``, from ``--config``)."""
+    from drgym.evaluation.runner import RolloutConfig, run_rollout
+
+    env = env or {}
+    rc = RolloutConfig(tasks=tasks, policy=spec, n=None, out=str(runs / label), plots=False, policy_options=options,
+                       env_options=dict(env.get("env_options") or {}), max_turns=env.get("max_turns"))
+    t0 = time.perf_counter()
+    res = run_rollout(rc, progress=False)
+    logging.info("%s (%s): %d episodes, f1 %.3f, %.0f s", label, spec, len(res.trajectories),
+                 res.metrics.get("f1") or 0.0, time.perf_counter() - t0)
+    return {"policy": spec, "options": options, "run_dir": str(runs / label), "trajectories": res.trajectories,
+            "metrics": res.metrics}
+
+
+def markdown(table: dict) -> str:
+    """The table as markdown (means with their 95% intervals)."""
+    def cell(d, pct=False, nd=3):
+        f = (lambda v: f"{100 * v:.0f} %") if pct else (lambda v: f"{v:.{nd}f}")
+        return f"{f(d['mean'])} [{f(d['lo'])}, {f(d['hi'])}]"
+
+    lines = [f"Slice `{table['tasks']}` ({table['n_questions']} questions), {table['env_name']}; "
+             "mean [95% bootstrap CI over questions]", "",
+             "| policy | EM | F1 | answer rate | searches / episode |", "|---|---|---|---|---|"]
+    for label, row in table["rows"].items():
+        s = row["scores"]
+        pol = row["policy"]
+        if "/runs/" in pol:  # a local training output: show it relative to the checkout that trained it
+            pol = "hf:runs/" + pol.split("/runs/", 1)[1]
+        lines.append(f"| {label} (`{pol}`) | {cell(s['em'])} | {cell(s['f1'])} | "
+                     f"{cell(s['answered'], pct=True)} | {cell(s['searches'], nd=2)} |")
+    lines += ["", "| paired difference (per question) | mean | 95% CI | excludes 0 | wins / losses |",
+              "|---|---|---|---|---|"]
+    for name, d in table["paired"].items():
+        lines.append(f"| {name} | {d['mean']:+.3f} | [{d['lo']:+.3f}, {d['hi']:+.3f}] | "
+                     f"{'yes' if d['excludes_zero'] else 'no'} | {d['wins']} / {d['losses']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sft", required=True, help="SFT model or adapter folder (hf:PATH or PATH)")
+    ap.add_argument("--grpo", required=True, help="SFT + GRPO model (hf:smollm2-drgym or a folder)")
+    ap.add_argument("--tasks", default="hipporag-test")
+    ap.add_argument("--runs", default="runs/test_eval")
+    ap.add_argument("--out", default="training/results/test_table.json")
+    ap.add_argument("--config", default=None,
+                    help="evaluate every policy in this training config's env (its env kwargs, eval.max_turns and "
+                         "rollout.max_new_tokens for hf policies) instead of the main job's")
+    ap.add_argument("--only", default=None,
+                    help="semicolon-separated labels to run now (the others are not run; no table is written)")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    from drgym.atomic import atomic_write_json, atomic_write_text
+
+    def hf(x):
+        return x if x.startswith("hf:") else f"hf:{x}"
+
+    env, gen = None, {}
+    env_name = "the main job's env"
+    env_desc = ("drgym/SearchQA-v0, drgym rollout defaults: wiki-default hybrid, top_k 3, max_turns 4, max_searches 3, "
+                "max_fetches 2, max_obs_tokens 500; hf policies greedy, max_new_tokens 64, dtype auto (bf16 on CPU)")
+    if a.config:
+        from drgym.training.config import load_config
+
+        cfg = load_config(a.config)
+        kw = {k: v for k, v in (cfg.env.get("kwargs") or {}).items() if k != "max_turns"}
+        env = {"env_options": kw, "max_turns": cfg.eval.max_turns}
+        gen = {"max_new_tokens": cfg.rollout_settings().max_new_tokens}
+        env_name = f"the env of training config `{cfg.name}`"
+        env_desc = (f"{cfg.env['id']} over {cfg.search}, env options {kw}, max_turns {cfg.eval.max_turns} (the training "
+                    f"config {cfg.name}'s env, in which SFT and GRPO were trained); hf policies greedy, "
+                    f"max_new_tokens {gen['max_new_tokens']}, dtype auto (bf16 on a CPU with bf16 instructions)")
+    policies = {
+        "zero-shot, scaffolded": ("hf:smollm2", dict(gen)),
+        "retrieve-then-read": ("rag:smollm2", {}),
+        "scripted": ("scripted", {}),
+        "SFT": (hf(a.sft), dict(gen)),
+        "SFT + GRPO": (hf(a.grpo), dict(gen)),
+    }
+    runs = Path(a.runs)
+    only = [x.strip() for x in a.only.split(";")] if a.only else None
+    if only:
+        bad = sorted(set(only) - set(policies))
+        if bad:
+            ap.error(f"--only: unknown labels {bad}; labels: {sorted(policies)}")
+        policies = {k: v for k, v in policies.items() if k in only}
+    results = {label: run_policy(label.replace(" ", "_").replace(",", "").replace("+", "plus"), spec, a.tasks, runs,
+                                 opt, env)
+               for label, (spec, opt) in policies.items()}
+    if only:
+        for label, r in results.items():
+            print(label, {k: r["metrics"].get(k) for k in ("em", "f1", "answer_rate", "searches")})
+        return 0
+    pq = {label: per_question(r["trajectories"]) for label, r in results.items()}
+    table = {
+        "made_by": "python scripts/eval_table.py " + " ".join(sys.argv[1:]),
+        "tasks": a.tasks, "n_questions": len(pq["SFT"]),
+        "env": env_desc, "env_name": env_name,
+        "bootstrap": {"method": "percentile", "n_resamples": N_RESAMPLES, "confidence": 0.95, "seed": SEED,
+                      "unit": "question"},
+        "rows": {label: {"policy": r["policy"], "run_dir": r["run_dir"],
+                         "scores": {m: mean_ci([q[m] for q in pq[label].values()]) for m in METRICS}}
+                 for label, r in results.items()},
+        "paired": {
+            "F1: SFT + GRPO - SFT": paired(pq["SFT + GRPO"], pq["SFT"], "f1"),
+            "EM: SFT + GRPO - SFT": paired(pq["SFT + GRPO"], pq["SFT"], "em"),
+            "answer rate: SFT + GRPO - SFT": paired(pq["SFT + GRPO"], pq["SFT"], "answered"),
+            "F1: SFT + GRPO - retrieve-then-read": paired(pq["SFT + GRPO"], pq["retrieve-then-read"], "f1"),
+            "F1: SFT - retrieve-then-read": paired(pq["SFT"], pq["retrieve-then-read"], "f1"),
+            "F1: SFT + GRPO - zero-shot": paired(pq["SFT + GRPO"], pq["zero-shot, scaffolded"], "f1"),
+        },
+        "per_question": pq,
+    }
+    from drgym.envs.task_loaders import load_tasks
+
+    main_job = [t.task_id for t in load_tasks("hotpotqa-dev", limit=20) if t.task_id in pq["SFT"]]
+    if main_job:  # the main job's 20 questions (drgym rollout's default), a subset of hipporag-test
+        table["main_job_questions"] = {label: {m: sum(pq[label][i][m] for i in main_job) / len(main_job)
+                                               for m in METRICS} for label in pq}
+    out = Path(a.out)
+    atomic_write_json(out, table)
+    atomic_write_text(out.with_suffix(".md"), markdown(table))
+    print(markdown(table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

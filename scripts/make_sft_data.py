@@ -1,0 +1,267 @@
+"""Build the SFT warm-start set by rejection sampling from the model itself (train questions only).
+
+Step 1, ``sample``: the scaffolded bundled model (``hf:smollm2``, ``scaffold=auto``:
+it writes the query, then the answer) is rolled out ``--k`` times per question of
+``hipporag-train`` at temperature ``--temperature`` (one ``drgym rollout`` run directory
+per sampling seed, ``<out>/samples/seed_<s>/``), in the training env of the run config
+(search backend, ``top_k``, ``max_obs_tokens``, turns). Reruns resume.
+
+With ``--greedy`` one more run decodes greedily (``samples/greedy``), and with
+``--question-query`` the scripted policy searches each question verbatim and answers
+(``samples/scripted``, no fetch).
+
+Step 2, ``build``: every episode is checked against the text it retrieved (the
+``<information>`` blocks before its answer) and kept from one of three sources:
+
+- ``own_correct``: the model's own answer is right (SQuAD exact match with a gold alias,
+  after normalisation) and occurs in the retrieved text (normalised substring);
+- ``own_search_gold_span``: the answer is wrong, but the model's own searches retrieved
+  a gold alias; the answer turn is replaced by that span as it is written in the
+  retrieved text (a supported answer, never one the model could not have read);
+- ``question_search_gold_span`` (``--question-query`` runs): the search is the question
+  itself; kept only when it retrieved a gold alias, answered with that span.
+
+Episodes whose retrieved text holds no gold alias are dropped (training on them would
+teach the model to guess), and so are yes/no questions (a "yes" cannot be read off the
+text, so the label could only be guessed). Per question at most ``--per-question``
+distinct episodes are kept, in this order: own correct answers, the question-as-query
+episode, then the model's own searches. (At temperature 1 SmolLM2's queries are mostly
+noise; a first SFT that kept its own searches before the question-as-query episode
+taught an agent that searched badly and scored F1 0.000 on the dev slice.)
+
+The kept episodes go to ``<out>/sft_trajectories.jsonl`` (``Trajectory`` records, the
+input of ``drgym train sft -t``), and the counts per source, per question set and per
+filter to ``<out>/sft_data_record.json`` (copied to ``training/results/``).
+
+Usage::
+
+    python scripts/make_sft_data.py --config smollm2_drgym_cpu --out runs/sft_data --k 4 --greedy --question-query
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+
+log = logging.getLogger("make_sft_data")
+
+YES_NO = {"yes", "no"}
+
+
+def retrieved_text(traj: dict, upto: int) -> str:
+    """The observations of steps before ``upto`` that are search results (``<information>`` blocks)."""
+    return "\n".join(s.get("observation") or "" for s in traj["steps"][:upto] if "<information>" in (s.get("observation") or ""))
+
+
+def find_span(text: str, golds: list[str]) -> str | None:
+    """The first gold alias found in ``text``, as written there (case-insensitive, word-bounded), else None.
+
+    Falls back to a normalised-substring match (punctuation, articles), returning the gold
+    alias itself.
+    """
+    from drgym.rewards.qa import normalize_answer
+
+    for g in sorted(golds, key=len, reverse=True):
+        g = g.strip()
+        if not g:
+            continue
+        m = re.search(r"(?<!\w)" + re.escape(g) + r"(?!\w)", text, re.IGNORECASE)
+        if m:
+            return m.group(0)
+    norm = f" {normalize_answer(text)} "
+    for g in sorted(golds, key=len, reverse=True):
+        ng = normalize_answer(g)
+        if ng and f" {ng} " in norm:
+            return g.strip()
+    return None
+
+
+def supported(answer: str, text: str) -> bool:
+    """True when the normalised ``answer`` occurs in the normalised ``text`` as whole words."""
+    from drgym.rewards.qa import normalize_answer
+
+    na = normalize_answer(answer)
+    return bool(na) and f" {na} " in f" {normalize_answer(text)} "
+
+
+def sample_dirs(out: Path, *, k: int, seed0: int, greedy: bool, question_query: bool) -> list[Path]:
+    """The run directories of the sampling step, in build order."""
+    dirs = [out / "samples" / f"seed_{s}" for s in range(seed0, seed0 + k)]
+    if greedy:
+        dirs.append(out / "samples" / "greedy")
+    if question_query:
+        dirs.append(out / "samples" / "scripted")
+    return dirs
+
+
+def sample(cfg, out: Path, *, k: int, temperature: float, task_set: str, n: int | None, seed0: int,
+           greedy: bool = False, question_query: bool = False) -> list[Path]:
+    """Run the rollouts of step 1 (see the module docstring); return their run dirs.
+
+    ``k`` sampled runs of the scaffolded ``hf:smollm2`` (bf16 on CPU, the hf: default),
+    one seed each; a greedy one with ``greedy``; the scripted policy with ``question_query``.
+    """
+    from drgym.evaluation.runner import RolloutConfig, run_rollout
+    from drgym.search.registry import backend_from_settings
+
+    env_kw = dict(cfg.env.get("kwargs") or {})
+    backend = backend_from_settings(cfg.search)
+    dirs = sample_dirs(out, k=k, seed0=seed0, greedy=greedy, question_query=question_query)
+    for d in dirs:
+        if d.name == "scripted":
+            policy, seed, opts = "scripted", 0, {"fetch": False}
+        elif d.name == "greedy":
+            policy, seed, opts = "hf:smollm2", 0, {}
+        else:
+            policy, seed, opts = "hf:smollm2", int(d.name.split("_")[1]), {"temperature": temperature}
+        rc = RolloutConfig(env=cfg.env["id"], tasks=task_set, policy=policy, backend=f"training:{cfg.search}", n=n,
+                           out=str(d), seed=seed, batch_size=8, max_turns=cfg.rollout_settings().max_turns,
+                           policy_options=opts, env_options=env_kw, plots=False)
+        t0 = time.perf_counter()
+        res = run_rollout(rc, backend=backend, progress=False)
+        log.info("%s: %d episodes (%d new) in %.0f s, f1 %.3f", d.name, len(res.trajectories), res.new_episodes,
+                 time.perf_counter() - t0, res.metrics.get("f1") or 0.0)
+    return dirs
+
+
+def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: int) -> dict:
+    """Filter the sampled episodes (see the module docstring); write the SFT JSONL and the record."""
+    from drgym.atomic import atomic_write_json, read_jsonl
+    from drgym.envs.task_loaders import hipporag_split, load_tasks
+    from drgym.envs.driver import write_trajectories
+    from drgym.records import Trajectory
+    from drgym.rewards.qa import exact_match, normalize_answer
+
+    tasks = {t.task_id: t for t in load_tasks(task_set)}
+    split = hipporag_split()
+    not_train = set(split["dev"]) | set(split["test"])
+    if set(tasks) & not_train:
+        raise SystemExit(f"{task_set} holds dev/test questions; SFT data must come from train questions only.")
+    counts = {"episodes": 0, "yes_no_question": 0, "no_answer": 0, "gold_not_retrieved": 0, "own_correct": 0,
+              "own_search_gold_span": 0, "question_search_gold_span": 0, "own_correct_unsupported": 0,
+              "duplicates": 0, "over_cap": 0}
+    per_run = {}
+    per_q: dict[str, list[tuple[int, Trajectory]]] = {}
+    for d in sample_dirs:
+        scripted = d.name == "scripted"
+        rows = read_jsonl(d / "trajectories.jsonl")
+        per_run[d.name] = {"episodes": len(rows), "f1": sum(float((r.get("reward_components") or {}).get("f1") or 0)
+                                                           for r in rows) / max(1, len(rows))}
+        for row in rows:
+            counts["episodes"] += 1
+            t = tasks.get(row["task_id"])
+            if t is None:
+                continue
+            if {normalize_answer(a) for a in t.answers} & YES_NO:
+                counts["yes_no_question"] += 1
+                continue
+            steps = row.get("steps") or []
+            last = len(steps) - 1
+            ans = row.get("final_answer")
+            if not steps or ans is None or "<answer>" not in (steps[last].get("action") or ""):
+                counts["no_answer"] += 1
+                continue
+            text = retrieved_text(row, last)
+            span = find_span(text, list(t.answers))
+            if span is None:
+                counts["gold_not_retrieved"] += 1
+                continue
+            traj = Trajectory.from_dict(row)
+            if not scripted and exact_match(ans, t.answers) == 1.0 and supported(ans, text):
+                counts["own_correct"] += 1
+                traj.metadata = {**traj.metadata, "sft_source": "own_correct", "sample_dir": d.name}
+                per_q.setdefault(t.task_id, []).append((0, traj))
+                continue
+            if not scripted and exact_match(ans, t.answers) == 1.0:
+                counts["own_correct_unsupported"] += 1  # right by luck: kept only as a gold-span episode
+            s = traj.steps[last]
+            s.action = re.sub(r"<answer>.*?</answer>", f"<answer> {span} </answer>", s.action, count=1, flags=re.DOTALL)
+            traj.final_answer = span
+            source = "question_search_gold_span" if scripted else "own_search_gold_span"
+            traj.metadata = {**traj.metadata, "sft_source": source, "sample_dir": d.name, "policy_answer": ans}
+            counts[source] += 1
+            per_q.setdefault(t.task_id, []).append((1 if scripted else 2, traj))
+    kept: list[Trajectory] = []
+    by_source = {"own_correct": 0, "own_search_gold_span": 0, "question_search_gold_span": 0}
+    by_set = {}
+    for tid in tasks:  # task order, deterministic
+        seen = set()
+        n = 0
+        for _prio, traj in sorted(per_q.get(tid, []), key=lambda x: x[0]):
+            key = tuple(s.action for s in traj.steps)
+            if key in seen:
+                counts["duplicates"] += 1
+                continue
+            if n >= per_question:
+                counts["over_cap"] += 1
+                continue
+            seen.add(key)
+            n += 1
+            kept.append(traj)
+            by_source[traj.metadata["sft_source"]] += 1
+            src = tasks[tid].source
+            by_set[src] = by_set.get(src, 0) + 1
+    path = out / "sft_trajectories.jsonl"
+    if path.exists():
+        path.unlink()
+    write_trajectories(path, kept)
+    record = {
+        "made_by": "python scripts/make_sft_data.py " + " ".join(sys.argv[1:]),
+        "task_set": task_set, "questions": len(tasks),
+        "questions_with_kept_episodes": len({t.task_id for t in kept}),
+        "sample_runs": {str(d): per_run[d.name] for d in sample_dirs},
+        "kept": len(kept), "kept_by_source": by_source, "kept_by_question_source": by_set,
+        "per_question_cap": per_question, "filter_counts": counts,
+        "searches_per_kept_episode": sum(sum(1 for s in t.steps for c in s.tool_calls if c.name == "search")
+                                         for t in kept) / max(1, len(kept)),
+        "rules": {
+            "own_correct": "model's answer has exact match 1 with a gold alias and occurs in the retrieved text",
+            "own_search_gold_span": "model's own searches retrieved a gold alias; the answer turn is that span as written in the retrieved text",
+            "question_search_gold_span": "scripted policy searched the question verbatim and retrieved a gold alias; answered with that span",
+            "priority": "per question: own_correct, then question_search_gold_span, then own_search_gold_span (the model's T=1 queries are mostly noise), distinct action sequences, at most per_question_cap",
+            "dropped": "no gold alias in the retrieved text; yes/no questions; episodes with no answer",
+        },
+        "output": str(path),
+    }
+    atomic_write_json(out / "sft_data_record.json", record)
+    return record
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="smollm2_drgym_cpu", help="training config (env, search, turns)")
+    ap.add_argument("--out", default="runs/sft_data")
+    ap.add_argument("--tasks", default="hipporag-train")
+    ap.add_argument("--k", type=int, default=8, help="samples per question (one rollout run per seed)")
+    ap.add_argument("--seed0", type=int, default=1)
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--n", type=int, default=None, help="first N questions only (smoke runs)")
+    ap.add_argument("--per-question", type=int, default=2)
+    ap.add_argument("--greedy", action="store_true", help="add a greedy run of the scaffolded model")
+    ap.add_argument("--question-query", action="store_true", help="add the scripted policy (search = the question)")
+    ap.add_argument("--build-only", action="store_true", help="skip sampling (use the existing sample runs)")
+    a = ap.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from drgym.training.config import load_config
+
+    cfg = load_config(a.config)
+    cfg.apply_threads()
+    out = Path(a.out)
+    if a.build_only:
+        dirs = sample_dirs(out, k=a.k, seed0=a.seed0, greedy=a.greedy, question_query=a.question_query)
+    else:
+        dirs = sample(cfg, out, k=a.k, temperature=a.temperature, task_set=a.tasks, n=a.n, seed0=a.seed0,
+                      greedy=a.greedy, question_query=a.question_query)
+    rec = build(out, dirs, task_set=a.tasks, per_question=a.per_question)
+    print(json.dumps({k: rec[k] for k in ("kept", "kept_by_source", "questions_with_kept_episodes", "filter_counts")},
+                     indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
