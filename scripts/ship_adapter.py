@@ -29,6 +29,16 @@ SFT_RECORD_SHOWN = "training/results/smollm2_drgym_cpu/sft_data_record.json"
 """Where the model card says the SFT data record is (the committed copy)."""
 
 
+def checkout_relative(path) -> str:
+    """A path as seen from the checkout that made it (``runs/...``, ``training/...``), so the
+    shipped files name no directory of the machine that trained them."""
+    p = str(path)
+    for part in ("/runs/", "/training/"):
+        if part in p:
+            return part.strip("/") + "/" + p.split(part, 1)[1]
+    return p
+
+
 def _table_lines(table: dict) -> list[str]:
     lines = [f"Test slice `{table['tasks']}` ({table['n_questions']} questions never used in training or for "
              f"choosing settings), {table.get('env_name', 'the main job env')}: {table['env']}. Mean "
@@ -126,7 +136,9 @@ def main() -> int:
         tmp.mkdir(parents=True)
         save_file(tensors, str(tmp / "adapter_model.safetensors"), metadata={"format": "pt"})
         shutil.copy(src / ADAPTER_CONFIG, tmp / ADAPTER_CONFIG)
-        rec["shipped_from"] = str(src)
+        rec["shipped_from"] = checkout_relative(src)
+        if rec.get("config"):
+            rec["config"] = checkout_relative(rec["config"])
         (tmp / TRAINING_RECORD).write_text(json.dumps(rec, indent=1) + "\n")
         shutil.rmtree(dst, ignore_errors=True)
         tmp.rename(dst)
