@@ -249,7 +249,10 @@ def test_deptry_finds_no_issue():
     exe = shutil.which("deptry", path=str(Path(sys.executable).parent)) or shutil.which("deptry")
     if exe is None:
         pytest.skip("deptry is not installed (it comes with drgym[test])")
-    proc = subprocess.run([exe, "."], cwd=REPO, capture_output=True, text=True, timeout=120,
+    # any virtual environment inside the checkout (not only deptry's default .venv/venv names)
+    venvs = [p.name for p in REPO.iterdir() if p.is_dir() and (p / "pyvenv.cfg").is_file()]
+    extra = ["--extend-exclude", "|".join(re.escape(v) for v in venvs)] if venvs else []
+    proc = subprocess.run([exe, ".", *extra], cwd=REPO, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "NO_COLOR": "1"})
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
