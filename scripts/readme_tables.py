@@ -232,20 +232,33 @@ def main_job_load() -> str:
                                    "(MAIN_JOB_LOAD_RUNS).")
 
 
-SERVER_LOAD = "scripts/results/bench_search_load.json"  # python scripts/bench_search.py --background-load 2 ...
+# One column group per run of python scripts/bench_search.py --background-load 2 ..., in this order.
+SERVER_LOAD_RUNS: list[str] = [
+    "scripts/results/bench_search_load_quiet.json",
+    "scripts/results/bench_search_load.json",
+]
 
 
 def server_load() -> str:
-    r = _load(SERVER_LOAD)
-    rows = [[cell, f"{m['idle']:.1f}", f"{m['loaded']:.1f}", f"{m['server_cpu_ms_per_request']:.1f}"]
-            for cell, m in r["median_rps"].items()]
-    header = ["load generator, request, clients (cell)", "req/s, as it is", "req/s, + 2 busy",
-              "server CPU ms / request"]
-    return _table(header, rows) + (
-        f"\n\n`{r['command']}`, {r['started'][:16].replace('T', ' ')} UTC, medians of {r['reps']} passes of "
-        f"{r['seconds_per_cell']:.0f} s per cell; 1-minute load {r['load_avg_1_5_15_at_start'][0]:.1f} at the start, "
-        f"{r['load_avg_1_5_15_at_end'][0]:.1f} at the end (`{SERVER_LOAD}`). 'before': the checkout before the thread "
-        "changes; 'README pool': the benchmark table's queries above, k=10.")
+    runs = [(rel, _load(rel)) for rel in SERVER_LOAD_RUNS if (REPO / rel).is_file()]
+    cells = list(dict.fromkeys(c for _, r in runs for c in r["median_rps"]))
+    header = ["load generator, request, clients (cell)"]
+    for k, (_, r) in enumerate(runs, 1):
+        header += [f"run {k}: req/s as it is", f"run {k}: req/s + 2 busy", f"run {k}: server CPU ms / req"]
+    rows = []
+    for cell in cells:
+        row = [cell]
+        for _, r in runs:
+            m = r["median_rps"].get(cell)
+            row += ([f"{m['idle']:.1f}", f"{m['loaded']:.1f}", f"{m['server_cpu_ms_per_request']:.1f}"] if m
+                    else ["-", "-", "-"])
+        rows.append(row)
+    notes = [f"Run {k}: `{r['command']}`, {r['started'][:16].replace('T', ' ')} UTC, medians of {r['reps']} passes of "
+             f"{r['seconds_per_cell']:.0f} s per cell; 1-minute load {r['load_avg_1_5_15_at_start'][0]:.1f} at the "
+             f"start, {r['load_avg_1_5_15_at_end'][0]:.1f} at the end (`{rel}`)."
+             for k, (rel, r) in enumerate(runs, 1)]
+    return _table(header, rows) + "\n\n" + "\n".join(notes) + (
+        " 'before': the checkout before the thread changes; 'README pool': the benchmark table's queries above, k=10.")
 
 
 def _script(name: str):
