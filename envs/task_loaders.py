@@ -11,8 +11,16 @@ hipporag            both of the above                                       159 
 hipporag-train      fixed split of ``hipporag``: train slice                79      yes
 hipporag-dev        its dev slice (choosing settings)                       20      yes
 hipporag-test       its test slice; [:20] = hotpotqa-dev[:20] (main job)    60      yes
+answerable-train    answerable pool (gold in the training env's             ~200    yes
+                    observation with the question as query): train slice
+answerable-dev      its dev slice (choosing settings)                       30      yes
+answerable-test     its test slice (final figures only)                     >=400   yes
+search-skill-train  gold in the top-10 but not in the top-3 observation     rest    yes
+search-skill-test   its test slice                                          200     yes
 nq-open             NQ-open dev, first 200 rows (JSONL)                     200     yes
 nq-open-full        NQ-open dev (JSONL)                                     2,819   shared
+efficientqa-dev     EfficientQA dev (NQ-open JSONL)                         1,440   shared
+efficientqa-test    EfficientQA test (NQ-open JSONL)                        1,416   shared
 bamboogle           R1-Searcher ``eval_set/bamboogle.jsonl``                66      yes
 r1-hotpotqa         R1-Searcher ``eval_set/hotpotqa_500.jsonl``             393     yes
 r1-2wiki            R1-Searcher ``eval_set/2wiki_500.jsonl``                398     yes
@@ -34,7 +42,11 @@ researchy-100       the 100-query sample, with key points                   100 
 ==================  ======================================================  ======  ========
 
 The ``hipporag-*`` slices are listed by task id in ``hipporag_split.json``, written by
-``scripts/make_hipporag_split.py`` (seeded, stratified by source).
+``scripts/make_hipporag_split.py`` (seeded, stratified by source). The ``answerable-*``
+and ``search-skill-*`` sets are shipped whole (question and aliases) in
+``answerable_split.json`` and ``search_skill_pool.json``, written by
+``scripts/make_answerable_pool.py`` from NQ-open, EfficientQA, the DeepResearcher mixes
+and ``hipporag-train``.
 
 "shipped" files are in ``drgym/data/tasks`` (see DATA_NOTICE.md); "shared" files are read
 from ``$DRGYM_SHARED_DATA`` or ``<repo>/../shared/data`` and raise a clear error when
@@ -442,7 +454,34 @@ def _hipporag_slice(name: str) -> list[Task]:
     return [by_id[i] for i in ids]
 
 
+ANSWERABLE_SPLIT = "answerable_split.json"
+"""The answerable pool and its frozen split (task records per slice), written by
+``scripts/make_answerable_pool.py``."""
+SEARCH_SKILL_POOL = "search_skill_pool.json"
+"""Questions whose gold is in the top-10 passages but not in the top-3 observation."""
+
+
+def shipped_split(file: str, name: str) -> list[Task]:
+    """The tasks of slice ``name`` of a shipped split file (``{"slices": {name: [task dicts]}}``).
+
+    Raises:
+        CorpusError: the file is missing or malformed, or has no slice ``name``.
+    """
+    p = _shipped(file)
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+        return [Task.from_dict(r) for r in d["slices"][name]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CorpusError(f"slice {name!r} of {p} is missing or malformed ({type(e).__name__}: {e}); "
+                          "rewrite it with python scripts/make_answerable_pool.py.") from e
+
+
 TASK_SETS: dict[str, Callable[[], list[Task]]] = {
+    "answerable-train": lambda: shipped_split(ANSWERABLE_SPLIT, "train"),
+    "answerable-dev": lambda: shipped_split(ANSWERABLE_SPLIT, "dev"),
+    "answerable-test": lambda: shipped_split(ANSWERABLE_SPLIT, "test"),
+    "search-skill-train": lambda: shipped_split(SEARCH_SKILL_POOL, "train"),
+    "search-skill-test": lambda: shipped_split(SEARCH_SKILL_POOL, "test"),
     "hotpotqa-dev": lambda: load_hipporag_hotpotqa(_shipped("hipporag_hotpotqa_train.json")),
     "musique-dev": lambda: load_hipporag_musique(_shipped("hipporag_musique_train.json")),
     "hipporag": lambda: load_tasks("hotpotqa-dev") + load_tasks("musique-dev"),
@@ -451,6 +490,10 @@ TASK_SETS: dict[str, Callable[[], list[Task]]] = {
     "hipporag-test": lambda: _hipporag_slice("test"),
     "nq-open": lambda: load_nq_open(_shipped("nq_open_dev_200.jsonl")),
     "nq-open-full": lambda: load_nq_open(_shared("nq-open/NQ-open.dev.jsonl")),
+    "efficientqa-dev": lambda: load_nq_open(_shared("nq-open/NQ-open.efficientqa.dev.1.1.jsonl"),
+                                            source="efficientqa-dev"),
+    "efficientqa-test": lambda: load_nq_open(_shared("nq-open/NQ-open.efficientqa.test.1.1.jsonl"),
+                                             source="efficientqa-test"),
     "bamboogle": lambda: load_r1_searcher(_shipped("r1_bamboogle.jsonl"), source="bamboogle"),
     "r1-hotpotqa": lambda: load_r1_searcher(_shipped("r1_hotpotqa_500.jsonl"), source="r1-hotpotqa"),
     "r1-2wiki": lambda: load_r1_searcher(_shipped("r1_2wiki_500.jsonl"), source="r1-2wiki"),

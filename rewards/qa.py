@@ -440,21 +440,30 @@ class FormatReward(Reward):
     Args:
         invalid_penalty: subtracted per ``invalid`` tool call in the trajectory.
         require_terminated: with a trajectory, a truncated episode (no answer action) scores 0.
+        mode: ``"bonus"`` scores in [0, 1] as above; ``"penalty"`` subtracts 1, so a
+            well-formed episode scores 0 and a malformed one down to -1: the term can
+            only take reward away, never pay for a wrong answer (the GRPO advantages are
+            the same up to the weight, but the reward's scale stays the task's).
 
-    Score in [0, 1] (clipped at 0). Compose it with a task reward through the registry
+    Score in [0, 1] (clipped at 0), or [-1, 0] in ``"penalty"`` mode. Compose it with a task reward through the registry
     (``{"weighted": {"f1": 1.0, "format": 0.1}}``). It pays for any well-formed answer,
     right or wrong, so it is a small collapse guard, never a task reward on its own.
 
     >>> from drgym.records import Task
     >>> FormatReward().score([Episode(Task("t", "q", ["x"]), "Paris"), Episode(Task("t", "q", ["x"]), "...")]).scores
     [1.0, 0.0]
+    >>> FormatReward(mode="penalty").score([Episode(Task("t", "q", ["x"]), "Paris"), Episode(Task("t", "q", ["x"]), "")]).scores
+    [0.0, -1.0]
     """
 
     name = "format"
 
-    def __init__(self, invalid_penalty: float = 0.1, require_terminated: bool = True) -> None:
+    def __init__(self, invalid_penalty: float = 0.1, require_terminated: bool = True, mode: str = "bonus") -> None:
+        if mode not in ("bonus", "penalty"):
+            raise ConfigError(f"format reward: mode must be 'bonus' or 'penalty', got {mode!r}.")
         self.invalid_penalty = float(invalid_penalty)
         self.require_terminated = require_terminated
+        self.mode = mode
 
     def score(self, episodes: list[Episode]) -> RewardOutput:
         scores: list[float | None] = []
@@ -466,5 +475,6 @@ class FormatReward(Reward):
             s = 1.0 if ok else 0.0
             if traj is not None:
                 s -= self.invalid_penalty * traj.count("invalid")
-            scores.append(max(0.0, s))
+            s = max(0.0, s)
+            scores.append(s - 1.0 if self.mode == "penalty" else s)
         return RewardOutput(scores=scores, components={self.name: list(scores)})

@@ -24,7 +24,7 @@ KEYS = {
     "degenerate_group_frac": "guard/degenerate_group_frac", "filtered_frac": "zero_variance/filtered_frac",
     "answered_frac": "env/answered_frac", "searches": "env/searches_mean", "invalid_actions": "env/invalid_actions_mean",
     "model_tokens": "completions/mean_length", "retrieved_token_frac": "env/retrieved_token_frac",
-    "entropy": "entropy", "grad_norm": "grad_norm", "step_s": "step_time",
+    "entropy": "entropy", "grad_norm": "grad_norm", "step_s": "step_time", "lr_scale": "entropy_brake/lr_scale",
 }
 EVAL = ("eval/f1", "eval/em", "eval/reward", "eval/answered_frac", "eval/searches_mean")
 
@@ -55,9 +55,13 @@ def main() -> int:
     ap.add_argument("run_dir")
     ap.add_argument("--window", type=int, default=20)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--label", default=None, help="name the run by this label in the output, not by its folder")
     a = ap.parse_args()
     s = summarize(Path(a.run_dir), a.window)
-    s["made_by"] = "python scripts/summarize_grpo.py " + " ".join(sys.argv[1:])
+    if a.label:
+        s["run"] = a.label
+    s["made_by"] = "python scripts/summarize_grpo.py " + " ".join(
+        [a.label or a.run_dir, "--window", str(a.window)] + (["--out", a.out] if a.out else []))
     if a.out:
         from drgym.atomic import atomic_write_json
 

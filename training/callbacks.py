@@ -47,6 +47,76 @@ class JsonlLoggerCallback(TrainerCallback):
         append_jsonl(self.path, rec)
 
 
+class EntropyBrake(TrainerCallback):
+    """Cut the learning rate when the policy's token entropy collapses (config ``entropy_brake``).
+
+    With ``beta: 0`` nothing in GRPO's loss holds the entropy up, and a run that has
+    learned its format keeps sharpening on whatever term supplies the advantage. This
+    brake watches TRL's logged ``entropy`` (mean per-token entropy of the sampled
+    completions, nats): when the mean of the last ``window`` logged steps is below
+    ``floor``, the scheduler's base learning rates are multiplied by ``factor``, at most
+    once per ``window`` steps and never below ``min_scale`` times the configured rate.
+    The scale lives in the LR scheduler's ``base_lrs``, which the HF Trainer saves in every
+    checkpoint, so a resumed run keeps it. Every log record gets
+    ``entropy_brake/lr_scale``; each engagement is logged at INFO.
+
+    Args:
+        floor: entropy (nats per token) below which the brake engages; > 0.
+        window: logged steps averaged, and the least steps between engagements; >= 1.
+        factor: multiplier per engagement, in (0, 1).
+        min_scale: lowest total scale, in (0, 1].
+
+    Raises:
+        ConfigError: a value outside its range (:meth:`from_config`).
+    """
+
+    def __init__(self, floor: float, window: int = 5, factor: float = 0.5, min_scale: float = 0.125):
+        self.floor, self.window, self.factor, self.min_scale = float(floor), int(window), float(factor), float(min_scale)
+        self._recent: list[float] = []
+        self._last_step = -(10 ** 9)
+        self.engagements: list[dict[str, float]] = []
+
+    @classmethod
+    def from_config(cls, d: dict[str, Any], *, source: str = "<config>") -> "EntropyBrake":
+        from drgym.errors import ConfigError
+
+        try:
+            brake = cls(**d)
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"{source}: entropy_brake needs floor (and optionally window, factor, min_scale) "
+                              f"as numbers: {e}") from None
+        if not (brake.floor > 0 and brake.window >= 1 and 0 < brake.factor < 1 and 0 < brake.min_scale <= 1):
+            raise ConfigError(f"{source}: entropy_brake needs floor > 0, window >= 1, 0 < factor < 1 and "
+                              f"0 < min_scale <= 1, got {d!r}.")
+        return brake
+
+    @staticmethod
+    def scale_of(args, lr_scheduler) -> float:
+        """The current brake scale: the scheduler's first base rate over ``args.learning_rate``."""
+        if lr_scheduler is None or not getattr(lr_scheduler, "base_lrs", None) or not args.learning_rate:
+            return 1.0
+        return float(lr_scheduler.base_lrs[0]) / float(args.learning_rate)
+
+    def on_log(self, args, state, control, logs=None, lr_scheduler=None, **kwargs):
+        if not logs:
+            return
+        scale = self.scale_of(args, lr_scheduler)
+        ent = logs.get("entropy")
+        if isinstance(ent, (int, float)) and math.isfinite(ent):
+            self._recent = (self._recent + [float(ent)])[-self.window:]
+            mean = sum(self._recent) / len(self._recent)
+            if (len(self._recent) == self.window and mean < self.floor and scale > self.min_scale + 1e-12
+                    and state.global_step - self._last_step >= self.window and lr_scheduler is not None):
+                new = max(self.min_scale, scale * self.factor)
+                lr_scheduler.base_lrs = [b * new / scale for b in lr_scheduler.base_lrs]
+                self._last_step = state.global_step
+                self.engagements.append({"step": state.global_step, "entropy": round(mean, 4), "lr_scale": new})
+                log.info("entropy brake: mean entropy %.3f < %.3f over %d steps at step %d; lr scale %.3f -> %.3f",
+                         mean, self.floor, self.window, state.global_step, scale, new)
+                scale = new
+        logs["entropy_brake/lr_scale"] = round(scale, 6)
+
+
 class BatchLogCallback(TrainerCallback):
     """Append the task ids each optimizer step's rollouts ran to ``batches.jsonl``
     (``{"step", "task_ids"}``, in generation order), so that a resumed run can be checked

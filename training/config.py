@@ -19,6 +19,7 @@ A config file has these top-level keys (all but ``name`` optional)::
     enable_thinking: null             # chat-template switch of thinking models (null: the template's default)
     peft: {r: 16, lora_alpha: 32, target_modules: [q_proj, v_proj]}   # LoRA (peft.LoraConfig kwargs)
     zero_variance: {filter_groups: true}   # GRPO: drop groups whose rewards are all equal
+    entropy_brake: {floor: 0.3, window: 5, factor: 0.5, min_scale: 0.125}   # GRPO: lr cut on entropy collapse
 
 Unknown keys raise :class:`~drgym.errors.ConfigError` with a "did you mean" hint, and
 so does any GRPOConfig/SFTConfig argument TRL rejects.
@@ -39,9 +40,11 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 TOP_KEYS = {
     "name", "output_dir", "model", "trainable_layers", "env", "search", "tasks", "rollout", "rewards",
     "protocol", "eval", "grpo", "sft", "launch", "seed", "torch_threads", "enable_thinking", "peft", "zero_variance",
+    "entropy_brake",
 }
 
 ZERO_VARIANCE_KEYS = {"filter_groups"}
+ENTROPY_BRAKE_KEYS = {"floor", "window", "factor", "min_scale"}
 
 
 @dataclass
@@ -90,6 +93,7 @@ class RunConfig:
     launch: dict[str, Any] = field(default_factory=dict)
     peft: dict[str, Any] = field(default_factory=dict)
     zero_variance: dict[str, Any] = field(default_factory=dict)
+    entropy_brake: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
     torch_threads: int | None = None
     enable_thinking: bool | None = None
@@ -192,7 +196,7 @@ def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
     tl = data.get("trainable_layers")
     if tl is not None and (not isinstance(tl, int) or tl < 0):
         raise ConfigError(f"{source}: trainable_layers must be a non-negative integer or null, got {tl!r}.")
-    for sec in ("grpo", "sft", "search", "rollout", "launch", "peft", "zero_variance"):
+    for sec in ("grpo", "sft", "search", "rollout", "launch", "peft", "zero_variance", "entropy_brake"):
         if data.get(sec) is not None and not isinstance(data[sec], dict):
             raise ConfigError(f"{source}: '{sec}' must be a mapping, got {type(data[sec]).__name__}.")
     from drgym.training.launch import LAUNCH_KEYS
@@ -219,6 +223,7 @@ def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
         launch=dict(data.get("launch") or {}),
         peft=dict(data.get("peft") or {}),
         zero_variance=dict(data.get("zero_variance") or {}),
+        entropy_brake=dict(data.get("entropy_brake") or {}),
         seed=int(data.get("seed") or 0),
         torch_threads=None if data.get("torch_threads") is None else int(data["torch_threads"]),
         enable_thinking=thinking,
@@ -226,6 +231,11 @@ def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
     )
     cfg.rollout_settings()  # validates the rollout section early
     _check_keys(cfg.zero_variance, ZERO_VARIANCE_KEYS, "zero_variance key")
+    _check_keys(cfg.entropy_brake, ENTROPY_BRAKE_KEYS, "entropy_brake key")
+    if cfg.entropy_brake:
+        from drgym.training.callbacks import EntropyBrake
+
+        EntropyBrake.from_config(cfg.entropy_brake, source=source)  # validates the values
     if cfg.peft and cfg.trainable_layers is not None:
         raise ConfigError(f"{source}: give 'peft' (LoRA adapters) or 'trainable_layers' (train the top N layers), "
                           "not both; with LoRA, peft.layers_to_transform picks the layers.")

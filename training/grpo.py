@@ -278,6 +278,10 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     extra = list(extra_reward_funcs or [])
     args.reward_weights = weights + [1.0] * len(extra)
     callbacks = [JsonlLoggerCallback(Path(args.output_dir) / "metrics.jsonl"), TrainingRecordCallback(cfg, "grpo")]
+    if cfg.entropy_brake:
+        from drgym.training.callbacks import EntropyBrake
+
+        callbacks.insert(0, EntropyBrake.from_config(cfg.entropy_brake, source=cfg.source))  # logs before the JSONL
     eval_cb = None
     if cfg.eval.every_steps and eval_tasks:
         evaluator = make_evaluator(cfg, eval_tasks[: cfg.eval.num_tasks], funcs, weights, backend=backend)

@@ -22,12 +22,14 @@ PANELS: list[tuple[str, list[str]]] = [
     ("retrieved share of completion tokens", ["env/retrieved_token_frac"]),
 ]
 
-#: The four panels of ``summary.png``, the one-picture view of a GRPO run: (title, [metric keys]).
+#: The panels of ``summary.png``, the one-picture view of a GRPO run: (title, [metric keys]).
 SUMMARY_PANELS: list[tuple[str, list[str]]] = [
     ("train reward (per step, and mean of 10)", ["reward"]),
     ("held-out F1 (greedy)", ["eval/f1"]),
     ("degenerate (zero-variance) groups", ["guard/degenerate_group_frac", "zero_variance/filtered_frac"]),
     ("response length (model tokens per episode)", ["completions/mean_length"]),
+    ("entropy (nats per token)", ["entropy"]),
+    ("learning rate", ["learning_rate"]),
 ]
 SMOOTH = 10
 
@@ -95,7 +97,9 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
 
     summary = [(t, [k for k in keys if _series(rows, k)[0]]) for t, keys in SUMMARY_PANELS]
     if summary[0][1]:
-        fig, axes = plt.subplots(2, 2, figsize=(11, 6.4), squeeze=False)
+        fig, axes = plt.subplots(2, 3, figsize=(15, 6.4), squeeze=False)
+        for ax in list(axes.flat)[len(summary):]:
+            ax.axis("off")
         for ax, (title, keys) in zip(axes.flat, summary):
             if keys:
                 _draw(ax, rows, title, keys, smooth=SMOOTH if title.startswith("train reward") else 0)

@@ -1,0 +1,91 @@
+"""The answerable pool and its frozen split (scripts/make_answerable_pool.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("make_answerable_pool", ROOT / "scripts" / "make_answerable_pool.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_split_is_disjoint_and_sized():
+    from drgym.envs.task_loaders import load_tasks
+    from drgym.rewards.qa import normalize_answer
+    from drgym.training.data import check_disjoint
+
+    train, dev, test = (load_tasks(f"answerable-{s}") for s in ("train", "dev", "test"))
+    assert len(test) >= 400 and len(dev) == 30 and 150 <= len(train) <= 230
+    for a, b in ((train, dev), (train, test), (dev, test)):
+        check_disjoint(a, b)  # raises on a shared id or normalised question
+    # hipporag-dev / -test stay their own slices: none of their questions is in the pool
+    held = {normalize_answer(t.question) for n in ("hipporag-dev", "hipporag-test") for t in load_tasks(n)}
+    assert not held & {normalize_answer(t.question) for t in train + dev + test}
+    # no question carries its own answer, and none is yes/no only
+    script = _script()
+    from drgym.rewards.qa import cover_exact_match
+
+    for t in train + dev + test:
+        golds = script.gold_aliases(t)
+        assert golds and not cover_exact_match(t.question, golds), t.task_id
+    # the search-skill pool's test slice shares no question with the answerable test slice
+    skill_test = load_tasks("search-skill-test")
+    assert len(skill_test) == 200
+    check_disjoint(test, skill_test)
+
+
+def test_split_is_what_the_script_makes():
+    script = _script()
+    for path, fn in ((script.SPLIT_FILE, script.make_split), (script.SKILL_FILE, script.make_skill_split)):
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        want = {k: [r["task_id"] for r in v] for k, v in doc["slices"].items()}
+        assert fn(script.pool_of(doc)) == want, path.name
+        assert doc["seed"] == script.SEED
+    # and a different seed gives a different split (the check can fail)
+    doc = json.loads(script.SPLIT_FILE.read_text(encoding="utf-8"))
+    assert script.make_split(script.pool_of(doc), seed=1)["test"] != [r["task_id"] for r in doc["slices"]["test"]]
+
+
+def test_pool_record_matches_the_split():
+    rec = json.loads((ROOT / "training" / "results" / "answerable_pool" / "pool_record.json").read_text())
+    doc = json.loads(_script().SPLIT_FILE.read_text(encoding="utf-8"))
+    assert rec["answerable"] == len(doc["pool"])
+    assert rec["split"] == {k: len(v) for k, v in doc["slices"].items()}
+    assert sum(s["obs_hit"] for s in rec["stages"].values()) == rec["answerable"]
+    assert doc["settings"]["env"]["kwargs"]["max_obs_tokens"] == 150
+
+
+@pytest.mark.slow
+def test_filter_reproduces_on_a_sample():
+    """Re-run the env filter on 12 pool questions and 12 rejected ones from the same sources:
+    the kept ones are still answerable in the training env, the others are not."""
+    from drgym.envs.task_loaders import load_tasks
+    from drgym.rewards.qa import cover_exact_match
+    from drgym.training.config import load_config
+    from drgym.training.data import make_env_factory
+
+    script = _script()
+    cfg = load_config("smollm2_answerable_cpu")
+    kept = load_tasks("answerable-train")[:6] + load_tasks("answerable-test")[:6]
+    kept_q = {t.question for t in load_tasks("answerable-train") + load_tasks("answerable-dev")
+              + load_tasks("answerable-test")}
+    others = [t for t in load_tasks("hipporag-train") if t.question not in kept_q
+              and script.gold_aliases(t) and not cover_exact_match(t.question, script.gold_aliases(t))][:12]
+    env = make_env_factory(cfg, kept + others)()
+
+    def shown(t):
+        env.reset(options={"task": t})
+        obs, *_ = env.step(f"<search>{t.question}</search>")
+        return cover_exact_match(script.observation_text(obs), script.gold_aliases(t))
+
+    assert all(shown(t) for t in kept)
+    assert not any(shown(t) for t in others)
