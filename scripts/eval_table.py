@@ -37,17 +37,37 @@ N_RESAMPLES = 10_000
 SEED = 0
 
 
-def per_question(trajectories: list[dict]) -> dict[str, dict[str, float]]:
-    """``{task_id: {"em", "f1", "answered", "searches"}}`` from a run's trajectory dicts."""
+def per_question(trajectories: list[dict], golds: dict[str, list[str]] | None = None) -> dict[str, dict[str, float]]:
+    """``{task_id: {"em", "f1", "answered", "searches"[, "saw_gold"]}}`` from a run's trajectory dicts.
+
+    ``saw_gold`` (with ``golds``, task id -> aliases): 1.0 when a gold alias (SQuAD-normalised,
+    whole words: :func:`drgym.rewards.qa.cover_exact_match`) is in some observation of the episode.
+    """
     from drgym.evaluation.metrics import episode_counts
+    from drgym.rewards.qa import YES_NO_NOANSWER, cover_exact_match, normalize_answer
 
     out = {}
     for t in trajectories:
         comp = t.get("reward_components") or {}
-        out[t["task_id"]] = {"em": float(comp.get("em") or 0.0), "f1": float(comp.get("f1") or 0.0),
-                             "answered": 1.0 if t.get("terminated") else 0.0,
-                             "searches": float(episode_counts(t)["searches"])}
+        row = {"em": float(comp.get("em") or 0.0), "f1": float(comp.get("f1") or 0.0),
+               "answered": 1.0 if t.get("terminated") else 0.0,
+               "searches": float(episode_counts(t)["searches"])}
+        if golds is not None:
+            g = [a for a in golds.get(t["task_id"], []) if normalize_answer(a) not in YES_NO_NOANSWER]
+            seen = " ".join(str(s.get("observation") or "") for s in t.get("steps") or [])
+            row["saw_gold"] = 1.0 if g and cover_exact_match(seen, g) else 0.0
+        out[t["task_id"]] = row
     return out
+
+
+def detectable_effect(sd: float, n: int, *, power: float = 0.8) -> float:
+    """Smallest paired mean difference a two-sided 95% test on ``n`` questions detects with
+    ``power``, for a per-question difference of standard deviation ``sd``:
+    ``(z_0.975 + z_power) * sd / sqrt(n)`` (normal approximation; 2.80 * sd / sqrt(n) at 80%)."""
+    from statistics import NormalDist
+
+    z = NormalDist().inv_cdf
+    return (z(0.975) + z(power)) * sd / max(1, n) ** 0.5
 
 
 def mean_ci(values: list[float]) -> dict[str, float]:
@@ -69,9 +89,14 @@ def paired(a: dict[str, dict[str, float]], b: dict[str, dict[str, float]], metri
     ids = sorted(set(a) & set(b))
     if len(ids) != len(a) or len(ids) != len(b):
         raise SystemExit(f"paired difference: the runs cover different questions ({len(a)} vs {len(b)}).")
-    r = mean_ci([a[i][metric] - b[i][metric] for i in ids])
+    diffs = [a[i][metric] - b[i][metric] for i in ids]
+    r = mean_ci(diffs)
     r["excludes_zero"] = bool(r["lo"] > 0 or r["hi"] < 0)
     r["n"] = len(ids)
+    import statistics
+
+    r["sd"] = statistics.pstdev(diffs) if len(diffs) > 1 else 0.0
+    r["detectable_at_80pct_power"] = detectable_effect(r["sd"], len(ids))
     r["wins"] = sum(a[i][metric] > b[i][metric] for i in ids)
     r["losses"] = sum(a[i][metric] < b[i][metric] for i in ids)
     return r
@@ -101,26 +126,35 @@ def markdown(table: dict) -> str:
 
     lines = [f"Slice `{table['tasks']}` ({table['n_questions']} questions), {table['env_name']}; "
              "mean [95% bootstrap CI over questions]", "",
-             "| policy | EM | F1 | answer rate | searches / episode |", "|---|---|---|---|---|"]
+             "| policy | EM | F1 | answer rate | searches / episode | saw the gold |", "|---|---|---|---|---|---|"]
     for label, row in table["rows"].items():
         s = row["scores"]
         pol = row["policy"]
         if "/runs/" in pol:  # a local training output: show it relative to the checkout that trained it
             pol = "hf:runs/" + pol.split("/runs/", 1)[1]
+        saw = cell(s["saw_gold"], pct=True) if "saw_gold" in s else ""
         lines.append(f"| {label} (`{pol}`) | {cell(s['em'])} | {cell(s['f1'])} | "
-                     f"{cell(s['answered'], pct=True)} | {cell(s['searches'], nd=2)} |")
-    lines += ["", "| paired difference (per question) | mean | 95% CI | excludes 0 | wins / losses |",
-              "|---|---|---|---|---|"]
+                     f"{cell(s['answered'], pct=True)} | {cell(s['searches'], nd=2)} | {saw} |")
+    lines += ["", "| paired difference (per question) | mean | 95% CI | excludes 0 | wins / losses | "
+              "detectable (80% power) |", "|---|---|---|---|---|---|"]
     for name, d in table["paired"].items():
+        mde = f"{d['detectable_at_80pct_power']:.3f}" if "detectable_at_80pct_power" in d else ""
         lines.append(f"| {name} | {d['mean']:+.3f} | [{d['lo']:+.3f}, {d['hi']:+.3f}] | "
-                     f"{'yes' if d['excludes_zero'] else 'no'} | {d['wins']} / {d['losses']} |")
+                     f"{'yes' if d['excludes_zero'] else 'no'} | {d['wins']} / {d['losses']} | {mde} |")
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sft", required=True, help="SFT model or adapter folder (hf:PATH or PATH)")
-    ap.add_argument("--grpo", required=True, help="SFT + GRPO model (hf:smollm2-drgym or a folder)")
+    ap.add_argument("--sft", default=None, help="SFT model or adapter folder (hf:PATH or PATH)")
+    ap.add_argument("--grpo", default=None, help="SFT + GRPO model (hf:smollm2-drgym or a folder)")
+    ap.add_argument("--start", default=None,
+                    help="start policy of an RL run (instead of --sft): rows start, start + GRPO (--trained) and the "
+                         "retrieve-then-read baselines read by each (rtr:)")
+    ap.add_argument("--trained", default=None, help="with --start: the policy after GRPO")
+    ap.add_argument("--dtype", default=None,
+                    help="dtype of every hf policy and reader (float32: scores that do not depend on the CPU's bf16 "
+                         "kernels; default the policies' auto)")
     ap.add_argument("--tasks", default="hipporag-test")
     ap.add_argument("--runs", default="runs/test_eval")
     ap.add_argument("--out", default="training/results/test_table.json")
@@ -130,6 +164,8 @@ def main() -> int:
     ap.add_argument("--only", default=None,
                     help="semicolon-separated labels to run now (the others are not run; no table is written)")
     a = ap.parse_args()
+    if bool(a.start) == bool(a.sft) or (a.sft and not a.grpo):
+        ap.error("give --sft and --grpo (the bundled agent's table), or --start [--trained] (an RL run's table)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from drgym.atomic import atomic_write_json, atomic_write_text
 
@@ -149,15 +185,28 @@ def main() -> int:
         gen = {"max_new_tokens": cfg.rollout_settings().max_new_tokens}
         env_name = f"the env of training config `{cfg.name}`"
         env_desc = (f"{cfg.env['id']} over {cfg.search}, env options {kw}, max_turns {cfg.eval.max_turns} (the training "
-                    f"config {cfg.name}'s env, in which SFT and GRPO were trained); hf policies greedy, "
-                    f"max_new_tokens {gen['max_new_tokens']}, dtype auto (bf16 on a CPU with bf16 instructions)")
-    policies = {
-        "zero-shot, scaffolded": ("hf:smollm2", dict(gen)),
-        "retrieve-then-read": ("rag:smollm2", {}),
-        "scripted": ("scripted", {}),
-        "SFT": (hf(a.sft), dict(gen)),
-        "SFT + GRPO": (hf(a.grpo), dict(gen)),
-    }
+                    f"config {cfg.name}'s env); hf policies greedy, max_new_tokens {gen['max_new_tokens']}, "
+                    f"dtype {a.dtype or 'auto (bf16 on a CPU with bf16 instructions)'}")
+    dt = {"dtype": a.dtype} if a.dtype else {}
+    if a.start:
+        policies = {
+            "zero-shot, scaffolded": ("hf:smollm2", {**gen, **dt}),
+            "retrieve-then-read": ("rag:smollm2", dict(dt)),
+            "retrieve-then-read, start reads": (f"rtr:{hf(a.start)}", {**gen, **dt}),
+            "scripted": ("scripted", {}),
+            "start": (hf(a.start), {**gen, **dt}),
+        }
+        if a.trained:
+            policies["retrieve-then-read, trained reads"] = (f"rtr:{hf(a.trained)}", {**gen, **dt})
+            policies["start + GRPO"] = (hf(a.trained), {**gen, **dt})
+    else:
+        policies = {
+            "zero-shot, scaffolded": ("hf:smollm2", {**gen, **dt}),
+            "retrieve-then-read": ("rag:smollm2", dict(dt)),
+            "scripted": ("scripted", {}),
+            "SFT": (hf(a.sft), {**gen, **dt}),
+            "SFT + GRPO": (hf(a.grpo), {**gen, **dt}),
+        }
     runs = Path(a.runs)
     only = [x.strip() for x in a.only.split(";")] if a.only else None
     if only:
@@ -172,35 +221,57 @@ def main() -> int:
         for label, r in results.items():
             print(label, {k: r["metrics"].get(k) for k in ("em", "f1", "answer_rate", "searches")})
         return 0
-    pq = {label: per_question(r["trajectories"]) for label, r in results.items()}
-    table = {
-        "made_by": "python scripts/eval_table.py " + " ".join(sys.argv[1:]),
-        "tasks": a.tasks, "n_questions": len(pq["SFT"]),
-        "env": env_desc, "env_name": env_name,
-        "bootstrap": {"method": "percentile", "n_resamples": N_RESAMPLES, "confidence": 0.95, "seed": SEED,
-                      "unit": "question"},
-        "rows": {label: {"policy": r["policy"], "run_dir": r["run_dir"],
-                         "scores": {m: mean_ci([q[m] for q in pq[label].values()]) for m in METRICS}}
-                 for label, r in results.items()},
-        "paired": {
+    from drgym.envs.task_loaders import load_tasks
+
+    golds = {t.task_id: list(t.answers) for t in load_tasks(a.tasks)}
+    pq = {label: per_question(r["trajectories"], golds) for label, r in results.items()}
+    if a.start:
+        top = "start + GRPO" if a.trained else "start"
+        pairs = {}
+        if a.trained:
+            pairs["F1: start + GRPO - start"] = (top, "start", "f1")
+            pairs["EM: start + GRPO - start"] = (top, "start", "em")
+        for base in ("retrieve-then-read", "retrieve-then-read, start reads", "retrieve-then-read, trained reads",
+                     "scripted", "zero-shot, scaffolded"):
+            if base in pq and base != top:
+                pairs[f"F1: {top} - {base}"] = (top, base, "f1")
+        if a.trained:
+            pairs["F1: start - retrieve-then-read"] = ("start", "retrieve-then-read", "f1")
+        paired_rows = {name: paired(pq[x], pq[y], m) for name, (x, y, m) in pairs.items()}
+        n_key = "start"
+    else:
+        paired_rows = {
             "F1: SFT + GRPO - SFT": paired(pq["SFT + GRPO"], pq["SFT"], "f1"),
             "EM: SFT + GRPO - SFT": paired(pq["SFT + GRPO"], pq["SFT"], "em"),
             "answer rate: SFT + GRPO - SFT": paired(pq["SFT + GRPO"], pq["SFT"], "answered"),
             "F1: SFT + GRPO - retrieve-then-read": paired(pq["SFT + GRPO"], pq["retrieve-then-read"], "f1"),
             "F1: SFT - retrieve-then-read": paired(pq["SFT"], pq["retrieve-then-read"], "f1"),
             "F1: SFT + GRPO - zero-shot": paired(pq["SFT + GRPO"], pq["zero-shot, scaffolded"], "f1"),
-        },
+        }
+        n_key = "SFT"
+    table = {
+        "made_by": "python scripts/eval_table.py " + " ".join(sys.argv[1:]),
+        "tasks": a.tasks, "n_questions": len(pq[n_key]),
+        "env": env_desc, "env_name": env_name,
+        "bootstrap": {"method": "percentile", "n_resamples": N_RESAMPLES, "confidence": 0.95, "seed": SEED,
+                      "unit": "question"},
+        "rows": {label: {"policy": r["policy"], "run_dir": r["run_dir"],
+                         "scores": {m: mean_ci([q[m] for q in pq[label].values()]) for m in METRICS + ("saw_gold",)}}
+                 for label, r in results.items()},
+        "paired": paired_rows,
         "per_question": pq,
     }
-    from drgym.envs.task_loaders import load_tasks
-
-    main_job = [t.task_id for t in load_tasks("hotpotqa-dev", limit=20) if t.task_id in pq["SFT"]]
+    main_job = [t.task_id for t in load_tasks("hotpotqa-dev", limit=20) if t.task_id in pq[n_key]]
     if main_job:  # the main job's 20 questions (drgym rollout's default), a subset of hipporag-test
         table["main_job_questions"] = {label: {m: sum(pq[label][i][m] for i in main_job) / len(main_job)
                                                for m in METRICS} for label in pq}
     out = Path(a.out)
     atomic_write_json(out, table)
     atomic_write_text(out.with_suffix(".md"), markdown(table))
+    # per-question results, one line per question, for diffing two runs question by question
+    lines = [json.dumps({"task_id": i, **{label: pq[label][i] for label in pq}}, sort_keys=True)
+             for i in sorted(pq[n_key])]
+    atomic_write_text(out.with_suffix(".per_question.jsonl"), "\n".join(lines) + "\n")
     print(markdown(table))
     return 0
 

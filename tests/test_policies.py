@@ -101,6 +101,39 @@ def test_rag_policy_searches_then_answers_from_passages():
     assert prompt.endswith("Question: Who directed Sinister?\nAnswer:")
 
 
+def test_rtr_policy_searches_the_question_then_the_agent_answers_in_its_own_format():
+    from drgym.policies.factory import check_policy
+    from drgym.policies.rag import SearchFirstPolicy
+
+    class Agent:
+        name = "hf:agent"
+        last_usage = []
+
+        def __init__(self):
+            self.seen = []
+
+        def act(self, conversations, infos=None):
+            self.seen.extend(conversations)
+            return ["<search> my own query </search>" if len(c) < 3 else "<answer> Scott Derrickson </answer>"
+                    for c in conversations]
+
+        def close(self):
+            pass
+
+    agent = Agent()
+    rtr = SearchFirstPolicy(agent, agent_spec="hf:agent")
+    conv = [{"role": "system", "content": "s"}, {"role": "user", "content": "Question: Who directed  Sinister?"}]
+    conv2 = conv + [{"role": "assistant", "content": "<search> Who directed Sinister? </search>"},
+                    {"role": "user", "content": "<information>Doc 1 ...</information>"}]
+    # first turn: the question, whatever the agent would have searched; later turns: the agent's own reply
+    assert rtr.act([conv, conv2]) == ["<search> Who directed Sinister? </search>", "<answer> Scott Derrickson </answer>"]
+    assert agent.seen == [conv2]  # the agent saw the full conversation with the observation
+    assert rtr.name == "rtr:hf:agent" and rtr.describe()["kind"] == "rtr"
+    check_policy("rtr:smollm2", {"max_new_tokens": 8})
+    with pytest.raises(ConfigError, match="no option"):
+        check_policy("rtr:smollm2", {"k": 3})
+
+
 # -- the OpenAI-compatible policy against a loopback server ---------------------------------
 @pytest.fixture
 def fake_openai(chat_server):

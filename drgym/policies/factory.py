@@ -8,6 +8,8 @@ spec                        policy
 ``vllm:MODEL``              :class:`~drgym.policies.vllm.VLLMPolicy` (GPU)
 ``rag:LLM``                 :class:`~drgym.policies.rag.RagPolicy`; LLM is one of the
                             specs above or a bare model name (= ``hf:NAME``)
+``rtr:AGENT``               :class:`~drgym.policies.rag.SearchFirstPolicy`: the question
+                            as first search, then the agent (an LM spec) reads and answers
 ``scripted``                :class:`~drgym.policies.scripted.ScriptedPolicy` (tests)
 ==========================  =====================================================
 """
@@ -24,7 +26,7 @@ from drgym.policies.base import Policy
 
 log = logging.getLogger(__name__)
 
-KINDS = ("hf", "openai", "vllm", "rag", "scripted")
+KINDS = ("hf", "openai", "vllm", "rag", "rtr", "scripted")
 RAG_OPTIONS = ("k", "words")
 
 
@@ -43,6 +45,11 @@ def split_spec(spec: str) -> tuple[str, str]:
     if kind != "scripted" and not arg:
         raise ConfigError(f"policy {kind!r} needs an argument, e.g. '{kind}:smollm2' (got {spec!r}).")
     return kind, arg
+
+
+def _lm_spec(arg: str) -> str:
+    """An LM spec from a ``rag:`` / ``rtr:`` argument: ``hf:``/``openai:``/``vllm:`` kept, a bare name -> ``hf:NAME``."""
+    return arg if ":" in arg and arg.split(":", 1)[0].lower() in ("hf", "openai", "vllm") else f"hf:{arg}"
 
 
 def parse_options(pairs: list[str] | None) -> dict[str, Any]:
@@ -105,6 +112,9 @@ def check_policy(spec: str, options: dict[str, Any] | None = None) -> None:
         reader_spec = arg if ":" in arg and arg.split(":", 1)[0].lower() in ("hf", "openai", "vllm") else f"hf:{arg}"
         check_policy(reader_spec, {k: v for k, v in options.items() if k in unknown})
         return
+    if kind == "rtr":
+        check_policy(_lm_spec(arg), options)
+        return
     _accepts(_policy_class(kind), options)
     if kind == "openai":
         from drgym.policies.openai import parse_spec
@@ -156,6 +166,11 @@ def make_policy(spec: str, **options: Any) -> Policy:
                                     "openai": {"max_tokens": 64, "tools": False, "stops": ()}}[reader_kind]
         reader = make_policy(reader_spec, **{**defaults, **options})
         p = RagPolicy(reader, reader_spec=reader_spec, **rag_kw)
+    elif kind == "rtr":
+        from drgym.policies.rag import SearchFirstPolicy
+
+        agent_spec = _lm_spec(arg)
+        p = SearchFirstPolicy(make_policy(agent_spec, **options), agent_spec=agent_spec)
     else:  # scripted
         try:
             from drgym.policies.scripted import ScriptedPolicy

@@ -1,4 +1,4 @@
-"""``rag:LLM``: the retrieve-then-read lower bound.
+"""``rag:LLM``: the retrieve-then-read lower bound; ``rtr:AGENT``: the same with the agent as reader.
 
 One search with the question itself, then a reader LLM answers from the top-k passages
 in one generation: the "RAG" / naive retrieval baseline of the short-answer tables of
@@ -151,3 +151,54 @@ class RagPolicy(Policy):
     def close(self) -> None:
         """Close the reader."""
         self.reader.close()
+
+
+class SearchFirstPolicy(Policy):
+    """``rtr:AGENT``: retrieve-then-read in which the agent itself reads.
+
+    Turn 1 is ``<search> {question} </search>`` (as :class:`RagPolicy`); every later turn
+    is the agent's own (``AGENT`` is any LM spec, e.g. ``hf:smollm2-drgym``), in its own
+    conversation format, with the observation of that search in view. Compared with the
+    agent run alone, it measures what the agent's own first query adds; compared with
+    ``rag:LLM``, what the agent's reading (and answer length) adds. The agent may still
+    search again where the env allows; the run's ``searches`` metric shows how often.
+
+    Args:
+        agent: the agent :class:`Policy`.
+        agent_spec: the spec it came from, for the run config.
+    """
+
+    def __init__(self, agent: Policy, *, agent_spec: str = "") -> None:
+        self.agent = agent
+        self.agent_spec = agent_spec or getattr(agent, "name", "")
+        self.name = f"rtr:{self.agent_spec}"
+        self.last_usage: list[TokenUsage] = []
+
+    def describe(self) -> dict[str, Any]:
+        """Settings recorded in run configs."""
+        inner = self.agent.describe() if hasattr(self.agent, "describe") else {"name": self.agent.name}
+        return {"kind": "rtr", "agent": inner}
+
+    def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
+        """The question as the first search; the agent's own turns after it."""
+        infos = infos or [{} for _ in conversations]
+        out: list[str | None] = [None] * len(conversations)
+        rest = []
+        for i, (conv, info) in enumerate(zip(conversations, infos)):
+            if not any(m.get("role") == "assistant" for m in conv):
+                out[i] = f"<search> {' '.join(RagPolicy.question_of(conv, info).split())} </search>"
+            else:
+                rest.append(i)
+        usage = [TokenUsage(finish="search") for _ in conversations]
+        if rest:
+            replies = self.agent.act([conversations[i] for i in rest], [infos[i] for i in rest])
+            agent_usage = getattr(self.agent, "last_usage", None) or [TokenUsage() for _ in rest]
+            for i, reply, u in zip(rest, replies, agent_usage):
+                out[i] = reply
+                usage[i] = u
+        self.last_usage = usage
+        return [o or "" for o in out]
+
+    def close(self) -> None:
+        """Close the agent."""
+        self.agent.close()
