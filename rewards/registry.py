@@ -2,7 +2,7 @@
 
 Accepted specs (:func:`build_reward`):
 
-- a name: ``"f1"``, ``"em"``, ``"cover_em"``, ``"llm_match"``, ``"format"``, ``"length"``,
+- a name: ``"f1"``, ``"em"``, ``"cover_em"``, ``"llm_match"``, ``"format"``, ``"evidence_recall"``, ``"length"``,
   ``"kpr"``, ``"citation"``, ``"quality"``, ``"race"``, ``"fact"``;
 - ``{"kpr": {...kwargs}}`` or ``{"name": "kpr", "kwargs": {...}}``;
 - a weighted sum: ``{"weighted": {"f1": 1.0, "format": 0.1}}`` or
@@ -23,7 +23,7 @@ from drgym.records import Episode, Reward, RewardOutput
 
 
 def _factories() -> dict[str, Callable[..., Reward]]:
-    from drgym.rewards import citation, fact, keypoints, length, qa, quality, race
+    from drgym.rewards import citation, evidence, fact, keypoints, length, qa, quality, race
 
     return {
         "em": qa.ExactMatch,
@@ -31,6 +31,7 @@ def _factories() -> dict[str, Callable[..., Reward]]:
         "f1": qa.F1,
         "llm_match": qa.SoftMatch,
         "format": qa.FormatReward,
+        "evidence_recall": evidence.EvidenceRecall,
         "length": length.LengthGuard,
         "kpr": keypoints.KeyPointRecall,
         "citation": citation.CitationReward,

@@ -44,6 +44,7 @@ def per_question(trajectories: list[dict], golds: dict[str, list[str]] | None = 
     whole words: :func:`drgym.rewards.qa.cover_exact_match`) is in some observation of the episode.
     """
     from drgym.evaluation.metrics import episode_counts
+    from drgym.rewards.evidence import visible_text
     from drgym.rewards.qa import YES_NO_NOANSWER, cover_exact_match, normalize_answer
 
     out = {}
@@ -54,7 +55,7 @@ def per_question(trajectories: list[dict], golds: dict[str, list[str]] | None = 
                "searches": float(episode_counts(t)["searches"])}
         if golds is not None:
             g = [a for a in golds.get(t["task_id"], []) if normalize_answer(a) not in YES_NO_NOANSWER]
-            seen = " ".join(str(s.get("observation") or "") for s in t.get("steps") or [])
+            seen = " ".join(visible_text(str(s.get("observation") or "")) for s in t.get("steps") or [])
             row["saw_gold"] = 1.0 if g and cover_exact_match(seen, g) else 0.0
         out[t["task_id"]] = row
     return out
