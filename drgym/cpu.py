@@ -27,6 +27,15 @@ tiny parallel regions with a 1 ms pause between them, 2 threads: torch 17.7 s wa
 runtime loads, so it takes effect only if drgym (or the ``drgym`` command) is imported
 before torch and faiss; :func:`thread_record` says whether it did.
 
+**fork.** The OpenMP runtime (GNU libgomp) does not survive ``fork()``: a child forked
+after its parent ran a parallel region (a multi-threaded FAISS search or torch op)
+inherits a thread pool whose threads do not exist in the child, and its first parallel
+region waits for them forever. ``import drgym`` therefore registers
+:func:`_after_fork_in_child` (``os.register_at_fork``): a forked child whose parent had
+torch or faiss loaded sets both to one thread (``torch.set_num_threads(1)``,
+``faiss.omp_set_num_threads(1)``), and :func:`configure_threads` keeps it at one there
+(a run that wants threads in workers starts them with ``spawn`` or ``forkserver``).
+
 **bf16 on CPU.** bfloat16 weights halve the memory traffic of decoding, but a CPU
 without bf16 dot-product instructions converts every operand: on an AVX2-only CPU,
 SmolLM2-135M (1 thread, 4 x 301-token prefill, then 8 tokens) took 147.9 s + 140.9 s
@@ -60,6 +69,39 @@ _CPUINFO = Path("/proc/cpuinfo")
 # (set by ensure_wait_policy at ``import drgym``).
 _wait_policy_state: dict[str, object] = {}
 _applied: dict[str, int] = {}
+_forked: dict[str, object] = {}
+"""Set in a child forked after torch or faiss was loaded: ``{"pid", "parent_threads",
+"loaded"}`` (and ``"error"`` if setting one thread failed)."""
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork(after_in_child=...)``: one OpenMP thread in a forked child
+    whose parent had torch or faiss loaded (their thread pools did not survive the fork;
+    see the module docstring). Runs in the child before ``fork()`` returns: no logging
+    (a lock held by another parent thread would stay held), errors are recorded only."""
+    loaded = [m for m in ("torch", "faiss") if m in sys.modules]
+    if not loaded:
+        return
+    _forked.clear()
+    _forked.update(pid=os.getpid(), parent_threads=_applied.get("threads"), loaded=loaded)
+    _applied["threads"] = 1
+    try:
+        if "faiss" in sys.modules:
+            sys.modules["faiss"].omp_set_num_threads(1)
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(1)
+    except Exception as e:  # noqa: BLE001 - recorded in _forked; the child then keeps the parent's count
+        _forked["error"] = f"{type(e).__name__}: {e}"
+
+
+def forked_child() -> bool:
+    """True in a process forked (without exec) from one that had torch or faiss loaded:
+    its thread count is then 1 (see :func:`configure_threads`)."""
+    return _forked.get("pid") == os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # not on Windows
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def ensure_wait_policy() -> None:
@@ -153,7 +195,9 @@ def configure_threads(threads: int | None = None, *, force: bool = False) -> int
     child processes); when torch or
     faiss is already imported, caps their thread count at ``threads`` (a lower setting
     made by the caller is kept). With ``threads`` given or ``$DRGYM_THREADS`` set, the
-    count is set exactly. Runs once per process unless ``force``.
+    count is set exactly. Runs once per process unless ``force``. In a child forked
+    after torch or faiss was loaded (:func:`forked_child`) the count is 1, whatever is
+    asked (logged).
 
     Args:
         threads: the count; None uses :func:`thread_count`.
@@ -171,6 +215,11 @@ def configure_threads(threads: int | None = None, *, force: bool = False) -> int
     n = thread_count() if threads is None else int(threads)
     if n < 1:
         raise ConfigError(f"threads must be >= 1, got {threads}.")
+    if n > 1 and forked_child():
+        log.warning("this process was forked from one that had %s loaded: their OpenMP thread pools do not survive "
+                    "fork, so it keeps 1 thread instead of %d (start workers with the 'spawn' or 'forkserver' "
+                    "context to use more)", " and ".join(_forked.get("loaded", [])), n)
+        n = 1  # for torch and faiss here; the environment keeps its count for exec'd children
     ensure_wait_policy()
     for var in ("OMP_NUM_THREADS", "RAYON_NUM_THREADS"):
         # an exact count (DRGYM_THREADS, or threads given) wins over a value inherited from a
@@ -199,7 +248,8 @@ def thread_record() -> dict[str, object]:
 
     Returns:
         ``{"threads", "source", "available_cpus", "affinity", "cgroup_quota", "torch",
-        "faiss", "omp_wait_policy", "wait_policy_set_by", "wait_policy_effective"}``;
+        "faiss", "omp_wait_policy", "wait_policy_set_by", "wait_policy_effective",
+        "forked_child"}``;
         ``torch``/``faiss`` are their thread counts when imported, else None.
     """
     try:
@@ -220,6 +270,7 @@ def thread_record() -> dict[str, object]:
         "torch": torch_n, "faiss": faiss_n,
         "omp_wait_policy": st.get("omp_wait_policy"), "wait_policy_set_by": st.get("set_by"),
         "wait_policy_effective": st.get("set_by") == "user" or not st.get("loaded_before"),
+        "forked_child": forked_child(),
     }
 
 

@@ -295,12 +295,16 @@ def test_streamed_bm25_equals_one_bm25s_call(tmp_path):
     import bm25s
 
     from drgym.corpus import load_named_corpus
-    from drgym.index.bm25 import STOPWORDS, BM25Index, write_bm25
+    from bm25s.tokenization import Tokenized
+
+    from drgym.index.bm25 import BM25Index, tokenize, write_bm25
 
     texts = [f"{d.title}\n{d.text}" for d in load_named_corpus("hipporag")]
     settings = write_bm25(tmp_path / "a", iter(texts), chunk=500)
     r = bm25s.BM25()
-    r.index(bm25s.tokenize(texts, stopwords=STOPWORDS, show_progress=False), show_progress=False)
+    vocab: dict[str, int] = {}  # drgym's tokens (CJK bigrams), ids in first-seen order as bm25s.tokenize's
+    ids = [[vocab.setdefault(t, len(vocab)) for t in tokenize(x)] for x in texts]
+    r.index(Tokenized(ids=ids, vocab=vocab), show_progress=False)
     r.save(str(tmp_path / "b" / "bm25"))
     a, b = BM25Index(tmp_path / "a", len(texts)), BM25Index(tmp_path / "b", len(texts))
     assert a.retriever.vocab_dict == b.retriever.vocab_dict and settings["vocab_size"] == len(b.retriever.vocab_dict)

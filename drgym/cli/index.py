@@ -1,4 +1,4 @@
-"""``drgym index ...`` commands: build, info and list indexes."""
+"""``drgym index ...`` commands: build, import, info, verify and list indexes."""
 
 from __future__ import annotations
 
@@ -118,6 +118,42 @@ def info(index: str = typer.Argument(..., help="Index folder or name under $DRGY
     if not (p / "manifest.json").exists():
         p = indexes_dir() / index
     typer.echo(json.dumps(IndexManifest.read(p).to_dict(), indent=2, ensure_ascii=False))
+
+
+@index_app.command("verify")
+def verify(
+    index: str = typer.Argument(..., help="Index folder, name under $DRGYM_HOME/indexes, or corpus name when one built index matches."),
+    quick: bool = typer.Option(False, "--quick", help="Check the sampled checksums (as loading does) instead of hashing every byte."),
+) -> None:
+    """Check every file of an index against the sizes and checksums in its manifest: one line per bad file, exit 1 if any."""
+    import time
+
+    from drgym.errors import DrgymError
+    from drgym.index.manifest import CHECKSUM_ALGORITHM, IndexManifest
+    from drgym.search.local import resolve_index_folder
+
+    t0 = time.perf_counter()
+    try:
+        folder = resolve_index_folder(index)
+        m = IndexManifest.read(folder)
+        problems = m.file_problems(folder, "sample" if quick else "full")
+    except DrgymError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from e
+    for rel, problem in problems:
+        typer.echo(f"bad: {folder / rel} {problem}")
+    checked = "sizes only: the manifest has no checksums (built by an older drgym)" if not m.checksums.get("files") \
+        else f"sizes and {'sampled' if quick else 'full'} {CHECKSUM_ALGORITHM} checksums"
+    if problems:
+        typer.secho(f"error: index {m.name} at {folder}: {len(problems)} of {len(m.files)} files are bad ({checked}); "
+                    "rebuild it with `drgym index build --force` and the options it was built with "
+                    f"(corpus {m.corpus}, factory {m.factory}).", fg="red", err=True)
+        raise typer.Exit(1)
+    mib = sum(m.files.values()) / 2**20
+    typer.echo(f"ok: index {m.name} at {folder}: {len(m.files)} files, {mib:.1f} MiB, {checked} match "
+               f"({time.perf_counter() - t0:.1f} s)")
+    if not m.checksums.get("files"):
+        typer.echo("note: rebuild the index (drgym index build --force) to record checksums.")
 
 
 @index_app.command("list")

@@ -5,7 +5,8 @@ from __future__ import annotations
 import typer
 
 
-def _backend(corpus: str, index: str | None, method: str, server: str | None, collapse: str | None = None):
+def _backend(corpus: str, index: str | None, method: str, server: str | None, collapse: str | None = None,
+             verify: bool = False):
     if server:
         from drgym.search.client import HTTPSearchClient
 
@@ -13,6 +14,8 @@ def _backend(corpus: str, index: str | None, method: str, server: str | None, co
     from drgym.search.local import LocalSearchEngine
 
     kw = {"collapse": collapse} if collapse else {}
+    if verify:
+        kw["verify"] = True
     if index:
         return LocalSearchEngine.open(index, method=method, **kw)
     return LocalSearchEngine.from_corpus(corpus, method=method, progress=True, **kw)
@@ -32,6 +35,7 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
         width: int = typer.Option(160, "--width", help="Characters of passage text shown."),
         collapse: str = typer.Option(None, "--collapse", help="document (k distinct documents, each its best passage; the default) or passage (k best passages)."),
+        verify: bool = typer.Option(False, "--verify", help="Check the full checksum of every index file before searching (default: sizes and sampled checksums)."),
     ) -> None:
         """Search and print the top-k documents (or passages) as a table."""
         import json
@@ -53,7 +57,7 @@ def register(app: typer.Typer) -> None:
                 raise unknown_name("search method", method, METHODS)
             if collapse is not None:
                 check_collapse(collapse)
-            backend = _backend(corpus, index, method or DEFAULT_METHOD, server, collapse)
+            backend = _backend(corpus, index, method or DEFAULT_METHOD, server, collapse, verify)
             results = backend.search(query, k)
         except DrgymError as e:
             typer.secho(f"error: {e}", fg="red", err=True)

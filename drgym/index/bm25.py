@@ -1,9 +1,22 @@
 """Lexical BM25 index (``bm25s``) and reciprocal rank fusion for hybrid search.
 
 BM25 (Robertson & Zaragoza 2009, "The Probabilistic Relevance Framework: BM25 and
-Beyond", §3) with bm25s's defaults (``k1=1.5``, ``b=0.75``, Lucene IDF), lower-cased
-``\\w\\w+`` tokens and bm25s's English stopword list, no stemming. The indexed text of a
+Beyond", §3) with bm25s's defaults (``k1=1.5``, ``b=0.75``, Lucene IDF), no stemming,
+and drgym's tokeniser :func:`tokenize` (:data:`TOKENIZER`), the same at index and query
+time: lower-cased runs of two or more word characters, as bm25s's
+``(?u)\\b\\w\\w+\\b`` (with its English stopword list), except that Chinese, Japanese and
+Korean characters, which are written without spaces between words, are cut into
+overlapping character bigrams (a run of one character is kept as a unigram), as Lucene's
+``CJKBigramFilter`` does: ``低头思故乡`` -> ``低头 头思 思故 故乡``, so the query ``故乡``
+finds it. Text without CJK characters gets exactly bm25s's tokens. The indexed text of a
 passage is ``"title\\ntext"`` (:attr:`Passage.embed_text`), as for dense search.
+
+An index built before CJK bigrams (its manifest's ``bm25`` has no ``"tokenizer"``) is
+searched with bm25s's tokens, as it was built; ``drgym index build`` rebuilds it.
+
+A loaded index checks each query's columns of the score matrix before summing them (the
+column bounds, rows in range, finite scores): a garbled array raises
+:class:`~drgym.errors.CorruptIndexError` naming the file, never ``IndexError``.
 
 Hybrid search fuses the dense and BM25 rankings with reciprocal rank fusion (Cormack,
 Clarke & Büttcher 2009, "Reciprocal Rank Fusion outperforms Condorcet and individual
@@ -15,17 +28,49 @@ from __future__ import annotations
 
 import functools
 import logging
-import threading
+import re
 from pathlib import Path
 
 import numpy as np
 
 from drgym.errors import CorruptIndexError
 
+log = logging.getLogger(__name__)
+
 BM25_DIR = "bm25"
 STOPWORDS = "en"
 RRF_K = 60
 
+TOKENIZER = "drgym-cjk-bigram-1"
+"""Name of :func:`tokenize`'s scheme, recorded in the manifest (``bm25["tokenizer"]``);
+changing the tokens changes this name, so that older indexes are rebuilt."""
+LEGACY_TOKENIZER = "bm25s"
+"""bm25s's own tokens (``\\b\\w\\w+\\b``, CJK runs kept whole): what indexes built before
+:data:`TOKENIZER` hold. A build may ask for it (``bm25_tokenizer="bm25s"``) to reproduce
+rankings measured with it; such an index's folder name ends in ``--bm25s``."""
+TOKENIZERS = (TOKENIZER, LEGACY_TOKENIZER)
+
+CJK_RANGES = (
+    "\u1100-\u11ff"      # Hangul Jamo
+    "\u3005-\u3007"      # 々 〆 〇 (iteration mark, closing mark, ideographic zero)
+    "\u3040-\u309f"      # Hiragana
+    "\u30a0-\u30ff"      # Katakana
+    "\u3130-\u318f"      # Hangul compatibility Jamo
+    "\u31f0-\u31ff"      # Katakana phonetic extensions
+    "\u3400-\u4dbf"      # CJK unified ideographs extension A
+    "\u4e00-\u9fff"      # CJK unified ideographs
+    "\uac00-\ud7af"      # Hangul syllables
+    "\uf900-\ufaff"      # CJK compatibility ideographs
+    "\uff66-\uff9f"      # half-width Katakana
+    "\U00020000-\U0003134f"  # CJK unified ideographs extensions B-G
+)
+"""Characters cut into bigrams: the scripts Lucene's ``CJKBigramFilter`` bigrams (Han,
+Hiragana, Katakana, Hangul), word characters (``\\w``) only: punctuation in these blocks
+(``・``, ``゠``) separates tokens, as elsewhere."""
+
+_TOKEN_RE = re.compile(f"((?:(?=\\w)[{CJK_RANGES}])+)|([^\\W{CJK_RANGES}]{{2,}})")
+"""Group 1: a run of CJK word characters; group 2: a run of two or more other word
+characters (bm25s's ``\\b\\w\\w+\\b`` on text without CJK characters)."""
 
 
 @functools.cache
@@ -37,46 +82,141 @@ def _bm25s():
     logging.getLogger("bm25s").setLevel(logging.WARNING)
     return bm25s
 
+@functools.cache
+def _stopwords() -> frozenset[str]:
+    from bm25s.tokenization import _infer_stopwords
+
+    return frozenset(_infer_stopwords(STOPWORDS))
+
+
+def tokenize(text: str) -> list[str]:
+    """drgym's BM25 tokens of one text (:data:`TOKENIZER`), for passages and queries alike.
+
+    Lower-cased; runs of two or more word characters other than CJK characters are
+    tokens (bm25s's English stopwords dropped), exactly bm25s's ``\\b\\w\\w+\\b`` tokens
+    for text without CJK characters; a run of CJK characters (:data:`CJK_RANGES`) gives
+    its overlapping bigrams, or itself when it is one character long.
+
+    >>> tokenize("The Moon, 低头思故乡 and 月")
+    ['moon', '低头', '头思', '思故', '故乡', '月']
+    """
+    stop = _stopwords()
+    out: list[str] = []
+    for cjk, word in _TOKEN_RE.findall(text.lower()):
+        if cjk:
+            if len(cjk) == 1:
+                out.append(cjk)
+            else:
+                out.extend(cjk[i : i + 2] for i in range(len(cjk) - 1))
+        elif word not in stop:
+            out.append(word)
+    return out
+
+
+def _legacy_tokenize(text: str) -> list[str]:
+    """bm25s's own tokens (the scheme of indexes built before :data:`TOKENIZER`)."""
+    toks = _bm25s().tokenize([text], stopwords=STOPWORDS, return_ids=False, show_progress=False)[0]
+    return [t for t in toks if t]
+
+
 class BM25Index:
     """A loaded bm25s index over the passage rows.
 
     Args:
         folder: the index folder (the BM25 files are in ``folder/bm25``).
         n_passages: expected number of rows.
+        tokenizer: the manifest's ``bm25["tokenizer"]``: :data:`TOKENIZER`, or None for
+            an index built before it (queries then get bm25s's own tokens).
 
     Raises:
-        CorruptIndexError: the bm25s files are unreadable or hold another row count.
+        CorruptIndexError: the bm25s files are unreadable, hold another row count, or
+            their arrays disagree in length; or an unknown ``tokenizer``.
     """
 
-    def __init__(self, folder: str | Path, n_passages: int) -> None:
+    def __init__(self, folder: str | Path, n_passages: int, tokenizer: str | None = TOKENIZER) -> None:
         bm25s = _bm25s()
 
         self.path = Path(folder) / BM25_DIR
         try:
             self.retriever = bm25s.BM25.load(str(self.path), mmap=True)
         except Exception as e:  # noqa: BLE001 - bm25s raises many kinds on bad files
-            raise CorruptIndexError(f"BM25 index {self.path} is unreadable ({type(e).__name__}: {e}); rebuild the index.") from e
+            raise self._corrupt("", f"({type(e).__name__} from bm25s: {e})") from e
         n = int(self.retriever.scores.get("num_docs", -1))
         if n != n_passages:
-            raise CorruptIndexError(f"BM25 index {self.path} holds {n} passages, the manifest says {n_passages}.")
+            raise self._corrupt("params.index.json", f"(it holds {n} passages, the manifest says {n_passages})")
         self.n_passages = n
-        self._lock = threading.Lock()
+        if tokenizer == LEGACY_TOKENIZER:
+            self._tokenize = _legacy_tokenize
+        elif tokenizer is None:
+            log.info("BM25 index %s was built before CJK bigram tokens: queries get bm25s's tokens, and Chinese, "
+                     "Japanese or Korean words inside longer runs are not found; rebuild it (drgym index build --force)",
+                     self.path)
+            self._tokenize = _legacy_tokenize
+        elif tokenizer == TOKENIZER:
+            self._tokenize = tokenize
+        else:
+            raise CorruptIndexError(f"BM25 index {self.path} was built with tokenizer {tokenizer!r}, this drgym knows "
+                                    f"{TOKENIZER!r}; rebuild the index (drgym index build --force).")
+        self.tokenizer = tokenizer
+        sc = self.retriever.scores
+        self._data, self._indices, self._indptr = sc["data"], sc["indices"], sc["indptr"]
+        nnz = len(self._data)
+        vocab = len(self.retriever.vocab_dict)  # bm25s adds "" as a last term without a column
+        if (self._indptr.ndim != 1 or not len(self._indptr) or len(self._indptr) not in (vocab, vocab + 1)
+                or len(self._indices) != nnz or int(self._indptr[0]) != 0 or int(self._indptr[-1]) != nnz):
+            raise self._corrupt("indptr.csc.index.npy",
+                                f"disagrees with the other BM25 arrays ({len(self._indptr)} column pointers for "
+                                f"{vocab} terms, {nnz} scores, {len(self._indices)} rows)")
+
+    def _corrupt(self, name: str, problem: str) -> CorruptIndexError:
+        from drgym.index.manifest import corrupt_file_error
+
+        sep = " " if problem.startswith("(") else ": "
+        return corrupt_file_error(self.path / name if name else self.path, f"is unreadable{sep}{problem}",
+                                  self.path.parent)
 
     def tokenize(self, query: str) -> list[int]:
         """Vocabulary ids of a query's tokens (unknown words and stopwords dropped)."""
-        bm25s = _bm25s()
-
-        toks = bm25s.tokenize([query], stopwords=STOPWORDS, return_ids=False, show_progress=False)[0]
-        return self.retriever.get_tokens_ids([t for t in toks if t])
+        return self.retriever.get_tokens_ids(self._tokenize(query))
 
     def scores(self, query: str) -> np.ndarray:
         """BM25 score of every passage for ``query``: float32 ``(n_passages,)``, all zero
-        when no query word is in the vocabulary."""
+        when no query word is in the vocabulary.
+
+        The sum is bm25s's (``np.add.at`` over each query token's column, in order), so
+        the scores equal ``retriever.get_scores_from_ids``'s; each column is checked first.
+
+        Raises:
+            CorruptIndexError: a column's bounds, rows or scores are out of range (a
+                garbled array), naming the file.
+        """
         ids = self.tokenize(query)
+        scores = np.zeros(self.n_passages, dtype=np.float32)
         if not ids:
-            return np.zeros(self.n_passages, dtype=np.float32)
-        with self._lock:  # bm25s keeps per-call state on the retriever
-            return np.asarray(self.retriever.get_scores_from_ids(ids), dtype=np.float32)
+            return scores
+        indptr, nnz = self._indptr, len(self._data)
+        try:
+            for t in ids:
+                if not 0 <= int(t) < len(indptr) - 1:
+                    raise self._corrupt("vocab.index.json", f"maps a query word to term id {t}, outside "
+                                        f"0..{len(indptr) - 2}")
+                a, b = int(indptr[t]), int(indptr[t + 1])
+                if not 0 <= a <= b <= nnz:
+                    raise self._corrupt("indptr.csc.index.npy", f"the column of term {t} spans [{a}, {b}), outside "
+                                        f"the {nnz} stored scores")
+                rows, vals = np.asarray(self._indices[a:b]), np.asarray(self._data[a:b])
+                if len(rows) and (int(rows.min()) < 0 or int(rows.max()) >= self.n_passages):
+                    raise self._corrupt("indices.csc.index.npy", f"the column of term {t} holds passage rows outside "
+                                        f"0..{self.n_passages - 1}")
+                if not np.isfinite(vals).all() or (len(vals) and float(vals.min()) < 0):
+                    raise self._corrupt("data.csc.index.npy", f"the column of term {t} holds negative or non-finite "
+                                        "BM25 scores")
+                np.add.at(scores, rows, vals)
+        except CorruptIndexError:
+            raise
+        except (IndexError, ValueError, TypeError, OSError) as e:  # anything else a garbled array can raise
+            raise self._corrupt("", f"gave {type(e).__name__} ({e}) while scoring") from e
+        return scores
 
     def search(self, queries: list[str], k: int, tie_rank: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
         """Top-``k`` passages per query with a positive BM25 score.
@@ -137,7 +277,8 @@ class _TokenIds:
             yield self.flat[a:b].tolist()
 
 
-def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int = 10_000) -> dict:
+def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int = 10_000,
+               tokenizer: str = TOKENIZER) -> dict:
     """Build and save the BM25 index of ``texts`` (one per passage row) in ``folder/bm25``.
 
     The texts are streamed: tokenised ``chunk`` at a time with ``bm25s.tokenize``
@@ -154,6 +295,7 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
         max_memory: bytes the build may use; None is :data:`BM25_MEMORY_FRACTION` of the
             memory available now.
         chunk: texts tokenised per bm25s call.
+        tokenizer: :data:`TOKENIZER` (default) or :data:`LEGACY_TOKENIZER`.
 
     Returns:
         Settings recorded in the manifest (``k1``, ``b``, ``method``, ``stopwords``,
@@ -168,6 +310,9 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
 
     from drgym.errors import ConfigError
 
+    if tokenizer not in TOKENIZERS:
+        raise ConfigError(f"bm25 tokenizer must be one of {list(TOKENIZERS)}, got {tokenizer!r}.")
+    tok_fn = tokenize if tokenizer == TOKENIZER else _legacy_tokenize
     bm25s = _bm25s()
     out_dir = Path(folder) / BM25_DIR
     tmp = Path(folder) / ".bm25-tokens"
@@ -179,8 +324,7 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
         with open(tmp / "ids.bin", "wb") as f:
             it = iter(texts)
             while batch := list(itertools.islice(it, chunk)):
-                toks = bm25s.tokenize(batch, stopwords=STOPWORDS, return_ids=False, show_progress=False)
-                for doc in toks:
+                for doc in map(tok_fn, batch):
                     ids = np.fromiter((vocab.setdefault(t, len(vocab)) for t in doc), dtype=np.int32, count=len(doc))
                     f.write(ids.tobytes())
                     lengths.append(len(ids))
@@ -211,6 +355,7 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
         "k1": retriever.k1,
         "b": retriever.b,
         "stopwords": STOPWORDS,
+        "tokenizer": tokenizer,
         "vocab_size": len(retriever.vocab_dict),
         "passage_term_pairs": int(pairs),
     }

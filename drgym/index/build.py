@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from drgym.errors import ConfigError, CorpusError, CorruptIndexError, IndexNotFoundError
-from drgym.index.manifest import IndexManifest, ShardInfo, record_files
+from drgym.index.manifest import IndexManifest, ShardInfo, record_checksums, record_files
 from drgym.index.units import CHUNK_DOCS, EncodedUnit, Unit, encode_unit, plan_units
 from drgym.types import Document
 
@@ -124,6 +124,9 @@ class IndexSpec:
             room (224 for MiniLM); 0 disables splitting.
         overlap: tokens shared by consecutive windows of a split document.
         bm25: also build the BM25 index.
+        bm25_tokenizer: BM25 tokens: :data:`drgym.index.bm25.TOKENIZER` (CJK bigrams,
+            default) or ``"bm25s"`` (bm25s's own, to reproduce rankings measured with it;
+            the folder name then ends in ``--bm25s``).
         name: index folder name; None derives one from corpus, encoder and factory.
         chunk_docs: documents per build unit (resumption granularity; does not change
             the index).
@@ -139,6 +142,7 @@ class IndexSpec:
     bm25: bool = True
     name: str | None = None
     chunk_docs: int = CHUNK_DOCS
+    bm25_tokenizer: str | None = None
 
     def index_name(self, encoder_name: str) -> str:
         """The folder name: given, or ``<corpus>--<encoder>--<factory>[--s<shard_size>]``."""
@@ -149,6 +153,10 @@ class IndexSpec:
         parts = [corpus, Path(encoder_name).name, self.factory]
         if self.shard_size != DEFAULT_SHARD_SIZE:
             parts.append(f"s{self.shard_size}")
+        from drgym.index.bm25 import LEGACY_TOKENIZER
+
+        if self.bm25 and self.bm25_tokenizer == LEGACY_TOKENIZER:
+            parts.append(LEGACY_TOKENIZER)
         return "--".join(re.sub(r"[^A-Za-z0-9._-]+", "_", p) for p in parts)
 
 
@@ -254,10 +262,20 @@ def planned_manifest(spec: IndexSpec, label: str, fingerprint: str, sources: lis
                   "encoder_max_length": encoder.max_length},
         shard_size=int(spec.shard_size),
         shards=[],
-        bm25={"enabled": True} if spec.bm25 else None,
+        bm25=_planned_bm25(spec.bm25_tokenizer) if spec.bm25 else None,
         drgym_version=__version__,
         sources=sources,
     )
+
+
+def _planned_bm25(tokenizer: str | None = None) -> dict:
+    from drgym.errors import ConfigError
+    from drgym.index.bm25 import TOKENIZER, TOKENIZERS
+
+    tokenizer = tokenizer or TOKENIZER
+    if tokenizer not in TOKENIZERS:
+        raise ConfigError(f"bm25_tokenizer must be one of {list(TOKENIZERS)}, got {tokenizer!r}.")
+    return {"enabled": True, "tokenizer": tokenizer}
 
 
 def source_key(sources: list[dict]) -> list[tuple]:
@@ -274,7 +292,9 @@ def same_identity(existing: IndexManifest, planned: IndexManifest) -> bool:
         d.pop("corpus_fingerprint", None)
         d.pop("sources", None)
     if existing.bm25 is not None and planned.bm25 is not None:
-        a["bm25"] = b["bm25"] = True  # BM25 settings are fixed by the drgym version
+        # BM25 settings are fixed by the drgym version, but for the tokeniser (an index
+        # whose BM25 tokens were made otherwise is rebuilt; None: before CJK bigrams)
+        a["bm25"], b["bm25"] = existing.bm25.get("tokenizer"), planned.bm25.get("tokenizer")
     if a != b:
         return False
     if planned.corpus_fingerprint:
@@ -641,6 +661,9 @@ def run_build(build_dir: Path, planned: IndexManifest, units: list[Unit], ctx: B
         manifest = finalize(build_dir, planned, writer, runner, timings, bm25=bm25, dense=dense, progress=ctx.progress)
         manifest.timings["passages_encoded_live"] = n_live
         manifest.write(build_dir)
+        # Read back what was written: the manifest parses, and every file has its size and
+        # sampled checksum (the full hashes were just computed from these same files).
+        IndexManifest.read(build_dir).check_files(build_dir, "sample")
         return manifest, len(done)
     finally:
         writer.close()
@@ -649,7 +672,8 @@ def run_build(build_dir: Path, planned: IndexManifest, units: list[Unit], ctx: B
 def finalize(build_dir: Path, m: IndexManifest, writer, runner, timings: dict, *, bm25: bool, dense=None,
              progress: bool = False) -> IndexManifest:
     """Turn a filled docstore and its embedding parts into a complete index folder:
-    fingerprint, tie ranks, dense shards, BM25, manifest (all streamed).
+    fingerprint, tie ranks, dense shards, BM25, file sizes and checksums, manifest (all
+    streamed).
 
     Raises:
         ConfigError: empty corpus, failed FAISS training, BM25 too large for memory.
@@ -684,7 +708,8 @@ def finalize(build_dir: Path, m: IndexManifest, writer, runner, timings: dict, *
     timings["faiss"] = time.perf_counter() - t
     if bm25:
         t = time.perf_counter()
-        m.bm25 = write_bm25(build_dir, writer.iter_embed_texts())
+        m.bm25 = write_bm25(build_dir, writer.iter_embed_texts(),
+                            tokenizer=(m.bm25 or {}).get("tokenizer") or _planned_bm25()["tokenizer"])
         timings["bm25"] = time.perf_counter() - t
     writer.finish()
     writer.close()
@@ -692,6 +717,9 @@ def finalize(build_dir: Path, m: IndexManifest, writer, runner, timings: dict, *
     (build_dir / _STATE).unlink(missing_ok=True)
     m.n_passages, m.n_documents = int(n), int(n_docs)
     m.files = record_files(build_dir)
+    t = time.perf_counter()
+    m.checksums = record_checksums(build_dir, m.files)
+    timings["checksums"] = time.perf_counter() - t
     m.timings = {k: round(v, 3) for k, v in timings.items()}
     return m
 

@@ -24,6 +24,12 @@ shards are moved to the GPU for search (HNSW stays on CPU: faiss has no GPU HNSW
 
 An imported FAISS index (:mod:`drgym.index.importer`) may come without embedding
 files: its :class:`ShardInfo` then has ``embeddings == ""``.
+
+A search checks what FAISS returns: a FAISS error, a row outside the shard or a
+non-finite score of a stored vector (a garbled file) raises
+:class:`~drgym.errors.CorruptIndexError` naming the shard file; same-size corruption that
+gives plausible numbers is caught by the manifest's checksums
+(:meth:`drgym.index.manifest.IndexManifest.check_files`).
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from drgym.errors import ConfigError, CorruptIndexError
-from drgym.index.manifest import ShardInfo
+from drgym.index.manifest import ShardInfo, corrupt_file_error
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +111,12 @@ def _faiss():
 
         raise DependencyNotInstalled("pip install faiss-cpu") from e
     return faiss
+
+
+def _last_line(e: BaseException) -> str:
+    """The last line of a (FAISS C++) error message: the one that says what failed."""
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else type(e).__name__
 
 
 def gpus_available() -> int:
@@ -381,9 +393,9 @@ def load_tie_rank(folder: Path, n: int) -> np.ndarray:
     try:
         rank = np.load(p, mmap_mode="r")  # 8 bytes a row: shared page cache, not private memory
     except (OSError, ValueError, EOFError) as e:
-        raise CorruptIndexError(f"{p} is unreadable ({e}); rebuild the index.") from e
-    if rank.shape != (n,):
-        raise CorruptIndexError(f"{p} has shape {rank.shape}, expected ({n},); rebuild the index.")
+        raise corrupt_file_error(p, f"is unreadable ({e})", folder) from e
+    if rank.shape != (n,) or rank.dtype != np.int64:
+        raise corrupt_file_error(p, f"holds {rank.dtype} of shape {rank.shape}, expected int64 ({n},)", folder)
     return rank
 
 
@@ -498,20 +510,17 @@ class DenseIndex:
                 try:
                     emb = np.load(ep, mmap_mode="r")
                 except (OSError, ValueError, EOFError) as e:
-                    raise CorruptIndexError(f"Embedding shard {ep} is unreadable ({e}); rebuild the index.") from e
+                    raise corrupt_file_error(ep, f"is unreadable ({e})", self.folder) from e
                 if emb.shape != (s.count, self.dim) or emb.dtype != np.float16:
-                    raise CorruptIndexError(
-                        f"Embedding shard {ep} has shape {emb.shape} and dtype {emb.dtype}, "
-                        f"expected ({s.count}, {self.dim}) float16; rebuild the index."
-                    )
+                    raise corrupt_file_error(ep, f"has shape {emb.shape} and dtype {emb.dtype}, expected "
+                                                 f"({s.count}, {self.dim}) float16", self.folder)
             try:
                 index = faiss.read_index(str(fp), faiss.IO_FLAG_MMAP_IFC | faiss.IO_FLAG_READ_ONLY if mmap else 0)
-            except RuntimeError as e:
-                raise CorruptIndexError(f"FAISS shard {fp} is unreadable ({str(e).splitlines()[-1]}); rebuild the index.") from e
+            except (RuntimeError, MemoryError) as e:  # a garbled size field can ask for terabytes
+                raise corrupt_file_error(fp, f"is unreadable (FAISS: {_last_line(e)})", self.folder) from e
             if index.ntotal != s.count or index.d != self.dim:
-                raise CorruptIndexError(
-                    f"FAISS shard {fp} holds {index.ntotal} vectors of dim {index.d}, expected {s.count} of dim {self.dim}."
-                )
+                raise corrupt_file_error(fp, f"holds {index.ntotal} vectors of dim {index.d}, expected {s.count} "
+                                             f"of dim {self.dim}", self.folder)
             self._apply_params(index)
             self._lossy.append(is_lossy(index))
             if use_gpu:
@@ -584,10 +593,17 @@ class DenseIndex:
             ``(scores, rows)``: float32 and int64 arrays of shape ``(nq, k)``, best first,
             inner products (cosine); rows ``-1`` and scores ``-inf`` pad queries with
             fewer than ``k`` hits (a corpus smaller than ``k``).
+
+        Raises:
+            ConfigError: ``queries`` of another shape, or holding NaN/inf.
+            CorruptIndexError: FAISS failed, returned a row outside its shard, or scored
+                a stored vector NaN/inf (a garbled shard file, named).
         """
         q = np.ascontiguousarray(queries, dtype=np.float32)
         if q.ndim != 2 or q.shape[1] != self.dim:
             raise ConfigError(f"queries must have shape (n, {self.dim}), got {q.shape}.")
+        if not np.isfinite(q).all():
+            raise ConfigError("query vectors hold NaN or infinite values (a broken encoder?).")
         nq = q.shape[0]
         parts_s, parts_r = [], []
         for s, index, emb, lossy in zip(self.shards, self._indexes, self._embeddings, self._lossy):
@@ -595,16 +611,30 @@ class DenseIndex:
             kk = min(s.count, max(k + TIE_MARGIN, self.rerank if rerank else 0))
             if kk <= 0:
                 continue
-            if self.on_gpu:  # GPU indexes are not safe for concurrent calls
-                with self._lock:
+            fp = self.folder / s.faiss
+            try:
+                if self.on_gpu:  # GPU indexes are not safe for concurrent calls
+                    with self._lock:
+                        D, I = index.search(q, kk)
+                elif nq < SMALL_BATCH:
+                    D, I = _search_one_thread(index, q, kk)
+                else:  # CPU FAISS search is const and thread-safe
                     D, I = index.search(q, kk)
-            elif nq < SMALL_BATCH:
-                D, I = _search_one_thread(index, q, kk)
-            else:  # CPU FAISS search is const and thread-safe
-                D, I = index.search(q, kk)
+            except (RuntimeError, MemoryError) as e:
+                raise corrupt_file_error(fp, f"is unreadable: FAISS search failed ({_last_line(e)})", self.folder) from e
             I = I.astype(np.int64)
+            hit = I >= 0
+            if ((I < -1) | (I >= s.count)).any():
+                bad = int(I[(I < -1) | (I >= s.count)][0])
+                raise corrupt_file_error(fp, f"is unreadable: FAISS returned row {bad}, outside the shard's "
+                                             f"0..{s.count - 1}", self.folder)
             if rerank:
                 D = exact_scores(emb, q, I)
+                if not np.isfinite(D[hit]).all():
+                    raise corrupt_file_error(self.folder / s.embeddings, "is unreadable: it holds NaN or infinite "
+                                                                         "values", self.folder)
+            elif not np.isfinite(D[hit]).all():
+                raise corrupt_file_error(fp, "is unreadable: a stored vector scores NaN or infinity", self.folder)
             parts_s.append(D)
-            parts_r.append(np.where(I >= 0, I + s.start, -1))
+            parts_r.append(np.where(hit, I + s.start, -1))
         return merge_shard_results(parts_s, parts_r, self.tie_rank, nq, k)

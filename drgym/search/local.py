@@ -25,6 +25,12 @@ the same ranking in every process. One caveat: a query encoded inside a larger b
 (e.g. by the server's micro-batcher) can get scores that differ by ~1e-7 (padding and
 BLAS blocking), which could only swap passages whose scores are that close; on 40
 HotpotQA questions no ranking changed.
+
+Loading checks every index file's size and sampled checksum (``verify=False``, the
+default: files up to 64 MiB are hashed whole) or full checksum (``verify=True``); see
+:mod:`drgym.index.manifest`. A garbled file found while searching (FAISS or BM25 arrays
+out of range, a malformed docstore page) raises :class:`~drgym.errors.CorruptIndexError`
+naming the file, with ``drgym index verify`` / ``drgym index build --force`` as the fix.
 """
 
 from __future__ import annotations
@@ -33,10 +39,11 @@ import logging
 import threading
 import weakref
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from drgym.errors import ConfigError, DocumentNotFoundError
+from drgym.errors import ConfigError, CorruptIndexError, DocumentNotFoundError
 from drgym.search.base import DEFAULT_COLLAPSE, SearchBackend, check_collapse, collapse_to_documents
 from drgym.types import Document, SearchResult
 
@@ -74,21 +81,19 @@ def _encode_lock(encoder) -> threading.Lock:
 class _Shared:
     """Resources of one loaded index, shared by engines that differ only in method."""
 
-    def __init__(self, folder: Path, encoder, device, search_params) -> None:
+    def __init__(self, folder: Path, encoder, device, search_params, verify: bool | str = False) -> None:
         from drgym.docstore import DocStore
         from drgym.index.dense import load_tie_rank
         from drgym.index.manifest import IndexManifest
 
         self.folder = folder
         self.manifest = IndexManifest.read(folder)
-        self.manifest.check_files(folder)
+        self.manifest.check_files(folder, _verify_mode(verify))
         self.device = device
         self.search_params = search_params
         self.docstore = DocStore(folder / "docs.sqlite")
         try:
             if self.docstore.n_passages != self.manifest.n_passages:
-                from drgym.errors import CorruptIndexError
-
                 raise CorruptIndexError(
                     f"{folder}/docs.sqlite holds {self.docstore.n_passages} passages, the manifest says {self.manifest.n_passages}."
                 )
@@ -131,11 +136,50 @@ class _Shared:
                     raise ConfigError(f"Index {self.folder} has no BM25 index; rebuild it with BM25 to use method 'bm25' or 'hybrid'.")
                 from drgym.index.bm25 import BM25Index
 
-                self._bm25 = BM25Index(self.folder, self.manifest.n_passages)
+                self._bm25 = BM25Index(self.folder, self.manifest.n_passages, self.manifest.bm25.get("tokenizer"))
             return self._bm25
 
     def close(self) -> None:
         self.docstore.close()
+
+
+def _verify_mode(verify: bool | str) -> str:
+    """``verify=`` of :class:`LocalSearchEngine` -> a :data:`drgym.index.manifest.VERIFY_MODES` mode."""
+    if verify is True:
+        return "full"
+    if verify is False or verify is None:
+        return "sample"
+    return str(verify)
+
+
+def resolve_index_folder(name_or_folder: str | Path) -> Path:
+    """The index folder that :meth:`LocalSearchEngine.open` and ``drgym index verify``
+    take ``name_or_folder`` to be: a folder holding ``manifest.json``, else an index name
+    under ``$DRGYM_HOME/indexes``, else its corpus part when exactly one built index
+    starts with ``<name>--``; else the path itself (whose loading then raises
+    :class:`~drgym.errors.IndexNotFoundError`).
+
+    Raises:
+        ConfigError: a corpus name matches several built indexes (they are listed).
+    """
+    from drgym.paths import indexes_dir
+
+    p = Path(name_or_folder).expanduser()
+    if not (p / "manifest.json").exists():
+        root = indexes_dir()
+        name = str(name_or_folder)
+        if (root / name / "manifest.json").exists():
+            p = root / name
+        elif "/" not in name and name not in ("", ".", ".."):
+            import glob
+
+            found = sorted(d.name for d in root.glob(f"{glob.escape(name)}--*") if (d / "manifest.json").exists())
+            if len(found) > 1:
+                raise ConfigError(f"index name {name!r} matches {len(found)} built indexes: "
+                                  f"{', '.join(found)}; give the full name.")
+            if found:
+                p = root / found[0]
+    return p
 
 
 class LocalSearchEngine(SearchBackend):
@@ -153,11 +197,16 @@ class LocalSearchEngine(SearchBackend):
         rrf_depth: candidates per method fused by hybrid search.
         collapse: ``"document"`` (default: k distinct documents, best passage each) or
             ``"passage"`` (k best passages); see :data:`drgym.search.base.COLLAPSE_MODES`.
+        verify: False (default): check each index file's size and sampled checksum
+            (files up to 64 MiB whole); True: its full checksum (reads the whole index,
+            about 1.2 s per GB); ``"size"``: sizes only.
 
     Raises:
         IndexNotFoundError: no index in ``folder``.
         IndexMismatchError: ``encoder`` differs from the manifest's (both names given).
-        CorruptIndexError: an index file is missing, truncated or unreadable.
+        CorruptIndexError: an index file is missing, truncated, unreadable or fails its
+            checksum (named in one line with the fix); also raised by searches that
+            meet a garbled file.
         ConfigError: unknown method.
         BadQueryError: unknown collapse mode.
     """
@@ -176,6 +225,7 @@ class LocalSearchEngine(SearchBackend):
         max_k: int = 100,
         rrf_depth: int = RRF_DEPTH,
         collapse: str = DEFAULT_COLLAPSE,
+        verify: bool | str = False,
         _shared: _Shared | None = None,
     ) -> None:
         if method not in METHODS:
@@ -197,7 +247,7 @@ class LocalSearchEngine(SearchBackend):
                 from drgym.index.build import get_encoder
 
                 enc = get_encoder(encoder, device)
-            _shared = _Shared(folder, enc, device, search_params)
+            _shared = _Shared(folder, enc, device, search_params, verify)
             if enc is not None:
                 try:
                     _shared.manifest.check_encoder(enc.name, enc.revision, enc.dim)
@@ -228,6 +278,8 @@ class LocalSearchEngine(SearchBackend):
         search_params: dict[str, int] | None = None,
         max_k: int = 100,
         collapse: str = DEFAULT_COLLAPSE,
+        verify: bool | str = False,
+        bm25_tokenizer: str | None = None,
     ) -> "LocalSearchEngine":
         """Build the index of ``corpus`` if it is missing or outdated, then load it.
 
@@ -240,6 +292,8 @@ class LocalSearchEngine(SearchBackend):
             root: folder of index folders (default ``$DRGYM_HOME/indexes``).
             rebuild: rebuild even when an identical index exists.
             progress: show progress bars while building.
+            bm25_tokenizer: BM25 tokens (:class:`drgym.index.build.IndexSpec`): None
+                (CJK bigrams) or ``"bm25s"`` to reproduce rankings measured with bm25s's own.
             Other arguments as for :class:`LocalSearchEngine`.
 
         Raises:
@@ -249,10 +303,13 @@ class LocalSearchEngine(SearchBackend):
 
         enc = get_encoder(encoder, device)
         spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
-                         shard_size=shard_size or DEFAULT_SHARD_SIZE, name=name)
+                         shard_size=shard_size or DEFAULT_SHARD_SIZE, name=name, bm25_tokenizer=bm25_tokenizer)
         res = build_index(spec, root=root, encoder=enc, force=rebuild, progress=progress)
+        # build_index has just checked the sizes and sampled checksums (of the index it
+        # reused, or of the one it built): loading checks sizes again, the full hashes if asked
+        mode = _verify_mode(verify)
         return cls(res.folder, method=method, encoder=enc, device=device, search_params=search_params, max_k=max_k,
-                   collapse=collapse)
+                   collapse=collapse, verify=mode if mode == "full" else "size")
 
     @classmethod
     def open(cls, name_or_folder: str | Path, **kwargs) -> "LocalSearchEngine":
@@ -265,24 +322,7 @@ class LocalSearchEngine(SearchBackend):
             IndexNotFoundError: neither exists.
             ConfigError: a corpus name matches several built indexes (they are listed).
         """
-        from drgym.paths import indexes_dir
-
-        p = Path(name_or_folder).expanduser()
-        if not (p / "manifest.json").exists():
-            root = indexes_dir()
-            name = str(name_or_folder)
-            if (root / name / "manifest.json").exists():
-                p = root / name
-            elif "/" not in name and name not in ("", ".", ".."):
-                import glob
-
-                found = sorted(d.name for d in root.glob(f"{glob.escape(name)}--*") if (d / "manifest.json").exists())
-                if len(found) > 1:
-                    raise ConfigError(f"index name {name!r} matches {len(found)} built indexes: "
-                                      f"{', '.join(found)}; give the full name.")
-                if found:
-                    p = root / found[0]
-        return cls(p, **kwargs)
+        return cls(resolve_index_folder(name_or_folder), **kwargs)
 
     def with_method(self, method: str, *, collapse: str | None = None) -> "LocalSearchEngine":
         """Another engine on the same loaded index (no reload) with a different method
@@ -300,6 +340,22 @@ class LocalSearchEngine(SearchBackend):
     def n_passages(self) -> int:
         """Rows in the index."""
         return self.manifest.n_passages
+
+    def identity(self) -> dict[str, Any]:
+        """The engine's identity (see :meth:`SearchBackend.identity`): the index (name,
+        ``manifest_fingerprint``: sha256 of the manifest's :meth:`~drgym.index.manifest.IndexManifest.identity`,
+        first 16 hex digits, the corpus fingerprint, passages), the method, the encoder,
+        ``max_k``, the collapse mode and the ranking settings (``rrf_depth``, FAISS
+        ``search_params``)."""
+        import hashlib
+        import json
+
+        m = self.manifest
+        fp = hashlib.sha256(json.dumps(m.identity(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+        return {"kind": "local", "index": m.name, "manifest_fingerprint": fp, "corpus_fingerprint": m.corpus_fingerprint,
+                "n_passages": m.n_passages, "method": self.method, "encoder": m.encoder,
+                "encoder_revision": m.encoder_revision, "max_k": self.max_k, "collapse": self.collapse,
+                "rrf_depth": self.rrf_depth, "search_params": self._shared.search_params}
 
     def __repr__(self) -> str:
         m = self.manifest
@@ -340,7 +396,18 @@ class LocalSearchEngine(SearchBackend):
             S, R = sh.dense.search(qv, depth)
             dense_runs = [(S[i][R[i] >= 0], R[i][R[i] >= 0]) for i in range(len(cut))]
         if method in ("bm25", "hybrid"):
-            bm25_runs = sh.bm25.search(cut, depth, sh.tie_rank)
+            bm25 = sh.bm25
+            try:
+                bm25_runs = bm25.search(cut, depth, sh.tie_rank)
+            except (IndexError, ValueError, TypeError) as e:  # a garbled array that the column checks missed
+                from drgym.errors import DrgymError
+
+                if isinstance(e, DrgymError):  # CorruptIndexError (a ValueError) already names the file
+                    raise
+                from drgym.index.manifest import corrupt_file_error
+
+                raise corrupt_file_error(bm25.path, f"is unreadable ({type(e).__name__} while ranking: {e})",
+                                         self.folder) from e
         if method == "dense":
             return dense_runs
         if method == "bm25":
@@ -404,8 +471,6 @@ class LocalSearchEngine(SearchBackend):
             for score, row in zip(scores, rows):
                 rec = recs.get(int(row))
                 if rec is None:
-                    from drgym.errors import CorruptIndexError
-
                     raise CorruptIndexError(f"Index row {int(row)} has no passage in {self.docstore.path}; rebuild the index.")
                 res.append(SearchResult(
                     doc_id=rec.passage_id, url=rec.url, title=rec.title, text=rec.text,
@@ -421,6 +486,7 @@ class LocalSearchEngine(SearchBackend):
 
         Raises:
             DocumentNotFoundError: no document has that URL.
+            CorruptIndexError: the docstore is malformed.
         """
         return self.docstore.fetch(url)
 
@@ -429,6 +495,7 @@ class LocalSearchEngine(SearchBackend):
 
         Raises:
             DocumentNotFoundError: unknown doc_id.
+            CorruptIndexError: the docstore is malformed.
         """
         return self.docstore.get(doc_id)
 
