@@ -1,15 +1,56 @@
-"""Atomic file writes: a crash never leaves a torn file behind."""
+"""Atomic file writes: a crash never leaves a torn file behind.
+
+A write that fails because the disk is full (``ENOSPC``, ``EDQUOT``) raises
+:class:`DiskFullError`, whose one-line message names the file and the directory whose
+disk is full; the file is left as it was (no partial line, no partial file).
+"""
 
 from __future__ import annotations
 
+import errno
 import json
+import logging
 import os
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 _APPEND_LOCK = threading.Lock()
+
+_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+class DiskFullError(OSError):
+    """A write failed because the disk (or the quota) holding the file is full.
+
+    An :class:`OSError` (``errno`` ENOSPC or EDQUOT, ``filename`` the file), so callers
+    catching ``OSError`` still catch it; ``str()`` is one line naming the file, its
+    directory and the fix. (This layer sits beside :mod:`drgym.errors`, so it is no
+    :class:`~drgym.errors.DrgymError`; callers that want one wrap it.)
+
+    Attributes:
+        path: the file that could not be written.
+    """
+
+    def __init__(self, err: int, path: str | os.PathLike, message: str) -> None:
+        super().__init__(err, os.strerror(err), str(path))
+        self.path = Path(path)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _disk_full(e: OSError, path: Path, what: str) -> DiskFullError:
+    """The :class:`DiskFullError` for ``e`` (an ENOSPC/EDQUOT) while writing ``path``."""
+    full = "quota of the disk" if e.errno == errno.EDQUOT else "disk"
+    return DiskFullError(
+        e.errno or errno.ENOSPC, path,
+        f"cannot write {path}: the {full} holding {path.parent.resolve()} is full ({os.strerror(e.errno or errno.ENOSPC)}); "
+        f"{what} Free some space there (or write to another directory) and run again.")
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
@@ -30,11 +71,13 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError) and not isinstance(e, DiskFullError) and e.errno in _FULL:
+            raise _disk_full(e, path, f"{path.name} keeps its previous content.") from e
         raise
 
 
@@ -51,10 +94,16 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, *, indent: int | None =
 def append_jsonl(path: str | os.PathLike, record: Any) -> None:
     """Append one JSON line so that a reader never sees a torn line.
 
-    The whole line is written with a single ``os.write`` on an ``O_APPEND`` descriptor
-    and fsynced; if a previous writer died mid-line (the file does not end with a
-    newline), a newline is written first so the torn line stays isolated and readers
-    that skip unparsable lines (:func:`read_jsonl`) lose nothing else.
+    The whole line is built in memory, written with a single ``os.write`` on an
+    ``O_APPEND`` descriptor and fsynced. If that write fails or is short (a disk that
+    filled up mid-line), the file is truncated back to its size before the call, so no
+    partial line is ever left behind. If a previous writer died mid-line (the file does
+    not end with a newline), a newline is written first so the torn line stays isolated
+    and readers that skip unparsable lines (:func:`read_jsonl`) lose nothing else.
+
+    Raises:
+        DiskFullError: the disk holding ``path`` is full (the file is as it was).
+        OSError: any other write failure (the file is as it was, when it can be truncated).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,8 +117,22 @@ def append_jsonl(path: str | os.PathLike, record: Any) -> None:
                     f.seek(size - 1)
                     if f.read(1) != b"\n":
                         line = b"\n" + line
-            os.write(fd, line)
-            os.fsync(fd)
+            try:
+                n = os.write(fd, line)
+                if n != len(line):  # a short write: the disk filled up mid-line
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                os.fsync(fd)
+            except OSError as e:
+                try:
+                    os.ftruncate(fd, size)  # no partial line
+                    os.fsync(fd)
+                except OSError as e2:  # rare (truncating frees space); a resume rejects a torn line
+                    log.error("could not truncate %s back to %d bytes after a failed append: %s", path, size, e2)
+                if e.errno in _FULL:
+                    raise _disk_full(e, path, f"the line was not written ({path.name} is back to its {size} bytes).") from e
+                if e.filename is None:
+                    raise OSError(e.errno, e.strerror, str(path)) from e
+                raise
         finally:
             os.close(fd)
 

@@ -188,6 +188,85 @@ class Trajectory:
         return cls.from_dict(json.loads(line))
 
 
+_MODELS: Any = None
+
+
+def _record_models():
+    """The pydantic models of a trajectory record (built on first use: pydantic is not
+    imported by everything that reads records)."""
+    global _MODELS
+    if _MODELS is None:
+        from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
+
+        Number = StrictInt | StrictFloat
+
+        class ToolCallRecord(BaseModel):
+            model_config = ConfigDict(extra="allow")
+            name: StrictStr
+            arguments: dict[str, Any]
+            error: StrictStr | None = None
+
+        class StepRecord(BaseModel):
+            model_config = ConfigDict(extra="allow")
+            action: StrictStr
+            tool_calls: list[ToolCallRecord]
+            observation: StrictStr
+            results: list[dict[str, Any]]
+            error: StrictStr | None
+
+        class TrajectoryRecord(BaseModel):
+            model_config = ConfigDict(extra="allow")
+            episode_id: StrictStr
+            task_id: StrictStr
+            env_id: StrictStr
+            messages: list[dict[str, Any]]
+            steps: list[StepRecord]
+            final_answer: StrictStr | None
+            reward: Number | None
+            reward_components: dict[str, Any]
+            terminated: StrictBool
+            truncated: StrictBool
+            timings: dict[str, Any]
+            metadata: dict[str, Any]
+
+        _MODELS = TrajectoryRecord
+    return _MODELS
+
+
+def trajectory_record_error(record: Any) -> str | None:
+    """Why ``record`` is not a whole :meth:`Trajectory.to_dict` record, or None when it is.
+
+    Checked against a pydantic model of the fields :meth:`Trajectory.to_dict` always
+    writes (``episode_id``, ``task_id``, ``env_id``, ``messages``, ``steps`` (each with
+    ``action``, ``tool_calls``, ``observation``, ``results``, ``error``),
+    ``final_answer``, ``reward``, ``reward_components``, ``terminated``, ``truncated``,
+    ``timings``, ``metadata``), with their JSON types; extra fields are allowed.
+
+    Returns:
+        None for a valid record; else one line naming the first problems (``"not a JSON
+        object (list)"``, ``"steps.0.action: Field required"``...).
+
+    >>> trajectory_record_error(Trajectory(episode_id="e0", task_id="t0").to_dict()) is None
+    True
+    >>> trajectory_record_error([1, 2])
+    'not a JSON object (list)'
+    >>> trajectory_record_error({"task_id": "t0"})
+    'episode_id: Field required; env_id: Field required; messages: Field required (+8 more)'
+    """
+    if not isinstance(record, dict):
+        return f"not a JSON object ({'null' if record is None else type(record).__name__})"
+    from pydantic import ValidationError
+
+    try:
+        _record_models().model_validate(record)
+    except ValidationError as e:
+        errs = e.errors()
+        parts = [f"{'.'.join(str(x) for x in err['loc']) or '(record)'}: {err['msg']}" for err in errs[:3]]
+        more = f" (+{len(errs) - 3} more)" if len(errs) > 3 else ""
+        return "; ".join(parts) + more
+    return None
+
+
 @dataclass
 class Episode:
     """What a reward scores.

@@ -12,6 +12,11 @@ EX_TEMPFAIL = 75
 """Exit status of a run stopped because a service stayed down (sysexits.h EX_TEMPFAIL:
 a temporary failure; rerunning the same command resumes)."""
 
+EX_EPISODES_FAILED = 3
+"""Exit status of a run that finished with failed episodes (a backend or policy error in
+some turn, e.g. HTTP 401 from the search server): they are recorded but not done, and
+rerunning the same command redoes them."""
+
 
 def register(app: typer.Typer) -> None:
     """Add this area's commands to ``app``."""
@@ -33,14 +38,22 @@ def register(app: typer.Typer) -> None:
         policy_opt: list[str] = typer.Option([], "--policy-opt", "-p", help="Policy option KEY=VALUE (repeatable), e.g. -p dtype=float32."),
         env_opt: list[str] = typer.Option([], "--env-opt", "-e", help="Env option KEY=VALUE (repeatable), e.g. -e top_k=5."),
         fresh: bool = typer.Option(False, "--fresh", help="Discard an existing run in --out instead of resuming it."),
+        allow_engine_change: bool = typer.Option(
+            False, "--allow-engine-change",
+            help="Resume even if the search engine (index, method, encoder, server) differs from the run's; "
+                 "config.json records both."),
         no_plots: bool = typer.Option(False, "--no-plots", help="Do not write PNG plots."),
         progress: bool = typer.Option(True, "--progress/--no-progress"),
     ) -> None:
         """Run a policy through a drgym env on real tasks; write config, trajectories, metrics and plots.
 
-        Rerunning the same command resumes: finished task ids are skipped. If the search
-        server or the model/judge endpoint stays down through its retries, the run stops
-        with exit status 75 (EX_TEMPFAIL) and rerunning resumes it.
+        Rerunning the same command resumes: finished task ids are skipped (against the
+        same search engine only, unless --allow-engine-change). If the search server or the
+        model/judge endpoint stays down through its retries, the run stops with exit status
+        75 (EX_TEMPFAIL) and rerunning resumes it. Episodes in which a search or a model
+        request failed (e.g. HTTP 401) are recorded but not done: the run ends with exit
+        status 3 and rerunning redoes them. Bad options, a run directory held by another
+        run, another engine or a full disk end with one error line and exit status 2.
         """
         from rich.console import Console
 
@@ -71,7 +84,8 @@ def register(app: typer.Typer) -> None:
                 valid, note = judge_validity(judge)
                 if not valid:
                     console.print(f"[bold yellow]warning:[/] judge {judge} is {note}.")
-            res = run_rollout(cfg, progress=progress, console=Console(stderr=True), fresh=fresh)
+            res = run_rollout(cfg, progress=progress, console=Console(stderr=True), fresh=fresh,
+                              allow_engine_change=allow_engine_change)
         except KeyboardInterrupt as e:
             res = e.args[0] if e.args else None
             if res is not None:
@@ -92,6 +106,10 @@ def register(app: typer.Typer) -> None:
             f"{res.new_episodes} new episodes, {res.skipped} resumed; this session {res.wall_s:.1f}s "
             f"(setup {res.setup_s:.1f}s). Run directory: {res.out_dir}"
         )
+        failed = res.failure_message()
+        if failed:
+            errors.print(f"[red]error:[/] {failed}", markup=True, highlight=False)
+            raise typer.Exit(EX_EPISODES_FAILED)
 
     @app.command()
     def report(

@@ -30,6 +30,10 @@ Definitions (every mean is over the episodes of the run, each episode weighted 1
   request failed (the server refused it; its turn is an empty action). A search server
   or model endpoint that is down stops the run instead (see
   :mod:`drgym.evaluation.faults`), so such episodes are never counted here.
+- ``failed``: episodes with a backend or policy failure (:func:`episode_failures`: a
+  search the engine did not answer, e.g. HTTP 401, a model request the server refused);
+  they are in the means (scored as they ended) but are not complete: a rerun of the run
+  redoes them. ``failure_reasons``: episodes per reason.
 - ``time_share``: shares of the summed per-episode timings (generation is split evenly
   over a batch's rows, but each env records the whole latency of its batched search, so
   search is over-weighted by the batch size); the runner's ``last_session`` entry holds
@@ -39,6 +43,7 @@ Definitions (every mean is over the episodes of the run, each episode weighted 1
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from typing import Any
 
@@ -77,6 +82,66 @@ def episode_has_error(t: dict[str, Any]) -> bool:
     if any(s.get("error") for s in t.get("steps") or []):
         return True
     return any(u.get("finish") == "error" for u in (t.get("metadata") or {}).get("usage") or [] if isinstance(u, dict))
+
+
+AGENT_ERRORS = frozenset({"BadQueryError", "DocumentNotFoundError", "UnsupportedContentError", "FetchRefusedError"})
+"""Step errors the agent's own call caused (an empty or rejected query, a URL that does
+not exist or was in no search result, a page that is not text): shown to it as an
+observation, part of a complete episode. A fetch of a web page that failed (the
+:class:`~drgym.search.pages.PageFetcher`'s errors name the page first: ``"Fetch failed:
+SearchError: https://...: HTTP 503 ..."``) is one too: the web, not the engine, failed."""
+
+_STEP_ERROR = re.compile(r"(?:^|; )([A-Z][A-Za-z]*) failed: ([A-Za-z_]\w*)(?=\W|$)")
+_HTTP = re.compile(r"HTTP (\d{3})")
+_PAGE = re.compile(r":\s*https?://")  # a page fetcher's error: it names the page first
+
+
+def episode_failures(t: dict[str, Any]) -> list[str]:
+    """The backend and policy failures of one trajectory dict, one short reason each.
+
+    A step error (``steps[i].error``, ``"Search failed: AuthError: ..."``) is a backend
+    failure unless the agent caused it or a web page failed (:data:`AGENT_ERRORS`); a turn whose usage says
+    ``finish == "error"`` is a policy failure (the model's server refused the request).
+    An episode with any failure is not complete: its results or turns are not the
+    engine's or the model's, so the rollout runner records it and redoes it on the next
+    run (:mod:`drgym.evaluation.runner`).
+
+    Returns:
+        Reasons such as ``"search AuthError (HTTP 401)"`` or ``"policy request failed
+        (HTTP 404)"``, in turn order (empty: a complete episode).
+    """
+    out: list[str] = []
+    for s in t.get("steps") or []:
+        err = s.get("error") if isinstance(s, dict) else None
+        if not err:
+            continue
+        err = str(err)
+        found = list(_STEP_ERROR.finditer(err))
+        if not found:
+            out.append(f"step error: {err[:80]}")
+        for i, m in enumerate(found):
+            tool, kind = m.group(1), m.group(2)
+            piece = err[m.end(): found[i + 1].start() if i + 1 < len(found) else len(err)]
+            if kind in AGENT_ERRORS or (tool == "Fetch" and _PAGE.match(piece)):
+                continue
+            code = _HTTP.search(piece)
+            out.append(f"{tool.lower()} {kind}" + (f" (HTTP {code.group(1)})" if code else ""))
+    for u in (t.get("metadata") or {}).get("usage") or []:
+        if isinstance(u, dict) and u.get("finish") == "error":
+            msg = " ".join(str(u.get("error") or "").split())
+            code = _HTTP.search(msg)
+            out.append("policy request failed" + (f" (HTTP {code.group(1)})" if code else (f": {msg[:60]}" if msg else "")))
+    return out
+
+
+def failure_counts(trajectories: list[dict[str, Any]]) -> dict[str, int]:
+    """Episodes per failure reason (:func:`episode_failures`; an episode counts once per
+    reason), most frequent first."""
+    counts: dict[str, int] = {}
+    for t in trajectories:
+        for r in dict.fromkeys(episode_failures(t)):
+            counts[r] = counts.get(r, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 JUDGED = ("judge", "llm_match", "race", "citation", "kpr", "quality", "fact")
@@ -139,6 +204,8 @@ def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None 
         "timings_s": {k: round(v, 4) for k, v in timings.items()},
         "time_share": {k: (v / total_t if total_t else 0.0) for k, v in timings.items()},
         "errors": sum(1 for t in trajectories if episode_has_error(t)),
+        "failed": sum(1 for t in trajectories if episode_failures(t)),
+        "failure_reasons": failure_counts(trajectories),
     }
     if wall_s is not None:
         m["wall_s"] = round(wall_s, 3)
@@ -188,7 +255,7 @@ def rich_table(metrics: dict[str, Any], title: str = "rollout"):
         if k in ("em", "f1", "judge", "llm_match"):
             continue
         table.add_row(k, format_value(k, v))
-    for k in ("errors", "judge_failures"):  # shown when there are some
+    for k in ("errors", "failed", "judge_failures"):  # shown when there are some
         if metrics.get(k):
             table.add_row(k.replace("_", " "), str(metrics[k]))
     share = (metrics.get("last_session") or {}).get("share") or metrics.get("time_share") or {}

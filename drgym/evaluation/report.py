@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from drgym.atomic import atomic_write_text, read_jsonl
+from drgym.atomic import atomic_write_text
 from drgym.errors import ConfigError
 from drgym.evaluation.metrics import LABELS, format_value
 
@@ -61,7 +61,7 @@ def load_run(path: str | Path) -> RunSummary:
     Raises:
         ConfigError: ``path`` holds no ``trajectories.jsonl``.
     """
-    from drgym.evaluation.runner import compute_metrics_for_run
+    from drgym.evaluation.runner import compute_metrics_for_run, read_run_episodes
 
     p = Path(path)
     tp = p / "trajectories.jsonl"
@@ -73,11 +73,8 @@ def load_run(path: str | Path) -> RunSummary:
             cfg = json.loads((p / "config.json").read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError):
             cfg = {}
-    trajs: dict[str, dict[str, Any]] = {}
-    for d in read_jsonl(tp):
-        trajs.setdefault(str(d.get("task_id")), d)
     n = (cfg.get("config") or {}).get("n")
-    rows = list(trajs.values())
+    rows = read_run_episodes(tp)  # a failed episode's redo replaces it (drgym.evaluation.runner)
     metrics = compute_metrics_for_run(rows)
     metrics["tasks_total"] = (cfg.get("tasks") or {}).get("n", n)
     return RunSummary(path=p, name=p.name, config=cfg, metrics=metrics)

@@ -11,10 +11,32 @@ A run directory holds:
 - ``metrics.json``: :func:`drgym.evaluation.metrics.compute_metrics` over the run's episodes;
 - ``scores.png``, ``turns.png``, ``searches.png``: plots (:mod:`drgym.evaluation.plots`).
 
-Rerunning the same command resumes: task ids already in ``trajectories.jsonl`` are
-skipped, so an interrupted run (Ctrl-C, kill) loses only unfinished episodes. Episodes
-are stepped in batches through :class:`drgym.envs.driver.BatchedDriver` (one
-``search_batch`` per turn).
+Rerunning the same command resumes: task ids with a complete episode in
+``trajectories.jsonl`` are skipped, so an interrupted run (Ctrl-C, kill) loses only
+unfinished episodes. Episodes are stepped in batches through
+:class:`drgym.envs.driver.BatchedDriver` (one ``search_batch`` per turn).
+
+What keeps a run directory right:
+
+- one writer: a run holds an ``fcntl.flock`` on ``run.lock`` (with its pid) from start
+  to end; a second run into the same directory stops with :class:`RunLockedError`;
+- one engine: ``config.json`` records the search engine's identity (``engine``:
+  :meth:`drgym.search.base.SearchBackend.identity`, e.g. the index fingerprint and
+  method, or what a server's ``/health`` reports); resuming against another engine
+  raises :class:`EngineChangedError` unless ``allow_engine_change`` (then
+  ``engine_changes`` records both);
+- failed is not done: an episode with a backend or policy failure (a search answered
+  HTTP 401, a model request refused with HTTP 404:
+  :func:`drgym.evaluation.metrics.episode_failures`) is recorded with its errors (and
+  ``metadata["failed"]``), counted in ``metrics.json``'s ``failed``, and run again by the
+  next run (the record kept for a task is its first complete one, else its last one);
+- damaged lines: on resume every line of ``trajectories.jsonl`` is checked against the
+  episode schema (:func:`drgym.records.trajectory_record_error`); lines that are not
+  UTF-8, not JSON objects or not whole records are moved to
+  ``trajectories.rejected.jsonl`` with one warning and their episodes run again;
+- a full disk: an episode line is appended in one write and the file truncated back on
+  failure, so no partial line is left; :class:`RunDiskFullError` names the file and the
+  full directory.
 
 A search server, policy endpoint or judge endpoint that stays down through its client's
 retries stops the run with :class:`~drgym.errors.ServiceUnavailableError`; no episode
@@ -38,12 +60,55 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from drgym.atomic import append_jsonl, atomic_write_json, read_jsonl
+from drgym.atomic import DiskFullError, append_jsonl, atomic_write_bytes, atomic_write_json
 from drgym.cpu import thread_record
-from drgym.errors import ConfigError, ServiceUnavailableError
+from drgym.errors import ConfigError, DrgymError, ServiceUnavailableError
 from drgym.policies.base import Conversation, Policy
 
 log = logging.getLogger(__name__)
+
+
+class EngineChangedError(ConfigError):
+    """A run directory is being resumed against a different search engine than the one
+    its finished episodes searched (another index, method, encoder, collapse mode, max_k
+    or provider: :meth:`drgym.search.base.SearchBackend.identity`). Resuming would mix
+    two engines' results in one run; ``allow_engine_change=True``
+    (``--allow-engine-change``) resumes anyway and records both identities."""
+
+
+class RunLockedError(DrgymError):
+    """Another process is writing the same run directory (it holds ``run.lock``).
+
+    Attributes:
+        pid: that process's id, or None when the lock file does not say.
+    """
+
+    def __init__(self, message: str, pid: int | None = None) -> None:
+        super().__init__(message)
+        self.pid = pid
+
+
+class RunDiskFullError(DrgymError, OSError):
+    """The disk holding the run directory filled up while an episode was being written:
+    the message names the file and the directory; the file is as it was before the write
+    (no partial line), and rerunning the same command once there is room resumes."""
+
+    def __init__(self, cause: DiskFullError, note: str) -> None:
+        super().__init__(cause.errno, cause.strerror, cause.filename)
+        self.message = f"{cause} {note}"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+LOCK_FILE = "run.lock"
+"""The lock file of a run directory: ``fcntl.flock``-ed by the one process writing the
+run (:class:`RunDirectory`), holding that process's pid."""
+
+REJECTED_FILE = "trajectories.rejected.jsonl"
+"""Where damaged lines of ``trajectories.jsonl`` are moved on resume: one JSON object per
+line, ``{"line", "reason", "raw", "moved_at"}`` (``raw``: the line as text; bytes that
+are not UTF-8 appear as ``\\xNN`` escapes)."""
 
 DEFAULT_N = 20
 """Default number of tasks: the first 20 of the task set (the main job's budget: >= 20
@@ -221,6 +286,12 @@ class RunResult:
         wall_s: wall time of this call (setup included).
         setup_s: seconds spent loading the policy, the backend and the envs.
         interrupted: True when stopped by Ctrl-C (finished episodes are saved).
+        failed: episodes of the run (among its tasks) with a backend or policy failure
+            (:func:`drgym.evaluation.metrics.episode_failures`): recorded, not done, redone
+            by the next run.
+        failure_reasons: episodes per failure reason (``{"search AuthError (HTTP 401)": 5}``).
+        rejected: damaged lines of ``trajectories.jsonl`` moved to :data:`REJECTED_FILE`
+            by this call (their episodes were run again).
     """
 
     out_dir: Path
@@ -231,6 +302,18 @@ class RunResult:
     wall_s: float = 0.0
     setup_s: float = 0.0
     interrupted: bool = False
+    failed: int = 0
+    failure_reasons: dict[str, int] = field(default_factory=dict)
+    rejected: int = 0
+
+    def failure_message(self) -> str | None:
+        """One line saying how many episodes failed and why, and what to do; None when none did."""
+        if not self.failed:
+            return None
+        why = ", ".join(f"{r}: {n}" for r, n in self.failure_reasons.items())
+        return (f"{self.failed} of {len(self.trajectories)} episodes failed ({why}); they are recorded with their errors "
+                f"in {self.out_dir / 'trajectories.jsonl'} but are not done: fix the cause and rerun the same command "
+                "to redo them.")
 
 
 # -- helpers ---------------------------------------------------------------------------
@@ -263,6 +346,22 @@ def backend_fingerprint(backend: Any) -> dict[str, Any]:
                       "encoder_revision": getattr(m, "encoder_revision", None), "factory": getattr(m, "factory", None),
                       "manifest_fingerprint": hashlib.sha256(json.dumps(ident, sort_keys=True, default=str).encode()).hexdigest()[:16]}
     return d
+
+
+def engine_identity(backend: Any) -> dict[str, Any]:
+    """The search engine a run is bound to: ``backend.identity()``
+    (:meth:`drgym.search.base.SearchBackend.identity`; name and class for an object
+    without one), as plain JSON with secrets redacted.
+
+    Raises:
+        ServiceUnavailableError: a remote backend's server cannot be reached.
+    """
+    from drgym.redact import redact
+
+    fn = getattr(backend, "identity", None)
+    ident = fn() if callable(fn) else {"kind": "other", "name": getattr(backend, "name", type(backend).__name__),
+                                       "class": type(backend).__name__}
+    return json.loads(json.dumps(redact(ident), sort_keys=True, default=str))
 
 
 class _RecordingPolicy(Policy):
@@ -334,12 +433,23 @@ def _reward_objects(cfg: RolloutConfig, kind: str, backend: Any = None) -> list[
 class RunDirectory:
     """A rollout run directory: ``config.json``, ``trajectories.jsonl``, ``metrics.json``.
 
+    One process writes a run directory at a time: the constructor takes an exclusive
+    ``fcntl.flock`` on :data:`LOCK_FILE` (holding this process's pid) and :meth:`close`
+    releases it; a second writer gets :class:`RunLockedError` naming the first one's pid.
+
     ``config.json`` is read once (:attr:`previous`) and written by :meth:`write_config`;
-    episodes are appended to ``trajectories.jsonl`` one line at a time.
+    episodes are appended to ``trajectories.jsonl`` one whole line at a time. When the
+    directory is opened, every line of ``trajectories.jsonl`` is checked against the
+    episode schema (:func:`drgym.records.trajectory_record_error`): lines that are not
+    UTF-8, not JSON, not an object or not a whole episode record are moved to
+    :data:`REJECTED_FILE` (one warning), so their episodes are run again.
 
     Args:
-        out: the folder (created on the first write).
-        fresh: discard an earlier run there (its trajectories, config and metrics).
+        out: the folder (created here, for the lock).
+        fresh: discard an earlier run there (its trajectories, rejected lines, config and metrics).
+
+    Raises:
+        RunLockedError: another process holds the run directory.
     """
 
     def __init__(self, out: Path, *, fresh: bool = False) -> None:
@@ -347,16 +457,136 @@ class RunDirectory:
         self.trajectories = self.out / "trajectories.jsonl"
         self.config = self.out / "config.json"
         self.metrics = self.out / "metrics.json"
-        if fresh:
-            for p in (self.trajectories, self.config, self.metrics):
-                if p.exists():
-                    p.unlink()
-        self.previous: dict[str, Any] | None = None
-        if self.config.exists():
+        self.rejected_path = self.out / REJECTED_FILE
+        self.lock_path = self.out / LOCK_FILE
+        self._lock_fd: int | None = None
+        self._opened_records: list[dict[str, Any]] = []
+        self._acquire()
+        try:
+            if fresh:
+                for p in (self.trajectories, self.config, self.metrics, self.rejected_path):
+                    if p.exists():
+                        p.unlink()
+            self.previous: dict[str, Any] | None = None
+            if self.config.exists():
+                try:
+                    prev = json.loads(self.config.read_text(encoding="utf-8"))
+                    if not isinstance(prev, dict):
+                        raise ValueError(f"not a JSON object ({type(prev).__name__})")
+                    self.previous = prev
+                except (OSError, ValueError) as e:
+                    log.warning("%s is unreadable (%s); it will be rewritten", self.config, e)
+            self.rejected = self._check_trajectories()
+        except BaseException:
+            self.close()
+            raise
+
+    # -- one writer ----------------------------------------------------------------------
+    def _acquire(self) -> None:
+        import fcntl
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            import errno
+
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
+                raise
             try:
-                self.previous = json.loads(self.config.read_text(encoding="utf-8"))
-            except (OSError, json.JSONDecodeError) as e:
-                log.warning("%s is unreadable (%s); it will be rewritten", self.config, e)
+                text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+            finally:
+                os.close(fd)
+            pid = int(text) if text.isdigit() else None
+            who = f"process {pid}" if pid is not None else "another process (its pid is not written yet)"
+            raise RunLockedError(
+                f"{self.out} is being written by {who} (it holds {self.lock_path}); wait for that run to end, "
+                "stop it, or use another --out.", pid) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        """Release the run directory's lock (idempotent); the lock file stays."""
+        if self._lock_fd is not None:
+            import fcntl
+
+            fd, self._lock_fd = self._lock_fd, None
+            try:
+                os.ftruncate(fd, 0)
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+    def __enter__(self) -> "RunDirectory":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- reading -------------------------------------------------------------------------
+    def _scan(self) -> tuple[list[dict[str, Any]], list[bytes], list[dict[str, Any]], bool]:
+        """``(records, raw_lines, rejected, clean)`` of ``trajectories.jsonl``: the valid
+        episode records in file order and their lines as written (newline included), the
+        rejected lines (``{"line", "reason", "raw"}``), and whether the file needs no
+        rewrite (every line valid and newline-terminated, no blank line)."""
+        from drgym.records import trajectory_record_error
+
+        records: list[dict[str, Any]] = []
+        raw_lines: list[bytes] = []
+        rejected: list[dict[str, Any]] = []
+        if not self.trajectories.exists():
+            return records, raw_lines, rejected, True
+        data = self.trajectories.read_bytes()
+        pieces = data.split(b"\n")
+        clean = pieces[-1] == b""  # ends with a newline (or is empty)
+        if clean:
+            pieces.pop()
+        for n, raw in enumerate(pieces, 1):
+            if not raw.strip():
+                clean = False  # a blank line is dropped on a rewrite
+                continue
+            rec: Any = None
+            try:
+                rec = json.loads(raw.decode("utf-8"))
+                why = trajectory_record_error(rec)
+            except UnicodeDecodeError as e:
+                why = f"not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+            except json.JSONDecodeError as e:
+                why = f"not valid JSON ({e.msg}, column {e.colno})"
+            except RecursionError:
+                why = "not valid JSON (nested too deeply)"
+            if why is None:
+                records.append(rec)
+                raw_lines.append(raw + b"\n")
+            else:
+                rejected.append({"line": n, "reason": why, "raw": raw.rstrip(b"\r").decode("utf-8", "backslashreplace")})
+        return records, raw_lines, rejected, clean and not rejected
+
+    def _check_trajectories(self) -> int:
+        """Move damaged lines of ``trajectories.jsonl`` to :data:`REJECTED_FILE` (appended
+        there first, then the main file is rewritten atomically with its valid lines, byte
+        for byte); returns how many were moved."""
+        records, raw_lines, rejected, clean = self._scan()
+        self._opened_records = records
+        if clean:
+            return 0
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        for r in rejected:
+            append_jsonl(self.rejected_path, {**r, "moved_at": now})
+        atomic_write_bytes(self.trajectories, b"".join(raw_lines))
+        if rejected:
+            first = rejected[0]
+            log.warning("%s: %d line(s) are not whole episode records (line %d: %s%s); moved to %s, their episodes "
+                        "will be run again.", self.trajectories, len(rejected), first["line"], first["reason"],
+                        "; ..." if len(rejected) > 1 else "", self.rejected_path)
+        return len(rejected)
+
+    def records(self) -> list[dict[str, Any]]:
+        """Every valid episode record of ``trajectories.jsonl``, in file order."""
+        return self._scan()[0]
 
     def check_identity(self, config: RolloutConfig) -> None:
         """Raise :class:`ConfigError` when the directory holds a different run."""
@@ -371,8 +601,48 @@ class RunDirectory:
             )
 
     def done_task_ids(self) -> set[str]:
-        """Task ids with an episode in ``trajectories.jsonl``."""
-        return {d.get("task_id") for d in read_jsonl(self.trajectories)} if self.trajectories.exists() else set()
+        """Task ids with a complete episode in ``trajectories.jsonl`` when the directory was
+        opened (an episode with a backend or policy failure,
+        :func:`drgym.evaluation.metrics.episode_failures`, is not complete: it is run again)."""
+        from drgym.evaluation.metrics import episode_failures
+
+        return {d["task_id"] for d in self._opened_records if not episode_failures(d)}
+
+    def check_engine(self, engine: dict[str, Any], *, allow_change: bool) -> dict[str, Any] | None:
+        """Check that a resumed run searches the engine its episodes searched.
+
+        Args:
+            engine: this session's :func:`engine_identity`.
+            allow_change: resume against a different engine anyway.
+
+        Returns:
+            None when the engine is the earlier session's (or none was recorded); the
+            change ``{"from", "to", "at"}`` when it differs and ``allow_change``.
+
+        Raises:
+            EngineChangedError: it differs and not ``allow_change`` (the message names
+                the differing fields, old and new).
+        """
+        old = (self.previous or {}).get("engine")
+        if not isinstance(old, dict):
+            if self.previous is not None:
+                log.warning("%s records no search engine identity (written by an older drgym, or the server was "
+                            "down when the run started): cannot check that the resumed episodes search the same "
+                            "engine; this session's is recorded.", self.config)
+            return None
+        if old == engine:
+            return None
+        diff = sorted(k for k in set(old) | set(engine) if old.get(k) != engine.get(k))
+        if len(diff) > 1 and "index_repr" in diff:  # the whole /health line repeats the parsed fields
+            diff.remove("index_repr")
+        shown = "; ".join(f"{k}: {old.get(k)!r} -> {engine.get(k)!r}" for k in diff)
+        if not allow_change:
+            raise EngineChangedError(
+                f"{self.out} was run against another search engine ({shown}); resuming would mix two engines' "
+                "results. Serve the same engine, use --fresh or another --out, or pass --allow-engine-change to "
+                "resume anyway (both engines are recorded in config.json).")
+        log.warning("%s: resuming against another search engine (%s), as --allow-engine-change asks.", self.out, shown)
+        return {"from": old, "to": engine, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     def changed_policy_settings(self, policy_record: dict[str, Any]) -> list[str]:
         """Settings a policy resolves itself (:data:`RESOLVED_POLICY_KEYS`) that differ from the earlier session's."""
@@ -380,21 +650,88 @@ class RunDirectory:
         return [k for k in RESOLVED_POLICY_KEYS if k in prev and prev.get(k) != policy_record.get(k)]
 
     def write_config(self, record: dict[str, Any], session: dict[str, Any]) -> None:
-        """Write ``config.json``: ``record``, keeping the first session's ``created`` and every session."""
+        """Write ``config.json``: ``record``, keeping the first session's ``created``, every
+        session and every recorded engine change (``engine_changes``)."""
         if self.previous is not None:
             record["created"] = self.previous.get("created", record.get("created"))
             record["sessions"] = list(self.previous.get("sessions", []))
+            changes = list(self.previous.get("engine_changes") or [])
+            if changes or record.get("engine_changes"):
+                record["engine_changes"] = changes + list(record.get("engine_changes") or [])
         record.setdefault("sessions", []).append(session)
         atomic_write_json(self.config, record)
         self.previous = record
 
-    def append(self, traj: Any) -> None:
-        """Append one finished episode (a whole line, atomically)."""
-        append_jsonl(self.trajectories, traj.to_dict())
+    def append(self, traj: Any) -> list[str]:
+        """Append one finished episode (a whole line, atomically); an episode with a
+        backend or policy failure gets ``metadata["failed"]`` (its reasons).
+
+        Returns:
+            The episode's failures (:func:`drgym.evaluation.metrics.episode_failures`; empty: complete).
+
+        Raises:
+            RunDiskFullError: the disk is full (nothing of the line was written).
+        """
+        from drgym.evaluation.metrics import episode_failures
+
+        d = traj.to_dict()
+        failures = episode_failures(d)
+        if failures:
+            d["metadata"]["failed"] = failures
+            traj.metadata["failed"] = failures
+        try:
+            append_jsonl(self.trajectories, d)
+        except DiskFullError as e:
+            raise RunDiskFullError(e, "The episodes finished before are saved; rerun the same command to resume.") from e
+        return failures
 
     def episodes(self, index_of: dict[str, int]) -> list[dict[str, Any]]:
-        """The run's episodes: the first record per task id among the selected tasks, in task order."""
-        return _run_trajectories(self.trajectories, index_of)
+        """The run's episodes among the selected tasks, one per task id, in task order: the
+        first complete record of the task, else its last (failed) record."""
+        chosen = select_episodes(self.records())
+        return sorted((d for tid, d in chosen.items() if tid in index_of), key=lambda d: index_of[d["task_id"]])
+
+
+def select_episodes(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """One record per task id of a run's valid records (file order): the first complete
+    one, else the last failed one (:func:`drgym.evaluation.metrics.episode_failures`; a
+    failed episode is redone and appended by the next run).
+
+    Returns:
+        ``{task_id: record}`` in the order task ids first appear.
+    """
+    from drgym.evaluation.metrics import episode_failures
+
+    chosen: dict[str, dict[str, Any]] = {}
+    complete: set[str] = set()
+    for d in records:
+        tid = d["task_id"]
+        if tid in complete:
+            continue
+        chosen[tid] = d
+        if not episode_failures(d):
+            complete.add(tid)
+    return chosen
+
+
+def read_run_episodes(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The episodes of a run's ``trajectories.jsonl`` for a reader that does not write the
+    run (``drgym report``): lines that are not UTF-8 JSON objects with a string
+    ``task_id`` are skipped (not moved: only a resuming run moves them), then one record
+    per task id as :func:`select_episodes` picks it, in the order task ids first appear.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+    """
+    records = []
+    for raw in Path(path).read_bytes().splitlines():
+        try:
+            d = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+            continue
+        if isinstance(d, dict) and isinstance(d.get("task_id"), str):
+            records.append(d)
+    return list(select_episodes(records).values())
 
 
 @dataclass
@@ -412,9 +749,11 @@ class _Session:
 
 
 def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks: list[Any], todo: list[Any], *,
-           policy: Policy | None, backend: Any, reward: Any, t_start: float, resumed: bool) -> _Session:
-    """Build step: the backend, the policy, the envs and the extra rewards; check a resumed
-    run's resolved policy settings; write ``config.json``."""
+           policy: Policy | None, backend: Any, reward: Any, t_start: float, resumed: bool,
+           allow_engine_change: bool = False) -> _Session:
+    """Build step: the backend (and its engine identity, checked against a resumed run's
+    before the policy is loaded), the policy, the envs and the extra rewards; check a
+    resumed run's resolved policy settings; write ``config.json``."""
     import gymnasium as gym
 
     import drgym.envs  # noqa: F401
@@ -424,6 +763,19 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
     from drgym.search.registry import get_backend
 
     be = backend if backend is not None else get_backend(config.backend)
+    change = None
+    try:
+        engine: dict[str, Any] | None = engine_identity(be)
+    except ServiceUnavailableError:
+        if resumed and isinstance((run.previous or {}).get("engine"), dict):
+            raise  # the engine must be checked before a resumed run goes on: stop (a rerun resumes)
+        # nothing to check against: the loop meets the failure in its own order (the policy
+        # acts first) or the server comes back; the identity is read again after the loop
+        log.info("the search engine's identity could not be read now; it is read again after the episodes")
+        engine = None
+    if resumed and engine is not None:
+        # the finished episodes searched the recorded engine: refuse to mix in another one
+        change = run.check_engine(engine, allow_change=allow_engine_change)
     pol = policy
     if pol is None:
         opts = dict(config.policy_options)
@@ -452,6 +804,8 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
         "versions": versions(),
         "threads": thread_record(),
         "backend": redact(backend_fingerprint(be)),
+        "engine": engine,
+        **({"engine_changes": [change]} if change else {}),
         "policy": redact(describe_policy(pol)),
         "env": {"id": config.env, "kind": kind, "max_turns": raw0.max_turns, "max_searches": raw0.max_searches,
                 "max_fetches": raw0.max_fetches, "max_obs_tokens": raw0.max_obs_tokens, "top_k": raw0.top_k,
@@ -477,9 +831,24 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
                 f"resolves to {', '.join(f'{k}={now_pol.get(k)!r}' for k in changed)}; resuming would mix them. "
                 "Pass the old value with -p, or use --fresh / another --out.")
     run.write_config(record, {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                              "todo": len(todo), "setup_s": round(setup_s, 3)})
+                              "todo": len(todo), "setup_s": round(setup_s, 3), "engine_changed": bool(change)})
     return _Session(policy=pol, own_policy=policy is None, backend=be, envs=envs, extra_rewards=extra_rewards,
                     record=record, setup_s=setup_s, watch=watch)
+
+
+def _record_engine_late(run: RunDirectory, session: _Session) -> None:
+    """Write the engine identity into ``config.json`` after the loop when the server could
+    not be asked at build time (it came back during the run); a server still down leaves
+    it unrecorded (logged)."""
+    try:
+        engine = engine_identity(session.backend)
+    except ServiceUnavailableError as e:
+        log.warning("the search engine's identity is not recorded in %s: %s", run.config, e)
+        return
+    session.record["engine"] = engine
+    if run.previous is not None:
+        run.previous["engine"] = engine
+        atomic_write_json(run.config, run.previous)
 
 
 def _loop(config: RolloutConfig, run: RunDirectory, session: _Session, tasks: list[Any], todo: list[Any],
@@ -593,12 +962,20 @@ def run_rollout(
     fresh: bool = False,
     tasks: Sequence[Any] | None = None,
     reward: Any = None,
+    allow_engine_change: bool = False,
 ) -> RunResult:
     """Run (or resume) a rollout and write the run directory.
 
-    Three steps over a :class:`RunDirectory`: build (backend, policy, envs, rewards,
-    ``config.json``), loop (the episodes, in :class:`drgym.envs.driver.BatchedDriver`)
-    and finish (metrics, plots).
+    Three steps over a :class:`RunDirectory` (held by this call alone: its lock file):
+    build (backend, policy, envs, rewards, ``config.json``), loop (the episodes, in
+    :class:`drgym.envs.driver.BatchedDriver`) and finish (metrics, plots).
+
+    A run is bound to its search engine (:func:`engine_identity`, recorded in
+    ``config.json`` as ``engine``): resuming against another one is refused. An episode
+    with a backend or policy failure (:func:`drgym.evaluation.metrics.episode_failures`,
+    e.g. every search answered HTTP 401) is recorded with its errors but is not done: the
+    result's ``failed`` counts it and the next run redoes it. Damaged lines of
+    ``trajectories.jsonl`` are moved aside on resume and their episodes run again.
 
     Args:
         config: the run definition.
@@ -614,15 +991,22 @@ def run_rollout(
             held-out slice during training; the first ``config.n`` are run.
         reward: the env's reward (a :class:`~drgym.records.Reward`), instead of the env's
             default; the env scores each episode with it once (``reward_components``).
+        allow_engine_change: resume even though the search engine differs from the one
+            the run's finished episodes searched; ``config.json`` records both
+            (``engine_changes``).
 
     Returns:
         A :class:`RunResult`; ``metrics`` covers every episode of the run directory
-        whose task is among the first ``n``.
+        whose task is among the first ``n`` (failed ones included, counted in
+        ``failed``); ``failed`` / :meth:`RunResult.failure_message` say which failed.
 
     Raises:
         ConfigError: bad config, or ``out`` holds a different run (same directory,
             different env/tasks/policy/backend/seed/options); pass ``fresh=True`` or
             another ``out``. Options are checked before anything is loaded.
+        EngineChangedError: resuming against another search engine (a ConfigError).
+        RunLockedError: another process is writing ``out``.
+        RunDiskFullError: the disk holding ``out`` filled up (the episodes before are saved).
         ServiceUnavailableError: the search server, the policy's or the judge's endpoint
             stayed down through its retries. The episodes finished before are saved (and
             ``metrics.json`` covers them, with ``stopped`` set); the ones in progress are
@@ -634,8 +1018,6 @@ def run_rollout(
     t_start = time.perf_counter()
     config.validate()
     check_options(config, tasks, policy=policy is None, backend=backend is None)
-    run = RunDirectory(config.out_dir(), fresh=fresh)
-    run.check_identity(config)
 
     from drgym.envs.task_loaders import load_tasks
 
@@ -643,6 +1025,16 @@ def run_rollout(
     tasks = all_tasks[: config.n] if config.n is not None else all_tasks
     if not tasks:
         raise ConfigError(f"task set {config.tasks!r} is empty.")
+    with RunDirectory(config.out_dir(), fresh=fresh) as run:
+        return _run_locked(config, run, tasks, all_tasks, policy=policy, backend=backend, progress=progress,
+                           console=console, reward=reward, allow_engine_change=allow_engine_change, t_start=t_start)
+
+
+def _run_locked(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks: list[Any], *,
+                policy: Policy | None, backend: Any, progress: bool, console: Any, reward: Any,
+                allow_engine_change: bool, t_start: float) -> RunResult:
+    """:func:`run_rollout` once the run directory is held."""
+    run.check_identity(config)
     done_ids = run.done_task_ids()
     todo = [t for t in tasks if t.task_id not in done_ids]
     skipped = len(tasks) - len(todo)
@@ -650,16 +1042,24 @@ def run_rollout(
     new, session_phases, interrupted, setup_s = 0, {}, False, 0.0
     stopped: ServiceUnavailableError | None = None
     if todo:
-        session = _build(config, run, tasks, all_tasks, todo, policy=policy, backend=backend, reward=reward,
-                         t_start=t_start, resumed=bool(done_ids))
-        setup_s = session.setup_s
-        new, session_phases, interrupted, stopped = _loop(config, run, session, tasks, todo, skipped,
-                                                          progress=progress, console=console)
+        try:
+            session = _build(config, run, tasks, all_tasks, todo, policy=policy, backend=backend, reward=reward,
+                             t_start=t_start, resumed=bool(done_ids), allow_engine_change=allow_engine_change)
+        except ServiceUnavailableError as e:  # the search server is down before the first episode (its /health)
+            stopped = e
+            log.warning("stopping the run: %s", e)
+        else:
+            setup_s = session.setup_s
+            new, session_phases, interrupted, stopped = _loop(config, run, session, tasks, todo, skipped,
+                                                              progress=progress, console=console)
+            if session.record.get("engine") is None and new:
+                _record_engine_late(run, session)
     wall = time.perf_counter() - t_start
     trajectories, metrics = _finish(config, run, tasks, session_phases=session_phases, setup_s=setup_s, wall=wall,
                                     interrupted=interrupted, stopped=stopped)
     result = RunResult(out_dir=run.out, metrics=metrics, trajectories=trajectories, new_episodes=new, skipped=skipped,
-                       wall_s=wall, setup_s=setup_s, interrupted=interrupted)
+                       wall_s=wall, setup_s=setup_s, interrupted=interrupted, failed=int(metrics.get("failed") or 0),
+                       failure_reasons=dict(metrics.get("failure_reasons") or {}), rejected=run.rejected)
     if interrupted:
         raise KeyboardInterrupt(result)
     if stopped is not None:
@@ -669,6 +1069,8 @@ def run_rollout(
                                                       path=run.trajectories))
         err.result = result  # type: ignore[attr-defined]
         raise err from stopped
+    if result.failed:  # the caller reports it (drgym rollout: one error line, exit status 3)
+        log.info("%s", result.failure_message())
     return result
 
 
@@ -716,18 +1118,6 @@ def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _Re
                 if cname != getattr(r, "name", "") and k < len(vals):
                     t.reward_components[cname] = vals[k]
             t.timings["reward"] = t.timings.get("reward", 0.0) + dt
-
-
-def _run_trajectories(traj_path: Path, index_of: dict[str, int]) -> list[dict[str, Any]]:
-    """The run's episodes: first record per task id among the selected tasks, in task order."""
-    if not traj_path.exists():
-        return []
-    seen: dict[str, dict[str, Any]] = {}
-    for d in read_jsonl(traj_path):
-        tid = d.get("task_id")
-        if tid in index_of and tid not in seen:
-            seen[tid] = d
-    return sorted(seen.values(), key=lambda d: index_of[d["task_id"]])
 
 
 def compute_metrics_for_run(trajectories: list[dict[str, Any]]) -> dict[str, Any]:

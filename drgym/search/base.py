@@ -9,6 +9,7 @@ DeepResearchGym API), or a commercial web backend.
 from __future__ import annotations
 
 import abc
+from typing import Any
 
 from drgym.errors import BadQueryError
 from drgym.types import Document, SearchResult
@@ -143,6 +144,26 @@ class SearchBackend(abc.ABC):
         client there would be slow or impossible.
         """
         return self
+
+    def identity(self) -> dict[str, Any]:
+        """What decides this backend's answers, as a JSON-ready dict (no secrets).
+
+        A rollout run records it in ``config.json`` and refuses to resume against a
+        backend whose identity differs (:func:`drgym.evaluation.runner.run_rollout`), so
+        two sessions of one run never search different engines. Equal identities mean
+        "the same engine"; subclasses return what changes their rankings (index
+        fingerprint, method, provider...). Must be cheap and must not raise for a backend
+        that works (a remote backend may ask its server once).
+
+        Returns:
+            Default: a wrapper that passes its calls to a backend in ``self.inner`` (a
+            fault watch, a call counter) is that backend: ``self.inner.identity()``;
+            anything else ``{"kind": "other", "name", "class", "max_k"}``.
+        """
+        inner = getattr(self, "inner", None)
+        if isinstance(inner, SearchBackend) and inner is not self:
+            return inner.identity()
+        return {"kind": "other", "name": str(self.name), "class": type(self).__name__, "max_k": int(self.max_k)}
 
     def credentials(self) -> tuple[str, ...]:
         """The secret values this backend sends (API keys): never to be logged or stored.

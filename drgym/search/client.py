@@ -235,19 +235,52 @@ class HTTPSearchClient(SearchBackend):
         """
         with self._lock:
             if self._drgym is None:
-                resp = self._send("GET", f"{self.base_url}/health")
-                info: Any = None
-                if resp.status_code == 200:
-                    try:
-                        info = resp.json()
-                    except ValueError:
-                        info = None
+                info = self._read_health()
                 self._drgym = isinstance(info, dict) and info.get("service") == "drgym"
                 if self._drgym and isinstance(info.get("max_k"), int):
                     self.max_k = info["max_k"]
                 if self._drgym and info.get("collapse") in COLLAPSE_MODES:
                     self._server_collapse = info["collapse"]
             return self._drgym
+
+    def _read_health(self) -> dict[str, Any] | None:
+        """``GET /health`` as a dict; None when the server answers anything else (not JSON, not 200)."""
+        resp = self._send("GET", f"{self.base_url}/health")
+        if resp.status_code != 200:
+            return None
+        try:
+            info = resp.json()
+        except ValueError:
+            return None
+        return info if isinstance(info, dict) else None
+
+    def identity(self) -> dict[str, Any]:
+        """The remote engine's identity (see :meth:`SearchBackend.identity`), read from a
+        fresh ``GET /health`` of a drgym server: the index name, method, encoder and
+        passages (parsed from ``index``, e.g. ``LocalSearchEngine('wiki-default--...',
+        method='hybrid', ...)``, also kept whole as ``index_repr``), ``max_k`` and the
+        collapse mode the client gets (its own ``collapse``, else the server's default).
+        A server that is not drgym (the public DeepResearchGym API) reports no index: its
+        identity is the service name and route.
+
+        Raises:
+            ServiceUnavailableError: the server cannot be reached.
+        """
+        import re
+
+        if not self.is_drgym():
+            return {"kind": "http", "service": self.name, "route": self.route, "max_k": int(self.max_k)}
+        info = self._read_health() or {}
+        raw = re.sub(r" at 0x[0-9a-fA-F]+", "", str(info.get("index") or ""))  # no object addresses
+        m = re.match(r"\s*\w+\(\s*'([^']*)'", raw)
+        fields = {k: (q if q else v) for k, q, v in re.findall(r"(\w+)=(?:'([^']*)'|([^,)\s]+))", raw)}
+        passages = fields.get("passages")
+        server_collapse = info.get("collapse") if info.get("collapse") in COLLAPSE_MODES else None
+        return {"kind": "http", "service": "drgym", "backend": info.get("backend"),
+                "index": m.group(1) if m else (raw or None), "n_passages": int(passages) if str(passages).isdigit() else passages,
+                "method": fields.get("method"), "encoder": fields.get("encoder"),
+                "max_k": info.get("max_k", self.max_k), "collapse": self.collapse or server_collapse,
+                "deterministic": info.get("deterministic"), "index_repr": raw}
 
     # -- SearchBackend -----------------------------------------------------------------
     def search(self, query: str, k: int = 10) -> list[SearchResult]:

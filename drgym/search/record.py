@@ -347,6 +347,8 @@ class RecordReplayBackend(SearchBackend):
                     if row["error_type"] is not None:
                         raise _rebuild_error(row["error_type"], row["error_message"])
                     out[i] = row["results"]
+                    if self.mode == "cache" and hasattr(self.inner, "remember_results"):
+                        self.inner.remember_results(row["results"])  # a web backend then fetches these URLs
                     continue
                 if self.mode == "replay":
                     self._count("misses")
@@ -410,6 +412,16 @@ class RecordReplayBackend(SearchBackend):
             raise
         self.store.put_fetch(self.name, url, doc, None, time.perf_counter() - t0)
         return doc
+
+    def identity(self) -> dict[str, Any]:
+        """The recorded backend (see :meth:`SearchBackend.identity`): ``{"kind": "record",
+        "mode", "provider", "recording"}`` (the recording's absolute path), plus ``inner``,
+        the live backend's identity, outside replay."""
+        ident: dict[str, Any] = {"kind": "record", "mode": self.mode, "provider": self.name,
+                                 "recording": str(Path(self.store.path).resolve())}
+        if self.inner is not None and self.mode != "replay":
+            ident["inner"] = self.inner.identity()
+        return ident
 
     def close(self) -> None:
         if self.inner is not None:
