@@ -99,7 +99,8 @@ def test_compare_local_vs_replayed_recording(hotpot_web, hotpotqa_engine, tmp_pa
     monkeypatch.setenv("SERPER_API_KEY", API_KEY)
     monkeypatch.setenv("SERPER_BASE_URL", f"{hotpot_web.base}/serper")
     rec = run_compare(policies=POLICIES, tasks="hotpotqa-dev", backends=["serper"], n=N, out=tmp_path / "rec",
-                      record=db, run_options={"batch_size": 4})
+                      record=db, run_options={"batch_size": 4},
+                      backend_options={"serper": {"fetch_allow_loopback": True}})  # the fake's pages are on 127.0.0.1
     assert hotpot_web.count("/serper/search") == 2 * N  # one search per episode, each recorded
     assert [r["billed_usd"] for r in rec["rows"]] == pytest.approx([N * 0.001, N * 0.001])
 

@@ -32,6 +32,7 @@ def fp():
 
 
 def recorder(fp, store, provider="serper", mode="record", **kw):
+    kw.setdefault("fetch_allow_loopback", True)  # the fake's pages are on 127.0.0.1
     return make_backend(provider, mode=mode, store=store, api_key=API_KEY, base_url=f"{fp.base}/{provider}",
                         backoff_s=0.01, **kw)
 
@@ -71,7 +72,7 @@ def test_record_then_replay_offline(fp, tmp_path, monkeypatch):
 
 def test_failures_are_recorded_and_replayed(fp, tmp_path):
     db = tmp_path / "web.sqlite"
-    rec = recorder(fp, db, "serper", attempts=2)
+    rec = recorder(fp, db, "serper", attempts=2, fetch_any_url=True)  # fetches a URL no search returned
     fp.plan("/serper/search", (500, {}, "upstream down"), (500, {}, "upstream down"))
     with pytest.raises(BackendUnavailableError) as live_err:
         rec.search("capital of France", k=2)

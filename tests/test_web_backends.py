@@ -29,6 +29,7 @@ def fp():
 def make(fp, provider, **kw):
     kw.setdefault("backoff_s", 0.01)
     kw.setdefault("timeout_s", 2.0)
+    kw.setdefault("fetch_allow_loopback", True)  # the fake's pages are on 127.0.0.1
     return CLASSES[provider](kw.pop("api_key", API_KEY), base_url=f"{fp.base}/{provider}", **kw)
 
 
@@ -183,7 +184,7 @@ def test_fetch_extracts_main_text_without_boilerplate(fp):
 
 
 def test_fetch_limits_and_errors(fp):
-    f = PageFetcher(max_bytes=50_000, backoff_s=0.01)
+    f = PageFetcher(max_bytes=50_000, backoff_s=0.01, allow_loopback=True)
     big = f.fetch(f"{fp.base}/pages/huge")  # ~1.5 MB page
     assert big.metadata["truncated"] is True and big.metadata["bytes"] == 50_000
     assert big.text.startswith("Paragraph 0 of a very long page") and "Paragraph 19999" not in big.text

@@ -9,6 +9,12 @@ import typer
 
 log = logging.getLogger(__name__)
 
+# The slow-client timeouts' defaults (drgym.server.app; repeated here so that `drgym --help`
+# does not import FastAPI). tests/test_rel_server.py checks they agree.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
+DEFAULT_KEEP_ALIVE_S = 5.0
+
 
 def load_backend(settings) -> "object":
     """Open the local engine the settings describe (building the index if needed) and
@@ -57,6 +63,12 @@ def serve(
     retrieve_collapse: Optional[str] = typer.Option(None, "--retrieve-collapse", help="The same for POST /retrieve (default passage, as Search-R1)."),
     api_keys: Optional[str] = typer.Option(None, "--api-keys", help="Comma-separated keys required in x-api-key (env DRGYM_API_KEYS; default: no auth)."),
     log_level: Optional[str] = typer.Option(None, "--log-level", help="uvicorn log level (default warning)."),
+    header_timeout: float = typer.Option(DEFAULT_HEADER_TIMEOUT_S, "--header-timeout", envvar="DRGYM_HEADER_TIMEOUT",
+                                         help="Seconds a client has to send a whole request head; then 408 and the connection is closed."),
+    body_timeout: float = typer.Option(DEFAULT_BODY_TIMEOUT_S, "--body-timeout", envvar="DRGYM_BODY_TIMEOUT",
+                                       help="Seconds a client has to send a whole request body after its head; then 408 and close."),
+    keep_alive_timeout: float = typer.Option(DEFAULT_KEEP_ALIVE_S, "--keep-alive-timeout", envvar="DRGYM_KEEP_ALIVE_TIMEOUT",
+                                             help="Seconds an idle kept-alive connection stays open."),
 ) -> None:
     """Serve a local index over HTTP: DeepResearchGym /search, /fineweb/search and /fetch, Search-R1 POST /retrieve, /health and /docs.
 
@@ -77,6 +89,15 @@ def serve(
         msgs = "; ".join(f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors())
         typer.echo(f"drgym serve: error: invalid settings: {msgs}", err=True)
         raise typer.Exit(2) from None
+    from drgym.server.app import uvicorn_options
+
+    try:
+        server_options = uvicorn_options(header_timeout_s=header_timeout, body_timeout_s=body_timeout,
+                                         keep_alive_s=keep_alive_timeout)
+    except ValueError as e:
+        typer.echo(f"drgym serve: error: invalid settings: {e} (--header-timeout, --body-timeout, "
+                   "--keep-alive-timeout)", err=True)
+        raise typer.Exit(2) from None
     try:
         _check_bindable(settings.host, settings.port)
     except OSError as e:
@@ -95,13 +116,13 @@ def serve(
 
     import uvicorn
 
-    from drgym.server.app import UVICORN_H11_MAX_EVENT, create_app
+    from drgym.server.app import create_app
 
     app = create_app(backend, settings, close_backend=True)
     typer.echo(f"drgym serve: {backend!r} on http://{settings.host}:{settings.port} "
                f"(max_k={settings.max_k}, auth={'on' if settings.key_set() else 'off'})", err=True)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                h11_max_incomplete_event_size=UVICORN_H11_MAX_EVENT, access_log=False)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
+                **server_options)
 
 
 def _check_bindable(host: str, port: int) -> None:

@@ -13,19 +13,43 @@ Limits (all configurable):
   refused with :class:`UnsupportedContentError`);
 - at most ``max_bytes`` of body are read (a longer body is cut and the document gets
   ``metadata["truncated"] = True``; a ``Content-Length`` beyond it is read up to the cap);
-- at most ``max_chars`` of extracted text are kept.
+- at most ``max_chars`` of extracted text are kept;
+- at most ``max_time_s`` seconds per fetch, redirects and body together (each attempt's
+  timeout is cut to what is left; a body still arriving then is cut like a long one).
+
+Safety (server-side request forgery): the URL an agent writes is untrusted, so
+
+- the host is resolved (``socket.getaddrinfo``) and refused, before anything is sent,
+  when any of its addresses is loopback, private, link-local, multicast, reserved,
+  unspecified or otherwise not globally routable (:func:`address_refusal`; IPv4 inside
+  IPv6 -- mapped, NAT64, 6to4, Teredo -- is checked as the IPv4 address);
+- redirects are followed by hand (at most ``max_redirects``), each ``Location`` checked
+  the same way before it is requested;
+- the connection itself goes to an address that passed the check (the transport resolves,
+  checks and connects to that address), so a DNS answer that changes between the check
+  and the connection (DNS rebinding) is refused too;
+- environment proxies are not used (a proxy would hide the target address from the check).
+
+A refusal raises :class:`FetchRefusedError` naming the URL, the address and why. Tests
+that serve pages on 127.0.0.1 pass ``allow_loopback=True`` (loopback only: private,
+link-local... stay refused).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import re
+import socket
+import time
 from datetime import datetime, timezone
+from typing import Any
 from urllib.parse import urlsplit
 
+import httpcore
 import httpx
 
-from drgym.errors import BadQueryError, DocumentNotFoundError, SearchError
+from drgym.errors import BackendUnavailableError, BadQueryError, DocumentNotFoundError, SearchError
 from drgym.search.retry import send_with_retries
 from drgym.types import Document
 
@@ -38,6 +62,156 @@ DEFAULT_USER_AGENT = "drgym/0.1 (+https://github.com/drgym/drgym; research page 
 
 class UnsupportedContentError(SearchError):
     """The page is not HTML or text (a PDF, an image...), so no text can be extracted."""
+
+
+class FetchRefusedError(SearchError):
+    """drgym refused to fetch a URL, and sent nothing to the refused address.
+
+    Raised when the host is (or resolves to) a loopback, private, link-local, multicast,
+    reserved or unspecified address, when a redirect leads to such a host or to a
+    non-http(s) URL, after more than ``max_redirects`` redirects, or (web backends) when
+    the URL was not in the backend's search results. The agent sees the message as the
+    fetch's observation.
+
+    Attributes:
+        reason: a short tag: ``"address"``, ``"scheme"``, ``"redirects"`` or
+            ``"not-in-results"`` (``""`` when rebuilt from a recording).
+    """
+
+    def __init__(self, message: str, reason: str = ""):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _embedded_ipv4(ip: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries (mapped, NAT64 64:ff9b::/96, 6to4, Teredo)."""
+    if ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    if ip in _NAT64:
+        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+    if ip.sixtofour is not None:
+        return ip.sixtofour
+    if ip.teredo is not None:
+        return ip.teredo[1]
+    return None
+
+
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
+def address_refusal(address: str, *, allow_loopback: bool = False) -> str | None:
+    """Why a page may not be fetched from ``address``, or None for a public address.
+
+    Args:
+        address: an IPv4 or IPv6 address literal (a scope suffix ``%eth0`` is ignored).
+        allow_loopback: accept loopback addresses (127.0.0.0/8, ::1); for tests only.
+
+    Returns:
+        ``None`` when the address is globally routable, else its category:
+        ``"unspecified"``, ``"loopback"``, ``"link-local"``, ``"multicast"``,
+        ``"private"``, ``"reserved"`` or ``"not globally routable"`` (e.g. 100.64.0.0/10),
+        or ``"not an IP address"``.
+    """
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return "not an IP address"
+    if isinstance(ip, ipaddress.IPv6Address):
+        inner = _embedded_ipv4(ip)
+        if inner is not None:
+            why = address_refusal(str(inner), allow_loopback=allow_loopback)
+            if why is not None:
+                return why
+            if ip.ipv4_mapped is not None:
+                return None
+    if ip.is_unspecified:
+        return "unspecified"
+    if ip.is_loopback:
+        return None if allow_loopback else "loopback"
+    if ip.is_link_local:
+        return "link-local"
+    if ip.is_multicast:
+        return "multicast"
+    if ip.is_private:
+        return "private"
+    if ip.is_reserved:
+        return "reserved"
+    if not ip.is_global:
+        return "not globally routable"
+    return None
+
+
+def resolve_public(host: str, port: int, *, allow_loopback: bool = False, url: str | None = None) -> list[str]:
+    """Resolve ``host`` and check every address it has (see :func:`address_refusal`).
+
+    Args:
+        host: a host name or IP literal (IPv6 without brackets).
+        port: the TCP port (resolution is per port and socket type).
+        allow_loopback: accept loopback addresses (tests).
+        url: the URL named in the error message (default ``host``).
+
+    Returns:
+        The addresses (strings, resolver order, duplicates removed); all are allowed.
+
+    Raises:
+        FetchRefusedError: some address is refused (a host with one private address among
+            public ones is refused: the connection could go to any of them).
+        socket.gaierror: the name does not resolve.
+    """
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    out: list[str] = []
+    for *_, sockaddr in infos:
+        addr = str(sockaddr[0])
+        why = address_refusal(addr, allow_loopback=allow_loopback)
+        if why is not None:
+            shown = host if host == addr else f"{host} ({addr})"
+            raise FetchRefusedError(
+                f"fetch refused: {url or host} points at {shown} ({why} address); drgym only fetches "
+                "pages on public internet addresses.", reason="address")
+        if addr not in out:
+            out.append(addr)
+    if not out:
+        raise socket.gaierror(f"{host!r} has no address")
+    return out
+
+
+class _CheckedNetworkBackend(httpcore.SyncBackend):
+    """Resolves the host itself, checks every address (:func:`resolve_public`) and connects
+    to a checked address, so the address connected to is the address that was checked."""
+
+    def __init__(self, allow_loopback: bool) -> None:
+        self.allow_loopback = allow_loopback
+
+    def connect_tcp(self, host: str, port: int, timeout: float | None = None,
+                    local_address: str | None = None, socket_options: Any = None) -> httpcore.NetworkStream:
+        try:
+            addresses = resolve_public(host, port, allow_loopback=self.allow_loopback)
+        except OSError as e:  # socket.gaierror: as an unreachable host (retried, then BackendUnavailableError)
+            raise httpcore.ConnectError(f"cannot resolve {host!r}: {e}") from e
+        last: Exception | None = None
+        for addr in addresses:
+            try:
+                return super().connect_tcp(addr, port, timeout=timeout, local_address=local_address,
+                                           socket_options=socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as e:
+                last = e
+        assert last is not None
+        raise last
+
+
+class _CheckedTransport(httpx.HTTPTransport):
+    """``httpx.HTTPTransport`` whose connections go through :class:`_CheckedNetworkBackend`."""
+
+    def __init__(self, allow_loopback: bool, limits: httpx.Limits = httpx.Limits(max_connections=100,
+                                                                               max_keepalive_connections=20)):
+        super().__init__(trust_env=False, limits=limits)
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(),  # SSL_CERT_FILE / SSL_CERT_DIR honoured, as before
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=_CheckedNetworkBackend(allow_loopback),
+        )
 
 
 def _now() -> str:
@@ -91,8 +265,19 @@ class PageFetcher:
         backoff_s: first retry backoff, seconds.
         allowed_types: accepted ``Content-Type`` media types.
         user_agent: the ``User-Agent`` header sent.
-        client: an httpx client to use (else one is created and owned).
+        client: an httpx client to use (else one is created and owned). It must not follow
+            redirects itself (they are followed and checked here); a client given here
+            connects without the connection-time address check (the URL of every hop is
+            still checked before it is requested).
         source: the ``source`` field of returned documents.
+        max_redirects: redirects followed per fetch (more: :class:`FetchRefusedError`).
+        max_time_s: longest a fetch may take, seconds, all redirects and the body together.
+        allow_loopback: accept pages on loopback addresses (127.0.0.0/8, ::1). Off by
+            default; for tests that serve pages on 127.0.0.1. Private, link-local and the
+            other refused categories stay refused.
+
+    Raises:
+        ValueError: a limit is not positive, or ``client`` follows redirects.
 
     Thread-safe (httpx clients are).
     """
@@ -109,11 +294,23 @@ class PageFetcher:
         user_agent: str = DEFAULT_USER_AGENT,
         client: httpx.Client | None = None,
         source: str = "web",
+        max_redirects: int = 5,
+        max_time_s: float = 60.0,
+        allow_loopback: bool = False,
     ):
         if max_bytes < 1 or max_chars < 1:
             raise ValueError(f"max_bytes and max_chars must be positive, got {max_bytes}, {max_chars}.")
+        if not (timeout_s > 0 and max_time_s > 0) or max_redirects < 0:
+            raise ValueError(f"timeout_s and max_time_s must be > 0 and max_redirects >= 0, got "
+                             f"{timeout_s}, {max_time_s}, {max_redirects}.")
+        if client is not None and client.follow_redirects:
+            raise ValueError("PageFetcher needs a client with follow_redirects=False: it follows and checks redirects itself.")
+        self.timeout_s = float(timeout_s)
         self.max_bytes = int(max_bytes)
         self.max_chars = int(max_chars)
+        self.max_redirects = int(max_redirects)
+        self.max_time_s = float(max_time_s)
+        self.allow_loopback = bool(allow_loopback)
         self.attempts = attempts
         self.backoff_s = backoff_s
         self.allowed_types = tuple(t.lower() for t in allowed_types)
@@ -121,34 +318,96 @@ class PageFetcher:
         self._own_client = client is None
         self.client = client or httpx.Client(
             timeout=httpx.Timeout(timeout_s),
-            follow_redirects=True,
+            follow_redirects=False,
+            transport=_CheckedTransport(self.allow_loopback),
             headers={"User-Agent": user_agent, "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.1"},
         )
+
+    def check_url(self, url: str, *, requested: str | None = None) -> None:
+        """Refuse ``url`` unless it is http(s) on a host whose addresses are all public.
+
+        Args:
+            url: the URL about to be requested.
+            requested: the URL the agent asked for (named in messages when ``url`` is a
+                redirect target).
+
+        Raises:
+            FetchRefusedError: another scheme, or a refused address (see
+                :func:`address_refusal`). A name that does not resolve passes (the request
+                then fails as an unreachable host).
+        """
+        parts = httpx.URL(url)
+        via = f" (redirected from {requested})" if requested and requested != url else ""
+        if parts.scheme not in ("http", "https"):
+            raise FetchRefusedError(f"fetch refused: {url}{via} is not an http:// or https:// URL.", reason="scheme")
+        host = parts.host
+        if not host:
+            raise FetchRefusedError(f"fetch refused: {url}{via} has no host.", reason="scheme")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            resolve_public(host, port, allow_loopback=self.allow_loopback, url=f"{url}{via}")
+        except OSError as e:  # does not resolve: the connection attempt reports it (and re-checks)
+            log.info("fetch: %s does not resolve (%s)", host, e)
 
     def fetch(self, url: str) -> Document:
         """Download ``url`` and extract its main text.
 
+        Redirects (301/302/303/307/308) are followed by hand, at most ``max_redirects``,
+        each target checked with :meth:`check_url` before it is requested.
+
         Returns:
             A Document with ``doc_id == url``, ``url`` the requested URL, ``title`` and
             ``text`` from trafilatura, and metadata ``final_url`` (after redirects),
-            ``content_type``, ``status``, ``fetched_at`` (UTC ISO 8601), ``bytes`` and
-            ``truncated``.
+            ``redirects`` (the URLs redirected to, in order), ``content_type``, ``status``,
+            ``fetched_at`` (UTC ISO 8601), ``bytes``, ``truncated`` (body cut at
+            ``max_bytes`` or at ``max_time_s``, or text cut at ``max_chars``) and
+            ``cut_by`` (``"max_bytes"``, ``"max_time_s"``, ``"max_chars"`` or None).
 
         Raises:
             BadQueryError: not an http(s) URL.
+            FetchRefusedError: a refused address (the URL's or a redirect's), a redirect to
+                another scheme, or more than ``max_redirects`` redirects.
             DocumentNotFoundError: HTTP 404 or 410.
             UnsupportedContentError: a content type outside ``allowed_types``.
-            SearchError: another 4xx answer, or no text could be extracted.
-            AuthError, BackendUnavailableError: see :func:`send_with_retries`.
+            SearchError: another 4xx answer, a bad redirect, or no text could be extracted.
+            AuthError, BackendUnavailableError: see :func:`send_with_retries`; also when
+                ``max_time_s`` ran out before an answer came.
         """
         if not isinstance(url, str) or urlsplit(url.strip()).scheme.lower() not in ("http", "https"):
             raise BadQueryError(f"fetch needs an http:// or https:// URL, got {url!r}.")
         url = url.strip()
-        if not urlsplit(url).netloc:
+        try:
+            parsed = httpx.URL(url)
+        except httpx.InvalidURL as e:
+            raise BadQueryError(f"fetch needs a valid URL, got {url!r} ({e}).") from e
+        if not urlsplit(url).netloc or not parsed.host:
             raise BadQueryError(f"fetch needs a URL with a host, got {url!r}.")
-        resp = send_with_retries(
-            self.client, "GET", url, backend="fetch", attempts=self.attempts, backoff_s=self.backoff_s, stream=True
-        )
+        deadline = time.monotonic() + self.max_time_s
+        current = url
+        redirects: list[str] = []
+        for _ in range(self.max_redirects + 1):
+            self.check_url(current, requested=url)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise BackendUnavailableError(f"{url}: no answer within max_time_s={self.max_time_s:g} s "
+                                              f"({len(redirects)} redirect(s) followed).")
+            resp = send_with_retries(
+                self.client, "GET", current, backend="fetch", attempts=self.attempts, backoff_s=self.backoff_s,
+                stream=True, timeout=httpx.Timeout(min(self.timeout_s, left)),
+            )
+            if not resp.is_redirect:
+                break
+            location = resp.headers["location"]
+            resp.close()
+            try:
+                current = str(resp.url.join(location))
+            except (httpx.InvalidURL, ValueError) as e:
+                raise SearchError(f"{url}: HTTP {resp.status_code} redirect to an invalid URL {location!r} ({e}).") from e
+            redirects.append(current)
+        else:
+            raise FetchRefusedError(
+                f"fetch refused: {url} redirected more than max_redirects={self.max_redirects} times "
+                f"(last to {current}); the page was not fetched.", reason="redirects")
         try:
             if resp.status_code in (404, 410):
                 raise DocumentNotFoundError(f"{url}: HTTP {resp.status_code}, the page does not exist.")
@@ -161,16 +420,24 @@ class PageFetcher:
                 )
             chunks: list[bytes] = []
             size = 0
-            truncated = False
+            cut_by: str | None = None
             for chunk in resp.iter_bytes():
                 chunks.append(chunk)
                 size += len(chunk)
                 if size >= self.max_bytes:
-                    truncated = size > self.max_bytes
+                    if size > self.max_bytes:
+                        cut_by = "max_bytes"
+                    break
+                if time.monotonic() > deadline:
+                    cut_by = "max_time_s"
+                    log.warning("fetch: %s still sending after max_time_s=%g s; body cut at %d bytes",
+                                url, self.max_time_s, size)
                     break
             body = b"".join(chunks)[: self.max_bytes]
             final_url = str(resp.url)
             encoding = resp.charset_encoding or "utf-8"
+        except httpx.TransportError as e:  # the connection failed while the body was read
+            raise BackendUnavailableError(f"{url}: the download broke off ({type(e).__name__}: {e}).") from e
         finally:
             resp.close()
 
@@ -181,7 +448,8 @@ class PageFetcher:
         if not text:
             raise SearchError(f"{url}: no text could be extracted from the page ({len(body)} bytes of {ctype or 'unknown type'}).")
         if len(text) > self.max_chars:
-            text, truncated = text[: self.max_chars], True
+            text = text[: self.max_chars]
+            cut_by = cut_by or "max_chars"
         return Document(
             doc_id=url,
             url=url,
@@ -190,11 +458,13 @@ class PageFetcher:
             source=self.source,
             metadata={
                 "final_url": final_url,
+                "redirects": redirects,
                 "content_type": ctype,
                 "status": resp.status_code,
                 "fetched_at": _now(),
                 "bytes": len(body),
-                "truncated": truncated,
+                "truncated": cut_by is not None,
+                "cut_by": cut_by,
             },
         )
 

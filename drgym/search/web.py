@@ -26,7 +26,13 @@ Mapping: ``doc_id`` and ``url`` are the result URL, ``text`` is the provider's s
 
 ``fetch(url)`` downloads the page and extracts its main text
 (:class:`~drgym.search.pages.PageFetcher`); for Tavily with ``include_raw_content``
-the page text returned by the search is used instead when available.
+the page text returned by the search is used instead when available. As the fetch tool
+promises the agent ("a URL seen in search results"), only URLs this backend returned in
+a search result are fetched (compared without fragment, trailing slash or case of
+scheme and host; the URL is then fetched as the result gave it); any other URL raises :class:`~drgym.search.pages.FetchRefusedError`
+(the agent's observation), unless the backend was built with ``fetch_any_url=True``. The
+page fetcher refuses hosts on loopback, private, link-local and other non-public
+addresses, at every redirect (see :mod:`drgym.search.pages`).
 
 Failures: 429/5xx/timeouts are retried with backoff (honouring ``Retry-After``), 401/403
 raise :class:`~drgym.errors.AuthError` naming the env var, malformed JSON or an
@@ -46,19 +52,31 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
 from drgym.errors import AuthError, BackendUnavailableError, BadQueryError, SearchError
 from drgym.redact import scrub
 from drgym.search.base import SearchBackend
-from drgym.search.pages import PageFetcher
+from drgym.search.pages import FetchRefusedError, PageFetcher
 from drgym.search.retry import send_with_retries
 from drgym.types import Document, SearchResult
 
 log = logging.getLogger(__name__)
 
 _TAG = re.compile(r"<[^>]+>")
+
+
+def url_key(url: str) -> str:
+    """The form in which fetch compares a URL with the search results' URLs: surrounding
+    space, fragment and trailing ``/`` dropped, scheme and host lower-cased."""
+    url = url.strip()
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    return urlunsplit((parts.scheme.lower(), parts.netloc.lower(), parts.path.rstrip("/"), parts.query, ""))
 
 
 def _clean(text: Any) -> str:
@@ -83,6 +101,11 @@ class WebSearchBackend(SearchBackend):
         max_retry_after_s: longest ``Retry-After`` honoured, seconds.
         max_workers: queries of one batch sent concurrently.
         page_fetcher: fetcher used by :meth:`fetch` (default: a new :class:`PageFetcher`).
+        fetch_any_url: let :meth:`fetch` open URLs that no search of this backend returned
+            (default False: only URLs seen in search results, as the fetch tool says).
+        fetch_allow_loopback: the default page fetcher accepts loopback hosts (tests that
+            serve pages on 127.0.0.1; see :class:`PageFetcher`). Ignored with ``page_fetcher``.
+        max_seen_urls: search-result URLs remembered for :meth:`fetch` (oldest forgotten first).
 
     Raises:
         AuthError: no key given and ``env_var`` unset.
@@ -105,6 +128,9 @@ class WebSearchBackend(SearchBackend):
         max_retry_after_s: float = 60.0,
         max_workers: int = 4,
         page_fetcher: PageFetcher | None = None,
+        fetch_any_url: bool = False,
+        fetch_allow_loopback: bool = False,
+        max_seen_urls: int = 100_000,
     ):
         key = api_key if api_key is not None else os.environ.get(self.env_var, "")
         if not key or not key.strip():
@@ -120,7 +146,12 @@ class WebSearchBackend(SearchBackend):
         self.max_workers = max(1, int(max_workers))
         self.client = httpx.Client(timeout=httpx.Timeout(timeout_s), headers={"Accept": "application/json"})
         self._own_fetcher = page_fetcher is None
-        self.page_fetcher = page_fetcher or PageFetcher(timeout_s=max(timeout_s, 20.0), source=self.name)
+        self.page_fetcher = page_fetcher or PageFetcher(timeout_s=max(timeout_s, 20.0), source=self.name,
+                                                        allow_loopback=fetch_allow_loopback)
+        self.fetch_any_url = bool(fetch_any_url)
+        self.max_seen_urls = max(1, int(max_seen_urls))
+        self._seen: OrderedDict[str, str] = OrderedDict()  # url_key -> the URL as the result gave it
+        self._seen_lock = threading.Lock()
         self._closed = False
 
     # -- provider specifics ------------------------------------------------------------
@@ -212,15 +243,70 @@ class WebSearchBackend(SearchBackend):
             )
             if len(out) == k:
                 break
+        self.remember_results(out)
         return out
 
+    def remember_results(self, results: list[SearchResult]) -> None:
+        """Note the URLs of ``results`` as seen, so :meth:`fetch` opens them (the backend's
+        own searches call this; a cache that answers searches without the backend, such as
+        record/replay's cache mode, calls it with the cached results)."""
+        with self._seen_lock:
+            for r in results:
+                if r.url:
+                    key = url_key(r.url)
+                    self._seen[key] = r.url
+                    self._seen.move_to_end(key)
+            while len(self._seen) > self.max_seen_urls:
+                self._seen.popitem(last=False)
+
+    def check_seen(self, url: str) -> str:
+        """Refuse ``url`` unless a search of this backend returned it (or ``fetch_any_url``).
+
+        Returns:
+            The URL to fetch: as the search result gave it (``url`` may differ in
+            fragment, trailing ``/`` or case of scheme and host), or ``url`` itself with
+            ``fetch_any_url``.
+
+        Raises:
+            FetchRefusedError: reason ``"not-in-results"``.
+        """
+        if not isinstance(url, str):
+            return url
+        with self._seen_lock:
+            seen = self._seen.get(url_key(url))
+        if seen is not None:
+            return seen
+        if self.fetch_any_url:
+            return url
+        raise FetchRefusedError(
+            f"fetch refused: {url.strip()!r} was not in any search result; fetch opens only URLs that a "
+            "search returned (copy one from the results).", reason="not-in-results")
+
     def fetch(self, url: str) -> Document:
-        """Download the page at ``url`` and return its main text (see :class:`PageFetcher`)."""
-        return self.page_fetcher.fetch(url)
+        """Download the page at ``url`` and return its main text (see :class:`PageFetcher`).
+
+        Raises:
+            FetchRefusedError: ``url`` was not in this backend's search results (unless
+                ``fetch_any_url``), or the page fetcher refused its address or a redirect.
+            BadQueryError, DocumentNotFoundError, UnsupportedContentError, SearchError,
+            BackendUnavailableError: see :meth:`PageFetcher.fetch`.
+        """
+        return self.page_fetcher.fetch(self.check_seen(url))
 
     def credentials(self) -> tuple[str, ...]:
         """The provider key (see :meth:`SearchBackend.credentials`)."""
         return (self._api_key,)
+
+    def identity(self) -> dict[str, Any]:
+        """The provider (see :meth:`SearchBackend.identity`): ``{"kind": "web", "provider",
+        "base_url", "max_k"}`` plus the provider's ranking options (Tavily's
+        ``search_depth`` and ``include_raw_content``). Never the key."""
+        ident: dict[str, Any] = {"kind": "web", "provider": self.name, "base_url": scrub(self.base_url, self.credentials()),
+                                 "max_k": int(self.max_k)}
+        for opt in ("search_depth", "include_raw_content"):
+            if hasattr(self, opt):
+                ident[opt] = getattr(self, opt)
+        return ident
 
     def close(self) -> None:
         if self._closed:
@@ -330,12 +416,15 @@ class TavilySearch(WebSearchBackend):
         return out
 
     def fetch(self, url: str) -> Document:
+        """The page text Tavily returned with the search when it did, else a download;
+        see :meth:`WebSearchBackend.fetch` (the same rules and errors)."""
+        url = self.check_seen(url)
         with self._raw_lock:
             hit = self._raw.get(url)
         if hit is not None:
             return Document(doc_id=url, url=url, title=hit[0], text=hit[1], source=self.name,
                             metadata={"from": "tavily raw_content"})
-        return super().fetch(url)
+        return self.page_fetcher.fetch(url)
 
 
 class BraveSearch(WebSearchBackend):

@@ -24,26 +24,39 @@ Endpoints (shapes in :mod:`drgym.search.wire`):
 Errors are ``{"detail": ...}``: 400 empty or whitespace query on ``/search``, ``k``/``topk``
 outside 1..max_k (``topk`` 0 or null: the default), too many queries; 401 bad API key
 (only when keys are configured; keys are compared in constant time); 404 unknown URL;
-422 missing or mistyped parameter; 429 (``Retry-After: 1``) more than ``max_pending``
-queries waiting; 500 backend failure. A failed request never stops the server.
+422 missing or mistyped parameter, or a JSON body holding ``NaN``, ``Infinity``,
+``-Infinity`` or a number too large for a float (``1e400``), anywhere in it (they are not
+JSON, RFC 8259; the 422 body echoes the input with such numbers as strings, so it is
+valid JSON); 429 (``Retry-After: 1``) more than ``max_pending`` queries waiting; 500
+backend failure. A failed request never stops the server, nor closes its connection.
+
+Slow clients are cut off (:func:`uvicorn_options`, used by ``drgym serve`` and
+:mod:`drgym.server.testing`): a request head must arrive within ``header_timeout_s`` of
+the connection (or of its first byte on a kept-alive connection), a request body within
+``body_timeout_s`` of its head; else the server answers 408 and closes the connection.
+An idle kept-alive connection is closed after ``keep_alive_s``.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI must resolve the parameter types
 # that create_app builds per app (limits in the schema) when it registers the routes.
 import asyncio
+import functools
 import hmac
 import inspect
 import logging
+import math
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader
 
 from drgym.cpu import thread_count
-from drgym.errors import BadQueryError, DocumentNotFoundError, DrgymError, SearchError
+from drgym.errors import BadQueryError, CorruptIndexError, DocumentNotFoundError, DrgymError, SearchError
 from drgym.search.base import SearchBackend
 from drgym.search.wire import (
     Collapse,
@@ -73,6 +86,197 @@ API_KEY_HEADER = "x-api-key"
 UVICORN_H11_MAX_EVENT = 1 << 20
 """Largest request head (bytes) uvicorn's h11 parser accepts; 10k-character queries need
 more than its 16 KiB default once percent-encoded (httptools has no such limit)."""
+
+
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+"""Seconds a client has to send a whole request head (``drgym serve --header-timeout``)."""
+DEFAULT_BODY_TIMEOUT_S = 60.0
+"""Seconds a client has to send a whole request body after its head (``--body-timeout``)."""
+DEFAULT_KEEP_ALIVE_S = 5.0
+"""Seconds an idle kept-alive connection stays open (``--keep-alive-timeout``; uvicorn's default)."""
+
+
+@functools.lru_cache(maxsize=None)
+def timed_h11_protocol(header_timeout_s: float, body_timeout_s: float) -> type:
+    """uvicorn's h11 protocol with a request-head and a request-body deadline.
+
+    uvicorn only times out idle kept-alive connections (and any byte received cancels
+    that timer), so a client that sends a header line a second, or a body a byte a
+    second, holds its connection forever. This protocol arms a timer when a connection
+    opens (or when the first byte of a later request arrives) that is cancelled once the
+    head is complete, and one from the end of the head that is cancelled once the body is
+    complete. When one fires, the server answers ``408 Request Timeout`` (when no answer
+    was started), closes the connection, and the app sees the client as disconnected.
+
+    Args:
+        header_timeout_s: seconds for a whole request head (> 0).
+        body_timeout_s: seconds for a whole request body after the head (> 0).
+
+    Returns:
+        An ``asyncio.Protocol`` class for ``uvicorn.Config(http=...)``.
+
+    Raises:
+        ValueError: a timeout is not a positive number.
+    """
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    for name, value in (("header_timeout_s", header_timeout_s), ("body_timeout_s", body_timeout_s)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive number of seconds, got {value!r}.")
+
+    class TimedH11Protocol(H11Protocol):
+        """:class:`uvicorn.protocols.http.h11_impl.H11Protocol` with head and body deadlines."""
+
+        def connection_made(self, transport) -> None:  # type: ignore[override]
+            self._drgym_timers: dict[str, Any] = {}
+            super().connection_made(transport)
+            self._arm("head", header_timeout_s)  # a connection that never sends a head is closed too
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            self._update_deadlines()
+
+        def connection_lost(self, exc) -> None:
+            self._cancel("head")
+            self._cancel("body")
+            super().connection_lost(exc)
+
+        def _arm(self, which: str, seconds: float) -> None:
+            if which not in self._drgym_timers:
+                self._drgym_timers[which] = self.loop.call_later(seconds, self._expired, which)
+
+        def _cancel(self, which: str) -> None:
+            timer = getattr(self, "_drgym_timers", {}).pop(which, None)
+            if timer is not None:
+                timer.cancel()
+
+        def _update_deadlines(self) -> None:
+            state = self.conn.their_state
+            if state is h11.IDLE:  # waiting for a request head
+                self._cancel("body")
+                if self.conn.trailing_data[0]:  # part of a head came: its deadline runs
+                    self._arm("head", header_timeout_s)
+            elif state is h11.SEND_BODY:
+                self._cancel("head")
+                self._arm("body", body_timeout_s)
+            else:  # the request is complete (or the connection is over)
+                self._cancel("head")
+                self._cancel("body")
+
+        def _expired(self, which: str) -> None:
+            self._drgym_timers.pop(which, None)
+            if self.transport.is_closing():
+                return
+            limit = header_timeout_s if which == "head" else body_timeout_s
+            what = "request head" if which == "head" else "request body"
+            prefix = "%s:%d - " % tuple(self.client) if self.client else ""
+            log.warning("%sclosed a connection that sent no whole %s within %g s", prefix, what, limit)
+            cycle = self.cycle if which == "body" else None
+            started = cycle is not None and cycle.response_started
+            if cycle is not None:  # the app reading the body sees a disconnect; its answer is dropped
+                cycle.disconnected = True
+                cycle.message_event.set()
+            if not started:
+                msg = f"Request timeout: no whole {what} within {limit:g} s.".encode("ascii")
+                self.transport.write(b"HTTP/1.1 408 Request Timeout\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                                     b"connection: close\r\ncontent-length: " + str(len(msg)).encode("ascii")
+                                     + b"\r\n\r\n" + msg)
+            self.transport.close()
+
+    TimedH11Protocol.__qualname__ = f"TimedH11Protocol[head={header_timeout_s:g}s, body={body_timeout_s:g}s]"
+    return TimedH11Protocol
+
+
+def uvicorn_options(*, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+                    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S,
+                    keep_alive_s: float = DEFAULT_KEEP_ALIVE_S) -> dict[str, Any]:
+    """Keyword arguments for ``uvicorn.run`` / ``uvicorn.Config`` that every drgym server uses.
+
+    The h11 protocol with head and body deadlines (:func:`timed_h11_protocol`), a request
+    head limit large enough for 10k-character queries (:data:`UVICORN_H11_MAX_EVENT`) and
+    the keep-alive timeout.
+
+    Args:
+        header_timeout_s: seconds for a whole request head (> 0).
+        body_timeout_s: seconds for a whole request body after its head (> 0).
+        keep_alive_s: seconds an idle kept-alive connection stays open (> 0).
+
+    Returns:
+        ``{"http", "h11_max_incomplete_event_size", "timeout_keep_alive"}``.
+
+    Raises:
+        ValueError: a timeout is not a positive number.
+    """
+    if not (isinstance(keep_alive_s, (int, float)) and math.isfinite(keep_alive_s) and keep_alive_s > 0):
+        raise ValueError(f"keep_alive_s must be a positive number of seconds, got {keep_alive_s!r}.")
+    return {"http": timed_h11_protocol(float(header_timeout_s), float(body_timeout_s)),
+            "h11_max_incomplete_event_size": UVICORN_H11_MAX_EVENT,
+            "timeout_keep_alive": keep_alive_s}
+
+
+NON_FINITE_DETAIL = ("NaN, Infinity and numbers too large for a float (such as 1e400) are not valid JSON "
+                     "numbers (RFC 8259)")
+
+
+def _non_finite_path(value: Any) -> tuple | None:
+    """The location (keys and indexes) of the first NaN or infinite float in a parsed JSON
+    value, or None. Iterative: any nesting depth."""
+    stack: list[tuple[tuple, Any]] = [((), value)]
+    while stack:
+        path, v = stack.pop()
+        if isinstance(v, float):
+            if not math.isfinite(v):
+                return path
+        elif isinstance(v, dict):
+            stack.extend((path + (k,), x) for k, x in reversed(list(v.items())))
+        elif isinstance(v, list):
+            stack.extend((path + (i,), x) for i, x in reversed(list(enumerate(v))))
+    return None
+
+
+def finite_json(value: Any, _depth: int = 0) -> Any:
+    """``value`` with every NaN or infinite float replaced by its name (``"NaN"``,
+    ``"Infinity"``, ``"-Infinity"``), so it can be sent as JSON; containers nested more
+    than 64 deep are replaced by ``"..."``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, (dict, list, tuple)) and _depth >= 64:
+        return "..."
+    if isinstance(value, dict):
+        return {k: finite_json(v, _depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_json(v, _depth + 1) for v in value]
+    return value
+
+
+async def reject_non_finite_json(request: Request) -> None:
+    """Dependency of JSON-body routes: a body holding NaN or +-Infinity (Python's JSON
+    parser accepts them; ``1e400`` parses as infinity) is a 422 naming where.
+
+    Raises:
+        RequestValidationError: the body has a non-finite number (its location in ``loc``).
+    """
+    if not await request.body():
+        return
+    try:
+        parsed = await request.json()  # parsed (and cached) by FastAPI already for a JSON body
+    except Exception:  # not JSON: FastAPI's own validation answers for it
+        return
+    path = _non_finite_path(parsed)
+    if path is not None:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".") or "the body"
+        raise RequestValidationError([{
+            "type": "value_error", "loc": ("body", *path),
+            "msg": f"{where}: {NON_FINITE_DETAIL}; send a finite number.",
+            "input": finite_json(_get_path(parsed, path)),
+        }])
+
+
+def _get_path(value: Any, path: tuple) -> Any:
+    for p in path:
+        value = value[p]
+    return value
 
 
 def _error(description: str, **extra) -> dict:
@@ -153,6 +357,12 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
     app.state.settings = settings
     app.state.batcher = batcher
 
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's own handler echoes the input, and its JSON encoder refuses NaN/Infinity
+        # (a 500 and a reset connection): the echo is made finite first.
+        return JSONResponse(status_code=422, content={"detail": finite_json(jsonable_encoder(exc.errors()))})
+
     @app.exception_handler(BadQueryError)
     async def _bad_query(request: Request, exc: BadQueryError) -> JSONResponse:
         return JSONResponse(status_code=400, content={"detail": str(exc)})
@@ -164,6 +374,14 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
     @app.exception_handler(OverloadedError)
     async def _overloaded(request: Request, exc: OverloadedError) -> JSONResponse:
         return JSONResponse(status_code=429, content={"detail": str(exc)}, headers={"Retry-After": "1"})
+
+    @app.exception_handler(CorruptIndexError)
+    async def _corrupt_index(request: Request, exc: CorruptIndexError) -> JSONResponse:
+        # the index, not the request, is at fault: 503 naming the file and the fix (drgym
+        # index verify / build --force); the batcher retries the rest of a micro-batch alone
+        log.error("%s %s: %s", request.method, request.url.path, exc)
+        return JSONResponse(status_code=503, content={"detail": str(exc), "error": "corrupt_index",
+                                                      "index": getattr(getattr(backend, "manifest", None), "name", None)})
 
     @app.exception_handler(DrgymError)
     async def _drgym_error(request: Request, exc: DrgymError) -> JSONResponse:
@@ -264,7 +482,7 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
     RetrieveBody = retrieve_request_model(max_k, settings.max_batch_queries)
 
     @app.post("/retrieve", response_model=RetrieveResponse, responses={**_E400, **e401, **_E429, **_E500},
-              dependencies=auth, tags=["search"])
+              dependencies=[*auth, Depends(reject_non_finite_json)], tags=["search"])
     async def retrieve(req: RetrieveBody) -> RetrieveResponse:  # type: ignore[valid-type]
         """Search-R1 batch retrieval: ``{"queries", "topk", "return_scores"}`` ->
         ``{"result": [[{"document": {"id", "contents"}, "score"}, ...] per query]}``.

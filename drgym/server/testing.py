@@ -34,7 +34,7 @@ import httpx
 
 from drgym.search.base import SearchBackend
 from drgym.search.wire import ServerSettings
-from drgym.server.app import UVICORN_H11_MAX_EVENT
+from drgym.server.app import uvicorn_options
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -91,6 +91,9 @@ def running_server(
     host: str = "127.0.0.1",
     startup_timeout: float = 300.0,
     env: dict[str, str] | None = None,
+    header_timeout_s: float | None = None,
+    body_timeout_s: float | None = None,
+    keep_alive_s: float | None = None,
 ) -> Iterator[RunningServer]:
     """Run a drgym server for the duration of a ``with`` block.
 
@@ -102,6 +105,10 @@ def running_server(
         host: loopback address to bind.
         startup_timeout: seconds to wait for ``/health`` (the subprocess may build an index).
         env: extra environment variables of the subprocess.
+        header_timeout_s, body_timeout_s, keep_alive_s: the server's slow-client timeouts
+            in seconds (see :func:`drgym.server.app.uvicorn_options`); None: the defaults.
+            The subprocess form passes them as ``--header-timeout``, ``--body-timeout``
+            and ``--keep-alive-timeout``.
 
     Yields:
         A :class:`RunningServer` with ``url``.
@@ -110,13 +117,18 @@ def running_server(
         RuntimeError: the subprocess exited during start-up (its output is in the message).
         TimeoutError: no healthy answer within ``startup_timeout``.
     """
+    timeouts = {k: v for k, v in (("header_timeout_s", header_timeout_s), ("body_timeout_s", body_timeout_s),
+                                  ("keep_alive_s", keep_alive_s)) if v is not None}
     if backend is not None:
-        yield from _thread_server(backend, settings, host, startup_timeout)
+        yield from _thread_server(backend, settings, host, startup_timeout, timeouts)
     else:
-        yield from _process_server(cli_args, host, startup_timeout, env)
+        flags = {"header_timeout_s": "--header-timeout", "body_timeout_s": "--body-timeout",
+                 "keep_alive_s": "--keep-alive-timeout"}
+        extra = [a for k, v in timeouts.items() for a in (flags[k], str(v))]
+        yield from _process_server([*cli_args, *extra], host, startup_timeout, env)
 
 
-def _thread_server(backend, settings, host, startup_timeout) -> Iterator[RunningServer]:
+def _thread_server(backend, settings, host, startup_timeout, timeouts) -> Iterator[RunningServer]:
     import uvicorn
 
     from drgym.server.app import create_app
@@ -126,8 +138,7 @@ def _thread_server(backend, settings, host, startup_timeout) -> Iterator[Running
     sock.bind((host, 0))
     port = sock.getsockname()[1]
     app = create_app(backend, settings or ServerSettings())
-    config = uvicorn.Config(app, log_level="warning", lifespan="on",
-                            h11_max_incomplete_event_size=UVICORN_H11_MAX_EVENT, access_log=False)
+    config = uvicorn.Config(app, log_level="warning", lifespan="on", access_log=False, **uvicorn_options(**timeouts))
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True,
                               name=f"drgym-server-{port}")
