@@ -1,11 +1,12 @@
-"""Render the README's figure tables from the committed JSON, so that no figure is typed.
+"""Render the documentation's figure tables from the committed JSON, so that no figure is typed.
 
     python scripts/readme_tables.py            # print every table
-    python scripts/readme_tables.py --write    # put them into README.md
-    python scripts/readme_tables.py --check    # exit 1 when README.md differs (tests/test_readme_tables.py)
+    python scripts/readme_tables.py --write    # put them into their pages under docs/
+    python scripts/readme_tables.py --check    # exit 1 when a page differs (tests/test_readme_tables.py)
 
-Each table sits in README.md between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->``
-(invisible in rendered markdown); everything between the two markers is generated.
+Each table sits in its page (TABLE_PAGES: the table's name to the markdown file, relative
+to the repository) between ``<!-- table:NAME -->`` and ``<!-- /table:NAME -->`` (invisible
+in rendered markdown); everything between the two markers is generated.
 
 Tables and their sources:
 
@@ -28,7 +29,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-README = REPO / "README.md"
 
 
 def _load(rel: str) -> dict:
@@ -206,10 +206,17 @@ def bench_train() -> str:
 MAIN_JOB_LOAD_RUNS: list[tuple[str, str]] = [
     ("scripts/results/bench_rollout_load_quiet.json",
      "a GRPO training run (1 thread) beside it, and a pip install during the first rep"),
-    ("scripts/results/bench_rollout_load.json", "about 6 other engineers' jobs beside it"),
-    ("scripts/results/bench_rollout_load_before_after.json", "about 6 other engineers' jobs beside it"),
-    ("scripts/results/bench_rollout_load_torch_neighbours.json", "about 6 other engineers' jobs beside it"),
+    ("scripts/results/bench_rollout_load.json", "a shared machine, other users' jobs beside it"),
+    ("scripts/results/bench_rollout_load_before_after.json", "a shared machine, other users' jobs beside it"),
+    ("scripts/results/bench_rollout_load_torch_neighbours.json", "a shared machine, other users' jobs beside it"),
 ]
+
+# The "threads" column: the files' code key "current" is drgym as it is; "before" is the same
+# commands run from a checkout without drgym's thread settings (bench_rollout.py --before-src).
+THREAD_SETTINGS = {
+    "current": "drgym's (passive OpenMP waits, threads from the usable cores)",
+    "before": "the libraries' defaults (spinning OpenMP waits)",
+}
 
 
 def main_job_load() -> str:
@@ -221,11 +228,13 @@ def main_job_load() -> str:
         med = r["median"] if "s_per_episode" not in r["median"] else {"current": r["median"]}  # older files: one code
         for code, m in med.items():
             s, w = m["s_per_episode"], m["command_wall_s"]
-            label = "drgym before the thread changes" if code == "before" else "drgym"
+            if code not in THREAD_SETTINGS:
+                raise SystemExit(f"{rel}: unknown code {code!r} in 'median' (known: {', '.join(THREAD_SETTINGS)})")
+            label = THREAD_SETTINGS[code]
             rows.append([f"{r['started'][:16].replace('T', ' ')}, n={r['runs'][0]['episodes']}, {r['reps']} rep(s)",
                          f"{beside}; load {load}", label, busy, f"{s['idle']:.2f}", f"{s['loaded']:.2f}",
                          f"{s['loaded_over_idle']:.2f}×", f"{w['loaded_over_idle']:.2f}×"])
-    header = ["run", "machine as it is (1-min load, start to end)", "code", "background load", "s / episode, as it is",
+    header = ["run", "machine as it is (1-min load, start to end)", "threads", "background load", "s / episode, as it is",
               "s / episode, + background", "ratio", "ratio of the whole command"]
     return _table(header, rows) + ("\n\nMedians over the reps of one run each; 'as it is' and '+ background' alternate in "
                                    "the same run. Figures from the JSON files named in `scripts/readme_tables.py` "
@@ -239,6 +248,31 @@ SERVER_LOAD_RUNS: list[str] = [
 ]
 
 
+# Cell names as the JSON spells them (scripts/bench_search.py) -> as the table shows them.
+SERVER_LOAD_CELL_WORDS: list[tuple[str, str]] = [
+    ("README method: ", ""),
+    (", README pool", ", short-query pool"),
+    (", before", ", the libraries' default threads"),
+]
+# A command's local paths -> the option's metavar (scripts/bench_search.py --help).
+SERVER_LOAD_COMMAND_PATHS: list[tuple[str, str]] = [
+    (r"--before-src \S+", "--before-src DIR"),
+    (r"--search-r1 \S+", "--search-r1 RETRIEVAL_SERVER_PY"),
+]
+
+
+def _cell_label(cell: str) -> str:
+    for old, new in SERVER_LOAD_CELL_WORDS:
+        cell = cell.replace(old, new)
+    return cell
+
+
+def _command(cmd: str) -> str:
+    for pat, new in SERVER_LOAD_COMMAND_PATHS:
+        cmd = re.sub(pat, new, cmd)
+    return cmd
+
+
 def server_load() -> str:
     runs = [(rel, _load(rel)) for rel in SERVER_LOAD_RUNS if (REPO / rel).is_file()]
     cells = list(dict.fromkeys(c for _, r in runs for c in r["median_rps"]))
@@ -247,18 +281,20 @@ def server_load() -> str:
         header += [f"run {k}: req/s as it is", f"run {k}: req/s + 2 busy", f"run {k}: server CPU ms / req"]
     rows = []
     for cell in cells:
-        row = [cell]
+        row = [_cell_label(cell)]
         for _, r in runs:
             m = r["median_rps"].get(cell)
             row += ([f"{m['idle']:.1f}", f"{m['loaded']:.1f}", f"{m['server_cpu_ms_per_request']:.1f}"] if m
                     else ["-", "-", "-"])
         rows.append(row)
-    notes = [f"Run {k}: `{r['command']}`, {r['started'][:16].replace('T', ' ')} UTC, medians of {r['reps']} passes of "
+    notes = [f"Run {k}: `{_command(r['command'])}`, {r['started'][:16].replace('T', ' ')} UTC, medians of {r['reps']} passes of "
              f"{r['seconds_per_cell']:.0f} s per cell; 1-minute load {r['load_avg_1_5_15_at_start'][0]:.1f} at the "
              f"start, {r['load_avg_1_5_15_at_end'][0]:.1f} at the end (`{rel}`)."
              for k, (rel, r) in enumerate(runs, 1)]
     return _table(header, rows) + "\n\n" + "\n".join(notes) + (
-        " 'before': the checkout before the thread changes; 'README pool': the benchmark table's queries above, k=10.")
+        " 'The libraries' default threads': the same server from a checkout without drgym's thread settings "
+        "(`--before-src DIR`: spinning OpenMP waits); 'short-query pool': the search benchmark's queries, k=10; "
+        "`--search-r1`: Search-R1's own `retrieval_server.py` over the same index.")
 
 
 def _script(name: str):
@@ -351,8 +387,32 @@ TABLES: dict[str, Callable[[], str]] = {
 }
 
 
+# Where each table lives: the markdown file, relative to the repository.
+TABLE_PAGES: dict[str, str] = {
+    "main_job": "docs/benchmarks/main-job.md",
+    "main_job_load": "docs/benchmarks/main-job.md",
+    "bench_search": "docs/benchmarks/search.md",
+    "server_load": "docs/benchmarks/search.md",
+    "retrieval": "docs/benchmarks/search.md",
+    "scale": "docs/benchmarks/scale.md",
+    "scale_paper": "docs/benchmarks/scale.md",
+    "bench_train": "docs/benchmarks/training.md",
+    "grpo_summary": "docs/training.md",
+    "test_table": "docs/training.md",
+    "bench_train_lora": "docs/training.md",
+}
+
+
+def pages() -> dict[str, list[str]]:
+    """Each page of TABLE_PAGES and the tables it holds, in TABLES order."""
+    out: dict[str, list[str]] = {}
+    for name in TABLES:
+        out.setdefault(TABLE_PAGES[name], []).append(name)
+    return out
+
+
 def render(name: str) -> str:
-    """Table ``name`` as it stands between its README markers (with the closing newline)."""
+    """Table ``name`` as it stands between its markers (with the closing newline)."""
     return TABLES[name]() + "\n"
 
 
@@ -360,20 +420,23 @@ def _pattern(name: str) -> re.Pattern:
     return re.compile(rf"(<!-- table:{re.escape(name)} -->\n)(.*?)(<!-- /table:{re.escape(name)} -->)", re.S)
 
 
-def readme_table(text: str, name: str) -> str:
-    """The generated part of README text for table ``name`` (what :func:`render` gives);
-    KeyError when the markers are missing."""
+def readme_table(text: str, name: str, page: str | None = None) -> str:
+    """The generated part of markdown ``text`` for table ``name`` (what :func:`render` gives);
+    KeyError, naming ``page`` (default: the table's page), when the markers are missing."""
     m = _pattern(name).search(text)
     if m is None:
-        raise KeyError(f"README.md has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
+        raise KeyError(f"{page or TABLE_PAGES.get(name, 'the page')} has no <!-- table:{name} --> ... "
+                       f"<!-- /table:{name} --> block")
     return m.group(2)
 
 
-def write(text: str) -> str:
-    for name in TABLES:
+def write(text: str, names: list[str], page: str = "the page") -> str:
+    """``text`` with the generated part of each table in ``names`` replaced by :func:`render`;
+    nothing else changes. KeyError, naming ``page``, when a table's markers are missing."""
+    for name in names:
         pat = _pattern(name)
         if not pat.search(text):
-            raise KeyError(f"README.md has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
+            raise KeyError(f"{page} has no <!-- table:{name} --> ... <!-- /table:{name} --> block")
         text = pat.sub(lambda m, body=render(name): m.group(1) + body + m.group(3), text, count=1)
     return text
 
@@ -381,22 +444,27 @@ def write(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     g = ap.add_mutually_exclusive_group()
-    g.add_argument("--write", action="store_true", help="replace the tables in README.md")
-    g.add_argument("--check", action="store_true", help="exit 1 when README.md's tables differ from the JSON")
+    g.add_argument("--write", action="store_true", help="replace the tables in their pages under docs/")
+    g.add_argument("--check", action="store_true", help="exit 1 when a page's tables differ from the JSON")
     a = ap.parse_args(argv)
-    text = README.read_text(encoding="utf-8")
     if a.write:
-        new = write(text)
-        if new != text:
-            README.write_text(new, encoding="utf-8")
-        print("README.md " + ("updated" if new != text else "already up to date"))
+        for page, names in pages().items():
+            path = REPO / page
+            text = path.read_text(encoding="utf-8")
+            new = write(text, names, page)
+            if new != text:
+                tmp = path.with_name(f".{path.name}.tmp")
+                tmp.write_text(new, encoding="utf-8")
+                tmp.replace(path)  # atomic: a reader sees the old page or the new one
+            print(f"{page} " + ("updated" if new != text else "already up to date"))
         return 0
     if a.check:
-        stale = [n for n in TABLES if readme_table(text, n) != render(n)]
+        stale = [f"{page}: {n}" for page, names in pages().items()
+                 for n in names if readme_table((REPO / page).read_text(encoding="utf-8"), n, page) != render(n)]
         if stale:
-            print(f"README.md tables out of date: {', '.join(stale)}; run python scripts/readme_tables.py --write")
+            print(f"tables out of date: {'; '.join(stale)}; run python scripts/readme_tables.py --write")
             return 1
-        print("README.md tables match the JSON")
+        print("every table matches the JSON")
         return 0
     for name, fn in TABLES.items():
         print(f"<!-- table:{name} -->\n{fn()}\n")

@@ -6,7 +6,7 @@
   functions (``import trafilatura`` in ``drgym.search.pages``), resolves, with the names
   taken from it: a missing transitive dependency fails here, by name, and not at a
   user's first page fetch;
-* each optional backend (the extras other than ``test``/``dev``) either imports, or its
+* each optional backend (the extras other than ``test``/``dev``/``docs``) either imports, or its
   entry point raises :class:`drgym.errors.DependencyNotInstalled` naming the extra;
 * ``deptry`` finds no undeclared or unused dependency;
 * the installed versions and ``requirements/lock.txt`` satisfy pyproject's ranges, the
@@ -109,7 +109,7 @@ def _optional_modules() -> dict[str, str]:
     return out
 
 
-TOOL_EXTRAS = ("test", "dev")
+TOOL_EXTRAS = ("test", "dev", "docs")
 
 
 def _source_imports() -> dict[str, dict[str, set[str]]]:
