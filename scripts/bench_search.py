@@ -593,6 +593,48 @@ def server_under_load(args) -> None:
     print(args.out)
 
 
+# -- cache memory -----------------------------------------------------------------------------
+
+
+def _rss_mib(pid: int) -> float:
+    """Resident set size of process ``pid`` in MiB (Linux ``/proc``)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def cache_rss(args) -> None:
+    """``--cache-rss N``: RSS of ``drgym serve --method bm25`` (wiki-default, default cache
+    budget) while N distinct ``topk=100`` queries fill its result cache, every 100 queries,
+    with the cache's own accounted bytes from ``/health``."""
+    import httpx
+
+    from drgym.atomic import atomic_write_json
+    from drgym.corpus import load_named_corpus
+    from drgym.server.testing import running_server
+
+    titles = [d.title for d in load_named_corpus("wiki-default") if d.title]
+    queries = [f"Tell me about {titles[i % len(titles)]} ({i})" for i in range(args.cache_rss)]
+    points = []
+    with running_server(cli_args=["--method", "bm25"], startup_timeout=900) as srv, httpx.Client(timeout=600) as c:
+        pid = srv.process.pid
+        points.append({"queries": 0, "rss_mib": _rss_mib(pid), "cache_mib": 0.0, "cache_entries": 0})
+        for i in range(0, len(queries), 100):
+            r = c.post(f"{srv.url}/retrieve", json={"queries": queries[i : i + 100], "topk": 100})
+            r.raise_for_status()
+            st = c.get(f"{srv.url}/health").json()["stats"]
+            points.append({"queries": i + len(queries[i : i + 100]), "rss_mib": _rss_mib(pid),
+                           "cache_mib": round(st["cache_bytes"] / 2**20, 1), "cache_entries": st["cache_entries"],
+                           "cache_evictions": st["cache_evictions"]})
+            print(points[-1], file=sys.stderr, flush=True)
+    out = {"benchmark": "drgym serve result cache memory", "server": "drgym serve --method bm25 (wiki-default, "
+           "default --cache-mb)", "request": "POST /retrieve, 100 distinct queries per request, topk=100",
+           "points": points, "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()]}
+    atomic_write_json(args.out, out)
+    print(args.out)
+
+
 # -- main -----------------------------------------------------------------------------------
 
 
@@ -620,7 +662,12 @@ def main() -> None:
                          "POST /retrieve with drgym serve --method dense (with --background-load)")
     ap.add_argument("--recall-only", action="store_true",
                     help="Only retrieval quality (passages vs documents) and repeated URLs, on the cached index.")
+    ap.add_argument("--cache-rss", type=int, default=0, metavar="N",
+                    help="only the server's cache memory: RSS of drgym serve --method bm25 every 100 of N distinct "
+                         "topk=100 queries, with the cache's accounted bytes")
     args = ap.parse_args()
+    if args.cache_rss:
+        return cache_rss(args)
     if args.background_load:
         return server_under_load(args)
     if args.recall_only:

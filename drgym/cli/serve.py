@@ -57,8 +57,10 @@ def serve(
     max_k: Optional[int] = typer.Option(None, "--max-k", help="Largest k accepted (default 100)."),
     batch_window_ms: Optional[float] = typer.Option(None, "--batch-window-ms", help="Micro-batch wait after the first query, ms (default 1)."),
     max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size", help="Most queries per search_batch call (default 64)."),
-    cache_size: Optional[int] = typer.Option(None, "--cache-size", help="LRU result cache entries, 0 = off (default 4096)."),
+    cache_mb: Optional[float] = typer.Option(None, "--cache-mb", help="LRU result cache budget in MiB, 0 = off (default 64)."),
+    cache_size: Optional[int] = typer.Option(None, "--cache-size", help="Most LRU result cache entries besides --cache-mb, 0 = off (default: no entry bound)."),
     max_pending: Optional[int] = typer.Option(None, "--max-pending", help="Queries allowed to wait for a batch before answering 429 (default 16384)."),
+    max_request_pending: Optional[int] = typer.Option(None, "--max-request-pending", help="Queries of one request allowed to wait while others wait, else 429 (default 4096)."),
     collapse: Optional[str] = typer.Option(None, "--collapse", help="What /search returns: document (k distinct documents, best passage each; default) or passage (k best passages)."),
     retrieve_collapse: Optional[str] = typer.Option(None, "--retrieve-collapse", help="The same for POST /retrieve (default passage, as Search-R1)."),
     api_keys: Optional[str] = typer.Option(None, "--api-keys", help="Comma-separated keys required in x-api-key (env DRGYM_API_KEYS; default: no auth)."),
@@ -81,7 +83,8 @@ def serve(
 
     given = dict(corpus=corpus, method=method, index_dir=index_dir, encoder=encoder, host=host, port=port,
                  max_k=max_k, batch_window_ms=batch_window_ms, max_batch_size=max_batch_size,
-                 cache_size=cache_size, max_pending=max_pending, collapse=collapse, retrieve_collapse=retrieve_collapse,
+                 cache_mb=cache_mb, cache_size=cache_size, max_pending=max_pending,
+                 max_request_pending=max_request_pending, collapse=collapse, retrieve_collapse=retrieve_collapse,
                  api_keys=api_keys, log_level=log_level)
     try:
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})

@@ -54,9 +54,16 @@ class ServerSettings(BaseSettings):
         batch_window_ms: how long the micro-batcher waits for more queries after the
             first one arrives, in milliseconds (0 = take whatever is queued).
         max_batch_size: most queries in one ``search_batch`` call.
-        cache_size: entries of the LRU result cache (0 disables it).
+        cache_mb: byte budget of the LRU result cache in MiB (estimated from the
+            results' text; 0 disables the cache).
+        cache_size: most entries of the LRU result cache, besides ``cache_mb``; None for
+            no entry bound, 0 disables the cache.
         max_pending: most queries waiting for the batcher; beyond it requests get 429
-            with ``Retry-After: 1`` (the drgym client retries them).
+            with ``Retry-After`` (the drgym client retries them).
+        max_request_pending: most queries of one request that may wait while other
+            queries wait (429 with ``Retry-After`` beyond it; an idle server takes any
+            request). Large requests are served in ``max_batch_size`` chunks, in turn
+            with the other requests.
         collapse: what ``/search`` returns by default: ``"document"`` (k distinct
             documents, each its best passage, as DeepResearchGym) or ``"passage"`` (k best
             passages); a request's ``collapse`` parameter overrides it.
@@ -83,8 +90,10 @@ class ServerSettings(BaseSettings):
     max_query_chars: int = Field(20_000, ge=1)
     batch_window_ms: float = Field(1.0, ge=0.0, le=1000.0)
     max_batch_size: int = Field(64, ge=1)
-    cache_size: int = Field(4096, ge=0)
+    cache_mb: float = Field(64.0, ge=0.0, allow_inf_nan=False)
+    cache_size: int | None = Field(None, ge=0)
     max_pending: int = Field(16384, ge=1)
+    max_request_pending: int = Field(4096, ge=1)
     collapse: Collapse = "document"
     retrieve_collapse: Collapse = "passage"
     api_keys: SecretStr = SecretStr("")

@@ -27,8 +27,10 @@ outside 1..max_k (``topk`` 0 or null: the default), too many queries; 401 bad AP
 422 missing or mistyped parameter, or a JSON body holding ``NaN``, ``Infinity``,
 ``-Infinity`` or a number too large for a float (``1e400``), anywhere in it (they are not
 JSON, RFC 8259; the 422 body echoes the input with such numbers as strings, so it is
-valid JSON); 429 (``Retry-After: 1``) more than ``max_pending`` queries waiting; 500
-backend failure. A failed request never stops the server, nor closes its connection.
+valid JSON); 429 (``Retry-After``: the estimated seconds to serve what waits) more than
+``max_pending`` queries waiting, or more than ``max_request_pending`` in one request while
+others wait; 500 backend failure. A failed request never stops the server, nor closes
+its connection.
 
 Slow clients are cut off (:func:`uvicorn_options`, used by ``drgym serve`` and
 :mod:`drgym.server.testing`): a request head must arrive within ``header_timeout_s`` of
@@ -328,7 +330,8 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
 
     batcher = MicroBatcher(search_fn, window_ms=settings.batch_window_ms,
                            max_batch_size=settings.max_batch_size, cache_size=settings.cache_size,
-                           max_pending=settings.max_pending)
+                           cache_bytes=int(settings.cache_mb * 2**20), max_pending=settings.max_pending,
+                           max_request_pending=settings.max_request_pending)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -373,7 +376,8 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
 
     @app.exception_handler(OverloadedError)
     async def _overloaded(request: Request, exc: OverloadedError) -> JSONResponse:
-        return JSONResponse(status_code=429, content={"detail": str(exc)}, headers={"Retry-After": "1"})
+        return JSONResponse(status_code=429, content={"detail": str(exc)},
+                            headers={"Retry-After": str(getattr(exc, "retry_after", 1))})
 
     @app.exception_handler(CorruptIndexError)
     async def _corrupt_index(request: Request, exc: CorruptIndexError) -> JSONResponse:
