@@ -104,7 +104,7 @@ def test_docs_extra_matches_the_test_extra():
     extras = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     docs = set(extras["docs"])
     assert docs and docs <= set(extras["test"]), (docs, extras["test"])
-    assert {re.split(r"[\[<>=]", d)[0] for d in docs} == {"mkdocs", "mkdocs-material", "mkdocstrings"}
+    assert {re.split(r"[\[<>=]", d)[0] for d in docs} == {"mkdocs", "mkdocs-material", "mkdocstrings", "griffelib"}
 
 
 def test_fence_doctests():

@@ -130,7 +130,7 @@ def test_openai_policy_without_a_server_stops_and_records_nothing(monkeypatch, t
         res = _cli(args, monkeypatch)
         assert res.exit_code == 75, res.output
         [line] = _error_lines(res.output)
-        assert f"policy endpoint http://127.0.0.1:{dead}/v1/chat/completions failed 4 attempt(s): ConnectError" in line
+        assert f"policy endpoint http://127.0.0.1:{dead}/v1 is not reachable: GET http://127.0.0.1:{dead}/v1/models" in line
         assert "The run stopped: 0 of 4 episodes are saved" in line and "Rerun the same command" in line
         assert "Traceback" not in res.output
         assert not (out / "trajectories.jsonl").exists()

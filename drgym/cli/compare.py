@@ -52,16 +52,24 @@ def register(app: typer.Typer) -> None:
 
         Example (offline, replaying a recording): drgym compare -p scripted -p 'scripted fetch=false' -b local,serper --replay web.sqlite --n 30
         """
-        from rich.console import Console
-
+        from drgym.cli.rollout import check_backend_keys, print_error
         from drgym.errors import DrgymError
-        from drgym.evaluation.compare import run_compare
-        from drgym.policies.factory import parse_options
+        from drgym.evaluation.compare import parse_policy_entry, run_compare
+        from drgym.policies.factory import check_policy, check_policy_reachable, parse_options
         from drgym.search.registry import parse_backend_list
 
-        console = Console(stderr=True)
         try:
             specs = parse_backend_list(backends)
+            # checked before the first run loads an index or a model: a missing API key,
+            # a bad policy or a dead openai: server would otherwise surface runs later
+            for entry in policy:
+                spec, opts = parse_policy_entry(entry)
+                check_policy(spec, opts)
+            if replay is None:
+                for s in specs:
+                    check_backend_keys(s)
+            for entry in policy:
+                check_policy_reachable(parse_policy_entry(entry)[0])
             prices = {k: float(v) for k, v in _kv(price, "--price").items()}
             backend_options = {}
             if local_method:
@@ -72,11 +80,11 @@ def register(app: typer.Typer) -> None:
                                  record=record, prices=prices, backend_options=backend_options,
                                  run_options=run_options, metric=metric)
         except (DrgymError, ValueError) as e:
-            console.print(f"[red]error:[/red] {e}")
+            print_error(e)
             raise typer.Exit(2) from e
         typer.echo((Path(out) / "compare.md").read_text(encoding="utf-8"))
-        console.print(f"wrote {out}/compare.md, compare.html, compare.png, compare.json "
-                      f"({len(result['rows'])} runs, {result['wall_s']:.1f} s)")
+        typer.echo(f"wrote {out}/compare.md, compare.html, compare.png, compare.json "
+                   f"({len(result['rows'])} runs, {result['wall_s']:.1f} s)", err=True)
 
     @app.command("recording")
     def recording(

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import typer
 
-index_app = typer.Typer(help="Build and inspect search indexes.", no_args_is_help=True)
+index_app = typer.Typer(help="Build and inspect search indexes.", no_args_is_help=True,
+                        rich_markup_mode=None)  # plain help: "drgym[distributed]" is not rich markup
 
 
 @index_app.command("build")
 def build(
-    corpus: str = typer.Option("wiki-default", "--corpus", "-c", help="Named corpus (wiki-default, hotpotqa, ...) or a corpus file/folder."),
+    corpus_arg: Optional[str] = typer.Argument(None, metavar="CORPUS", show_default=False,
+                                               help="Named corpus (wiki-default, hotpotqa, ...) or a corpus file/folder; the same as --corpus."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", "-c", show_default=False,
+                                         help="Named corpus (wiki-default, hotpotqa, ...) or a corpus file/folder (default wiki-default)."),
     format: str = typer.Option(None, "--format", help="Corpus format for a path: wiki18, web, clueweb22, hipporag, ovos, drgym (default: sniffed)."),
     encoder: str = typer.Option("all-MiniLM-L6-v2", "--encoder", "-e", help="sentence-transformers model name or local path."),
     factory: str = typer.Option(None, "--factory", help="FAISS index_factory string (Flat, HNSW32, IVF4096,PQ48 ...) or auto (default: Flat up to 1M passages, IVF-PQ beyond)."),
@@ -28,7 +33,10 @@ def build(
     ray: bool = typer.Option(False, "--ray", help="Encode units and build shards on a Ray cluster (pip install 'drgym[distributed]')."),
     ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: start or join a local one)."),
 ) -> None:
-    """Build an index (docstore, FAISS shards, BM25), streamed unit by unit; reuses an identical existing one and resumes a killed build."""
+    """Build an index (docstore, FAISS shards, BM25), streamed unit by unit; reuses an identical existing one and resumes a killed build.
+
+    The corpus is given as an argument or with --corpus: drgym index build my.jsonl --format wiki18
+    """
     import time
 
     from drgym.errors import DrgymError
@@ -36,6 +44,10 @@ def build(
     from drgym.index.units import CHUNK_DOCS
 
     t0 = time.perf_counter()
+    if corpus_arg and corpus and corpus_arg != corpus:
+        typer.secho(f"error: two corpora given: {corpus_arg!r} and --corpus {corpus!r}; give one.", fg="red", err=True)
+        raise typer.Exit(2)
+    corpus = corpus_arg or corpus or "wiki-default"
     spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
                      shard_size=shard_size or DEFAULT_SHARD_SIZE, max_tokens=max_tokens, overlap=overlap,
                      bm25=not no_bm25, name=name, chunk_docs=chunk_docs or CHUNK_DOCS)

@@ -62,8 +62,8 @@ def register(app: typer.Typer) -> None:
         from drgym.evaluation.runner import RolloutConfig, run_rollout
         from drgym.policies.factory import parse_options
 
-        console = Console()
-        errors = Console(stderr=True, soft_wrap=True)  # one line per error, on stderr
+        # markup=False: run names, specs and messages are printed as they are ('drgym[gpu]')
+        console = Console(markup=False)
         try:
             popts = parse_options(policy_opt)
             if max_new_tokens is not None:
@@ -78,25 +78,26 @@ def register(app: typer.Typer) -> None:
                 rewards=[r.strip() for r in reward.split(",") if r.strip()] if reward else None,
                 policy_options=popts, env_options=parse_options(env_opt), plots=not no_plots,
             )
+            check_backend_keys(backend)
             if judge:
                 from drgym.judges.base import judge_validity
 
                 valid, note = judge_validity(judge)
                 if not valid:
-                    console.print(f"[bold yellow]warning:[/] judge {judge} is {note}.")
-            res = run_rollout(cfg, progress=progress, console=Console(stderr=True), fresh=fresh,
+                    typer.secho(f"warning: judge {judge} is {note}.", fg="yellow", err=True)
+            res = run_rollout(cfg, progress=progress, console=Console(stderr=True, markup=False), fresh=fresh,
                               allow_engine_change=allow_engine_change)
         except KeyboardInterrupt as e:
             res = e.args[0] if e.args else None
             if res is not None:
                 console.print(rich_table(res.metrics, title=f"{policy} (interrupted)"))
-            console.print("[yellow]Interrupted: finished episodes are saved; rerun the same command to resume.[/]")
+            console.print("Interrupted: finished episodes are saved; rerun the same command to resume.", style="yellow")
             raise typer.Exit(130)
         except ServiceUnavailableError as e:  # a server stayed down: finished episodes are saved
-            errors.print(f"[red]error:[/] {e}")
+            print_error(e)
             raise typer.Exit(EX_TEMPFAIL)
         except DrgymError as e:
-            errors.print(f"[red]error:[/] {e}")
+            print_error(e)
             raise typer.Exit(2)
         m = res.metrics
         jm = m.get("judge_model") or {}
@@ -104,11 +105,11 @@ def register(app: typer.Typer) -> None:
         console.print(rich_table(m, title=f"{cfg.policy} on {cfg.tasks} ({cfg.env}){flag}"))
         console.print(
             f"{res.new_episodes} new episodes, {res.skipped} resumed; this session {res.wall_s:.1f}s "
-            f"(setup {res.setup_s:.1f}s). Run directory: {res.out_dir}"
+            f"(setup {res.setup_s:.1f}s). Run directory: {res.out_dir}", highlight=False
         )
         failed = res.failure_message()
         if failed:
-            errors.print(f"[red]error:[/] {failed}", markup=True, highlight=False)
+            print_error(failed)
             raise typer.Exit(EX_EPISODES_FAILED)
 
     @app.command()
@@ -118,27 +119,51 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compare rollout runs side by side: prints a leaderboard, writes markdown and standalone HTML."""
         from rich.console import Console
-        from rich.table import Table
 
         from drgym.errors import DrgymError
-        from drgym.evaluation.metrics import LABELS, format_value
-        from drgym.evaluation.report import COLUMNS, build_report
+        from drgym.evaluation.metrics import LABELS, format_value, terminal_tables
+        from drgym.evaluation.report import COLUMNS, _sort_key, build_report
 
-        console = Console()
+        console = Console(markup=False)
         try:
             loaded, _, _ = build_report(runs, out)
         except DrgymError as e:
-            console.print(f"[red]error:[/] {e}")
+            print_error(e)
             raise typer.Exit(2)
         cols = [c for c in COLUMNS if any(r.metrics.get(c) is not None for r in loaded)]
-        t = Table(title="drgym rollout leaderboard")
-        for h in ["run", "policy", "tasks", "episodes"] + [LABELS.get(c, c) for c in cols]:
-            t.add_column(h, justify="left" if h in ("run", "policy", "tasks") else "right")
-        from drgym.evaluation.report import _sort_key
+        headers = ["run", "policy", "tasks", "episodes"] + [LABELS.get(c, c) for c in cols]
+        rows = [[r.name, r.setting["policy"], r.setting["tasks"],
+                 f"{r.metrics.get('episodes', 0)}/{r.metrics.get('tasks_total') or '?'}",
+                 *[format_value(c, r.metrics.get(c)) for c in cols]] for r in sorted(loaded, key=_sort_key)]
+        # split over several tables on a narrow terminal, each repeating the run name, so
+        # that every number is shown in full
+        for t in terminal_tables(headers, rows, width=console.width, text_columns=3, repeat=1,
+                                 title="drgym rollout leaderboard"):
+            console.print(t)
+        console.print(f"wrote {out}.md and {out}.html", highlight=False)
 
-        for r in sorted(loaded, key=_sort_key):
-            t.add_row(r.name, r.setting["policy"], r.setting["tasks"],
-                      f"{r.metrics.get('episodes', 0)}/{r.metrics.get('tasks_total') or '?'}",
-                      *[format_value(c, r.metrics.get(c)) for c in cols])
-        console.print(t)
-        console.print(f"wrote {out}.md and {out}.html")
+
+def print_error(message: object) -> None:
+    """Print ``error: MESSAGE`` on stderr as one plain line: no rich markup, so a
+    ``pip install 'drgym[gpu]'`` in the message is printed as is."""
+    typer.secho(f"error: {message}", fg="red", err=True)
+
+
+def check_backend_keys(spec: str) -> None:
+    """Check that a web search backend (``serper``, ``tavily``, ``brave``,
+    ``deepresearchgym``, also inside ``record:``/``cache:``) has its API key, before
+    anything loads: the backend is built (no request is sent) and closed. Other specs,
+    and ``replay:`` (which needs no key), pass without being built.
+
+    Raises:
+        AuthError: the key's environment variable is not set (the backend's own message).
+        ConfigError: a bad spec.
+    """
+    from drgym.search.registry import NAMES, make_backend, split_mode
+
+    mode, _, inner = split_mode(spec)
+    if mode == "replay" or inner is None:
+        return
+    kind = inner.strip().lower()
+    if kind in NAMES and kind != "local":
+        make_backend(kind).close()

@@ -72,7 +72,7 @@ def register(app: typer.Typer) -> None:
         for r in results:
             text = r.text if len(r.text) <= width else r.text[: width - 1] + "…"
             table.add_row(str(r.rank), f"{r.score:.4f}", r.doc_id, r.title, text, r.url)
-        Console().print(table)
+        Console(markup=False).print(table)  # titles and passages as they are: '[1]' is not markup
 
     @app.command("fetch")
     def fetch(

@@ -12,7 +12,8 @@ from typing import Optional
 
 import typer
 
-train_app = typer.Typer(help="GRPO and SFT training on TRL (configs in training/configs).", no_args_is_help=True)
+train_app = typer.Typer(help="GRPO and SFT training on TRL (configs in training/configs).", no_args_is_help=True,
+                        rich_markup_mode=None)  # plain help: a "[...]" in it is not rich markup
 
 
 def _overrides(output_dir: Optional[str], model: Optional[str]) -> dict:

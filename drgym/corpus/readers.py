@@ -136,8 +136,18 @@ def _iter_rows(path: Path, span: Span | None = None) -> Iterator[tuple[str, int,
             yield f"{path}:{lineno}", lineno, row
 
 
+WIKI18_CONTENTS = "contents = '\"Title\"\\ntext': the first line is the title (in double quotes), the rest the text"
+"""How a wiki-18 row's ``contents`` is laid out, for messages."""
+
+
 def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span | None = None) -> Iterator[Document]:
     """Read wiki-18 JSONL or parquet (``{"id", "contents"}``, contents ``'"Title"\\ntext'``).
+
+    The first line of ``contents`` is the title (its double quotes removed) and the rest
+    the text, as FlashRAG and Search-R1 read their wiki-18 corpus. A ``contents`` of one
+    line (no title line) is used whole as the text, with an empty title (and an empty
+    URL, which the corpus assembler replaces by ``drgym://doc/<doc_id>``), and is
+    logged as a warning (the first such row, then the count of the file or span).
 
     The doc_id is ``f"{source}-{id}"``; the URL is the Wikipedia URL of the title.
     URLs are made unique by the corpus assembler (:func:`drgym.corpus.assemble`).
@@ -150,27 +160,43 @@ def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span |
     Raises:
         CorpusError: a line is not JSON or lacks ``id``/``contents``.
     """
+    import logging
+
+    log = logging.getLogger(__name__)
     path = Path(path)
+    untitled = 0
     for where, _, row in _iter_rows(path, span):
         if "contents" not in row or "id" not in row:
-            raise CorpusError(f"{where}: wiki18 rows need 'id' and 'contents', got keys {sorted(row)}.")
-        title, _, text = str(row["contents"]).partition("\n")
+            raise CorpusError(f"{where}: wiki18 rows need 'id' and 'contents' ({WIKI18_CONTENTS}, as in "
+                              f"FlashRAG and Search-R1), got keys {sorted(row)}.")
+        contents = str(row["contents"] if row["contents"] is not None else "")
+        title, sep, text = contents.partition("\n")
         title = title.strip()
-        if len(title) >= 2 and title[0] == '"' and title[-1] == '"':
+        quoted = len(title) >= 2 and title[0] == '"' and title[-1] == '"'
+        if not sep and title and not quoted:  # one line and no "Title": the whole contents is the text
+            title, text = "", contents
+            untitled += 1
+            if untitled == 1:
+                log.warning("%s: wiki18 'contents' has no title line (%s); this row and any other like it are "
+                            "indexed whole (all of contents is the text), with an empty title.", where, WIKI18_CONTENTS)
+        elif quoted:
             title = title[1:-1]
         yield Document(
             doc_id=f"{source}-{row['id']}",
-            url=wikipedia_url(title),
+            url=wikipedia_url(title) if title else "",
             title=title,
             text=text.strip(),
             source=source,
             metadata={k: v for k, v in row.items() if k not in ("id", "contents")},
         )
+    if untitled > 1:
+        log.warning("%s: %d wiki18 rows had no title line; each was indexed whole, with an empty title.", path, untitled)
 
 
 def _web_row(row: dict[str, Any], i: int, source: str, where: str) -> Document:
     if "text" not in row:
-        raise CorpusError(f"{where}: web rows need 'text', got keys {sorted(row)}.")
+        raise CorpusError(f"{where}: web rows need 'text' (and may have 'id', 'url', 'title'; other fields go to "
+                          f"metadata), got keys {sorted(row)}.")
     text = row["text"] if row["text"] is not None else ""  # no text: skipped and counted by the loader
     rid = row.get("id", i)
     title = str(row.get("title") or "")
@@ -226,7 +252,8 @@ def read_clueweb22(path: str | os.PathLike, *, source: str = "clueweb22", span: 
     for where, _, row in _iter_rows(path, span):
         missing = [k for k in ("ClueWeb22-ID", "URL", "Clean-Text") if k not in row]
         if missing:
-            raise CorpusError(f"{where}: ClueWeb22 record lacks {missing}.")
+            raise CorpusError(f"{where}: ClueWeb22 record lacks {missing} (records need 'ClueWeb22-ID', 'URL' and "
+                              "'Clean-Text', whose first line is the title).")
         title, _, text = str(row["Clean-Text"]).partition("\n")
         yield Document(
             doc_id=str(row["ClueWeb22-ID"]),
@@ -355,7 +382,10 @@ def sniff_format(path: str | os.PathLike) -> str:
             return "drgym"
         if "text" in row:
             return "web"
-        raise CorpusError(f"{path}: cannot tell the format from keys {sorted(row)}; pass format= one of {FORMATS}.")
+        raise CorpusError(f"{path}: cannot tell the format from keys {sorted(row)}. Rows of wiki18 have 'id' and "
+                          f"'contents' ({WIKI18_CONTENTS}); web 'text' (and 'id', 'url', 'title'); clueweb22 "
+                          "'ClueWeb22-ID', 'URL', 'Clean-Text'; drgym 'doc_id' and 'text'. Or pass the format "
+                          f"(--format) one of {', '.join(FORMATS)}.")
     raise CorpusError(f"{path}: empty corpus file.")
 
 

@@ -240,25 +240,102 @@ LABELS = {
 
 
 def rich_table(metrics: dict[str, Any], title: str = "rollout"):
-    """A ``rich.table.Table`` of the headline metrics plus any other reward component."""
-    from rich.table import Table
+    """A ``rich.table.Table`` of the headline metrics plus any other reward component.
 
-    table = Table(title=title, show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    table.add_row("episodes", str(metrics.get("episodes", 0)))
+    Two columns (metric, value); values are never cut (they wrap instead), so the table
+    reads in full on an 80-column terminal. Names and the title are plain text: a
+    ``[...]`` in them is printed as is, not read as rich markup.
+    """
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(title=Text(title), show_header=True, header_style="bold")
+    table.add_column("metric", overflow="fold")
+    table.add_column("value", justify="right", overflow="fold")
+
+    def row(name: str, value: str) -> None:
+        table.add_row(Text(name), Text(value))
+
+    row("episodes", str(metrics.get("episodes", 0)))
     for k in HEADLINE:
         if k == "judge" and metrics.get("judge") is None:
             continue
-        table.add_row(LABELS.get(k, k), format_value(k, metrics.get(k)))
+        row(LABELS.get(k, k), format_value(k, metrics.get(k)))
     for k, v in (metrics.get("scores") or {}).items():
         if k in ("em", "f1", "judge", "llm_match"):
             continue
-        table.add_row(k, format_value(k, v))
+        row(k, format_value(k, v))
     for k in ("errors", "failed", "judge_failures"):  # shown when there are some
         if metrics.get(k):
-            table.add_row(k.replace("_", " "), str(metrics[k]))
+            row(k.replace("_", " "), str(metrics[k]))
     share = (metrics.get("last_session") or {}).get("share") or metrics.get("time_share") or {}
     if share:
-        table.add_row("wall time share", " ".join(f"{k} {100 * v:.0f}%" for k, v in share.items()))
+        row("wall time share", " ".join(f"{k} {100 * v:.0f}%" for k, v in share.items()))
     return table
+
+
+TEXT_COLUMN_MAX = 24
+"""Widest a text column (run name, policy, tasks) of :func:`terminal_tables` gets, in
+characters; longer cells fold onto further lines."""
+
+
+def terminal_tables(headers: list[str], rows: list[list[str]], *, width: int, text_columns: int = 1,
+                    repeat: int = 1, title: str | None = None) -> list[Any]:
+    """A wide table as one or more ``rich.table.Table`` that each fit ``width`` columns,
+    with every number shown in full.
+
+    The first ``text_columns`` columns are text (left-aligned, folded at
+    :data:`TEXT_COLUMN_MAX` characters); the others are numbers (right-aligned, never
+    wrapped or cut; a header wraps at its spaces instead). When all columns do not fit,
+    they are split over several tables in order, each repeating the first ``repeat``
+    columns (e.g. the run name) so every row stays identifiable. Cells and headers are
+    plain text (no rich markup).
+
+    Args:
+        headers: column names.
+        rows: one list of cell strings per row, ``len(headers)`` each.
+        width: terminal width in characters (``Console.width``).
+        text_columns: how many leading columns are text.
+        repeat: how many leading columns every table repeats (<= ``text_columns``).
+        title: title of the first table.
+
+    Returns:
+        The tables, to print one after the other (one when everything fits).
+    """
+    from rich.table import Table
+    from rich.text import Text
+
+    def col_width(i: int) -> int:
+        cells = [len(r[i]) for r in rows] or [0]
+        if i < text_columns:
+            return min(max(max(cells), max((len(w) for w in headers[i].split()), default=0)), TEXT_COLUMN_MAX)
+        return max(max(cells), max((len(w) for w in headers[i].split()), default=0))
+
+    widths = [col_width(i) for i in range(len(headers))]
+    cost = [w + 3 for w in widths]  # one space each side and a border
+    fixed = list(range(min(repeat, len(headers))))
+    budget = width - 1 - sum(cost[i] for i in fixed)
+    groups: list[list[int]] = []
+    current: list[int] = []
+    used = 0
+    for i in range(len(fixed), len(headers)):
+        if current and used + cost[i] > budget:
+            groups.append(current)
+            current, used = [], 0
+        current.append(i)
+        used += cost[i]
+    if current or not groups:
+        groups.append(current)
+    tables = []
+    for n, group in enumerate(groups):
+        t = Table(title=Text(title) if title and n == 0 else None, show_header=True, header_style="bold")
+        for i in fixed + group:
+            if i < text_columns:
+                t.add_column(Text(headers[i]), overflow="fold", max_width=TEXT_COLUMN_MAX)
+            else:
+                t.add_column(Text(headers[i].replace(" ", "\n") if len(headers[i]) > widths[i] else headers[i]),
+                             justify="right", no_wrap=True, min_width=widths[i])
+        for r in rows:
+            t.add_row(*[Text(r[i]) for i in fixed + group])
+        tables.append(t)
+    return tables

@@ -751,28 +751,26 @@ class _Session:
 def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks: list[Any], todo: list[Any], *,
            policy: Policy | None, backend: Any, reward: Any, t_start: float, resumed: bool,
            allow_engine_change: bool = False) -> _Session:
-    """Build step: the backend (and its engine identity, checked against a resumed run's
+    """Build step: the policy's endpoint (``openai:``, reachable), the backend (and its
+    engine identity, which reaches a search server, checked against a resumed run's
     before the policy is loaded), the policy, the envs and the extra rewards; check a
     resumed run's resolved policy settings; write ``config.json``."""
     import gymnasium as gym
 
     import drgym.envs  # noqa: F401
     from drgym.evaluation.faults import ServiceWatch
-    from drgym.policies.factory import describe_policy, make_policy
+    from drgym.policies.factory import check_policy_reachable, describe_policy, make_policy
     from drgym.redact import redact
     from drgym.search.registry import get_backend
 
+    if policy is None:
+        # an openai: server that is down is found before the index (or a reader model) loads
+        check_policy_reachable(config.policy)
     be = backend if backend is not None else get_backend(config.backend)
     change = None
-    try:
-        engine: dict[str, Any] | None = engine_identity(be)
-    except ServiceUnavailableError:
-        if resumed and isinstance((run.previous or {}).get("engine"), dict):
-            raise  # the engine must be checked before a resumed run goes on: stop (a rerun resumes)
-        # nothing to check against: the loop meets the failure in its own order (the policy
-        # acts first) or the server comes back; the identity is read again after the loop
-        log.info("the search engine's identity could not be read now; it is read again after the episodes")
-        engine = None
+    # a search server that is down (its /health) stops the run here, before the policy's
+    # model loads; the finished episodes of a resumed run stay, and a rerun resumes
+    engine: dict[str, Any] | None = engine_identity(be)
     if resumed and engine is not None:
         # the finished episodes searched the recorded engine: refuse to mix in another one
         change = run.check_engine(engine, allow_change=allow_engine_change)

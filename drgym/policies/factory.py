@@ -21,7 +21,7 @@ import logging
 import json
 from typing import Any
 
-from drgym.errors import ConfigError, unknown_name
+from drgym.errors import ConfigError, DependencyNotInstalled, unknown_name
 from drgym.policies.base import Policy
 
 log = logging.getLogger(__name__)
@@ -97,13 +97,16 @@ def check_policy(spec: str, options: dict[str, Any] | None = None) -> None:
     no connection), so that ``drgym rollout`` refuses a typo before loading anything.
 
     Checks the kind, the option names (against the policy's constructor), the
-    ``openai:`` URL, and for ``hf:`` (and a ``rag:`` reader) that a model folder exists
+    ``openai:`` URL, for ``hf:`` (and a ``rag:`` reader) that a model folder exists
     and, offline, that a hub name is in the local Hugging Face cache
-    (:func:`drgym.models.check_lm`).
+    (:func:`drgym.models.check_lm`), and for ``vllm:`` that vLLM is installed and a CUDA
+    GPU is visible. Whether an ``openai:`` server answers is
+    :func:`check_policy_reachable`'s job (it connects).
 
     Raises:
         ConfigError: what :func:`make_policy` would raise for these arguments, naming
-            the bad part.
+            the bad part (``vllm:`` without a CUDA GPU included).
+        DependencyNotInstalled: ``vllm:`` without vLLM installed, with the pip command.
     """
     kind, arg = split_spec(spec)
     options = dict(options or {})
@@ -124,6 +127,90 @@ def check_policy(spec: str, options: dict[str, Any] | None = None) -> None:
         from drgym.models import check_lm
 
         check_lm(arg)
+    elif kind == "vllm":
+        _check_vllm()
+
+
+def _check_vllm() -> None:
+    """vLLM importable (without importing it: that takes seconds) and a CUDA GPU visible."""
+    import importlib.util
+    import sys
+
+    if "vllm" not in sys.modules:
+        try:
+            found = importlib.util.find_spec("vllm") is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise DependencyNotInstalled(
+                "The vllm policy needs vLLM and a CUDA GPU: pip install 'drgym[gpu]'. "
+                "On CPU use hf:MODEL, or serve the model elsewhere and use openai:MODEL@URL.")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ConfigError("The vllm policy needs a CUDA GPU; none is visible. Use hf:MODEL on CPU, "
+                          "or serve the model elsewhere and use openai:MODEL@URL.")
+
+
+def policy_endpoints(spec: str) -> list[str]:
+    """The base URLs of the OpenAI-compatible servers a policy spec calls: one for
+    ``openai:MODEL@URL`` (also as a ``rag:`` reader or ``rtr:`` agent), none otherwise.
+
+    Raises:
+        ConfigError: a bad spec (as :func:`split_spec` and ``parse_spec``).
+    """
+    kind, arg = split_spec(spec)
+    if kind in ("rag", "rtr"):
+        return policy_endpoints(_lm_spec(arg))
+    if kind == "openai":
+        from drgym.policies.openai import parse_spec
+
+        return [parse_spec(arg)[1]]
+    return []
+
+
+def check_policy_reachable(spec: str, *, timeout_s: float = 2.0, attempts: int = 3, pause_s: float = 0.5) -> None:
+    """Check that the server of an ``openai:`` policy answers, before anything loads.
+
+    Sends ``GET BASE_URL/models`` (the OpenAI API's model list, which vLLM, SGLang,
+    llama.cpp and OpenAI serve); any HTTP answer, an error status included, counts as
+    reachable. Only a refused connection or a timeout is retried, ``attempts`` times
+    ``pause_s`` seconds apart: a dead endpoint fails in about ``attempts * pause_s``
+    seconds (``attempts * timeout_s`` at most for one that never answers). Policies
+    without an endpoint (``hf:``, ``vllm:``, ``scripted``) pass at once.
+
+    Args:
+        spec: the policy spec.
+        timeout_s: seconds per attempt (connect and read).
+        attempts: tries (>= 1).
+        pause_s: seconds between tries.
+
+    Raises:
+        ServiceUnavailableError: no answer after ``attempts`` tries; the message names the URL.
+        ConfigError: a bad spec.
+    """
+    import time
+
+    import httpx
+
+    from drgym.errors import ServiceUnavailableError
+
+    for base in policy_endpoints(spec):
+        url = f"{base}/models"
+        last: Exception | None = None
+        for i in range(max(1, attempts)):
+            if i:
+                time.sleep(pause_s)
+            try:
+                httpx.get(url, timeout=timeout_s)
+                last = None
+                break
+            except httpx.TransportError as e:  # refused, reset, DNS, timeouts
+                last = e
+        if last is not None:
+            raise ServiceUnavailableError(
+                f"policy endpoint {base} is not reachable: GET {url} failed {max(1, attempts)} attempt(s) "
+                f"({type(last).__name__}: {last}). Start the server, or fix the URL in --policy openai:MODEL@URL.")
 
 
 def make_policy(spec: str, **options: Any) -> Policy:
