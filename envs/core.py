@@ -29,19 +29,17 @@ from drgym.envs.prompts import (
     render_messages,
     tags_observation,
 )
+from drgym.envs.task_loaders import load_tasks
 from drgym.envs.text import UnicodeText, count_tokens
-from gymnasium.envs.registration import load_env_creator
 from gymnasium.error import ResetNeeded
 
 from drgym.errors import ConfigError, unknown_name
 from drgym.records import Episode, Reward, Step, Task, ToolCall, Trajectory
+from drgym.rewards.registry import get_reward
 from drgym.search.base import SearchBackend
 from drgym.search.registry import get_backend
 
 logger = logging.getLogger(__name__)
-
-#: Where a reward given by name is built (``get_reward(name) -> Reward``).
-REWARD_REGISTRY_ENTRY_POINT = "drgym.rewards.registry:get_reward"
 
 #: Longest observation, in characters (the observation space's ``max_length``).
 MAX_OBS_CHARS = 1_000_000
@@ -86,7 +84,8 @@ class SearchAgentEnv(gym.Env[str, str]):
         tasks: a task-set name (``"hotpotqa-dev"``, see
             :func:`drgym.envs.task_loaders.load_tasks`) or a sequence of
             :class:`~drgym.records.Task`; None uses the subclass default.
-        reward: a :class:`~drgym.records.Reward`, a reward name, or None for the
+        reward: a :class:`~drgym.records.Reward`, a reward name (built with
+            :func:`drgym.rewards.registry.get_reward`), False for none, or None for the
             subclass default.
         protocol: ``"tags"`` or ``"json"``: the default system prompt and how corrective
             messages are worded. Actions in every protocol of ``accept`` are parsed.
@@ -186,8 +185,6 @@ class SearchAgentEnv(gym.Env[str, str]):
     @staticmethod
     def _resolve_tasks(tasks: str | Sequence[Task]) -> list[Task]:
         if isinstance(tasks, str):
-            from drgym.envs.task_loaders import load_tasks
-
             out = load_tasks(tasks)
         else:
             out = list(tasks)
@@ -201,10 +198,7 @@ class SearchAgentEnv(gym.Env[str, str]):
     @staticmethod
     def _resolve_reward(reward: Any):
         if isinstance(reward, str):
-            # The reward layer sits above the envs (README, "Layers"): a reward named by a
-            # string is looked up through its registry's entry point, the way Gymnasium
-            # resolves "module:attr" env entry points, not imported statically.
-            return load_env_creator(REWARD_REGISTRY_ENTRY_POINT)(reward)
+            return get_reward(reward)
         if reward is False:
             return None
         if not isinstance(reward, Reward) and not callable(reward):

@@ -346,8 +346,8 @@ def completion_text(completion: Any) -> str:
 class Parser:
     """The one parser of drgym: the env's actions and the final answer of a completion.
 
-    The env (:class:`~drgym.envs.core.SearchAgentEnv`), the rewards' TRL adapter
-    (:mod:`drgym.rewards.trl_adapter`) and the GRPO reward wrapper
+    The env (:class:`~drgym.envs.core.SearchAgentEnv`), the TRL reward adapter
+    (:mod:`drgym.training.trl_adapter`) and the GRPO reward wrapper
     (:mod:`drgym.training.rewards`) all read answers through it, so an answer is the same
     text wherever it is scored. After verifiers' ``Parser`` (``parse`` for a turn,
     ``parse_answer`` for a whole completion); subclass it to read another format.

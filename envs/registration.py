@@ -25,6 +25,8 @@ from typing import Any
 
 import gymnasium as gym
 
+from drgym.errors import unknown_name
+
 logger = logging.getLogger(__name__)
 
 ENV_IDS = {
@@ -50,8 +52,6 @@ def make_env(kind: str = "qa", *, backend: Any = None, **kwargs: Any) -> gym.Env
     Raises:
         ConfigError: unknown kind.
     """
-    from drgym.errors import unknown_name
-
     base = {"qa": "SearchQA", "research": "DeepResearch"}
     if kind not in base:
         raise unknown_name("env kind", kind, base)

@@ -64,7 +64,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from drgym.atomic import load_jsonl_strict
+from drgym.atomic import decode_line, load_jsonl_strict
 from drgym.errors import ConfigError, CorpusError, unknown_name
 from drgym.paths import DATA_DIR
 from drgym.records import Task
@@ -398,8 +398,6 @@ def _read_with_datasets(path: Path, fmt: str, split: str) -> tuple[list[dict[str
     """Rows and columns of a json/csv/tsv/parquet file read by ``datasets`` (text files
     are checked for UTF-8 first, so a bad byte is reported by line)."""
     import datasets
-
-    from drgym.atomic import decode_line
 
     if fmt in ("json", "csv"):
         with open(path, "rb") as f:

@@ -2,8 +2,8 @@
 
 Every metric is a :class:`Reward` (a batch of :class:`Episode` in, a
 :class:`RewardOutput` out). Build one by name or config with :func:`get_reward` /
-:func:`build_reward`; adapt one to TRL with :class:`drgym.rewards.trl_adapter.TRLReward`.
-Heavy modules (judges, models) load lazily.
+:func:`build_reward`; adapt one to TRL with :class:`drgym.training.trl_adapter.TRLReward`.
+Judge models load only when a judged reward is built.
 """
 
 from drgym.rewards.registry import (

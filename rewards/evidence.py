@@ -14,6 +14,7 @@ import re
 
 from drgym.errors import ConfigError
 from drgym.records import Episode, Reward, RewardOutput
+from drgym.rewards.qa import YES_NO_NOANSWER, cover_exact_match, normalize_answer
 
 _TAG = re.compile(r"</?[A-Za-z_][\w-]*>")
 
@@ -31,8 +32,6 @@ def visible_text(observation: str) -> str:
 
 
 def _golds(task) -> list[str]:
-    from drgym.rewards.qa import YES_NO_NOANSWER, normalize_answer
-
     return [a for a in task.answers if normalize_answer(a) and normalize_answer(a) not in YES_NO_NOANSWER]
 
 
@@ -82,8 +81,6 @@ class EvidenceRecall(Reward):
         return " ".join(f"{r.get('title', '')} {r.get('text', '')}" for s in traj.steps for r in s.results or [])
 
     def score(self, episodes: list[Episode]) -> RewardOutput:
-        from drgym.rewards.qa import cover_exact_match
-
         scores: list[float | None] = []
         for ep in episodes:
             golds = _golds(ep.task)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from drgym.atomic import load_jsonl_strict
-from drgym.errors import ConfigError
+from drgym.errors import ConfigError, JudgeError
 from drgym.judges.base import Judge, JudgeRequest
 from drgym.judges.factory import make_judge, require_judge
 from drgym.judges.prompts import (
@@ -199,8 +199,6 @@ class CriteriaGenerator:
         Raises:
             JudgeError: a judge call failed after retries (criteria cannot be partial).
         """
-        from drgym.errors import JudgeError
-
         reqs = [JudgeRequest(RACE_WEIGHTS, {"prompt": prompt})] + [
             JudgeRequest(RACE_CRITERIA, {"prompt": prompt, "dimension": d, "description": RACE_DIMENSION_DESCRIPTIONS[d]}) for d in RACE_DIMENSIONS
         ]

@@ -19,12 +19,13 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from drgym.errors import ConfigError, unknown_name
+from drgym.judges.factory import make_judge
 from drgym.records import Episode, Reward, RewardOutput
+from drgym.rewards import citation, evidence, fact, keypoints, length, qa, quality, race
+from drgym.search.registry import make_backend
 
 
 def _factories() -> dict[str, Callable[..., Reward]]:
-    from drgym.rewards import citation, evidence, fact, keypoints, length, qa, quality, race
-
     return {
         "em": qa.ExactMatch,
         "cover_em": qa.CoverExactMatch,
@@ -126,8 +127,6 @@ def get_reward(name: str, **kwargs: Any) -> Reward:
     if name not in facs:
         raise unknown_name("reward", name, facs)
     if isinstance(kwargs.get("backend"), str):
-        from drgym.search.registry import make_backend
-
         kwargs["backend"] = make_backend(kwargs["backend"])
     try:
         return facs[name](**kwargs)
@@ -149,12 +148,8 @@ def build_reward(spec: Any, *, judge: Any = None, backend: Any = None) -> Reward
     if isinstance(spec, Reward):
         return spec
     if judge is not None and isinstance(judge, str):
-        from drgym.judges.factory import make_judge
-
         judge = make_judge(judge)
     if backend is not None and isinstance(backend, str):
-        from drgym.search.registry import make_backend
-
         backend = make_backend(backend)
 
     def one(name: str, kwargs: dict[str, Any] | None) -> Reward:

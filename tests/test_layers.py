@@ -1,4 +1,5 @@
-"""The layer contract of ``pyproject.toml`` (import-linter) holds, and it catches an upward import."""
+"""The import contracts of ``pyproject.toml`` (import-linter) hold, and they catch an upward
+import, an import cycle, and a cycle through a function-level import."""
 
 from __future__ import annotations
 
@@ -15,17 +16,50 @@ spec.loader.exec_module(lint_imports)
 pytest.importorskip("importlinter")
 
 
-def test_layers_kept(tmp_path):
-    res = lint_imports.lint(lint_imports.package_tree(tmp_path))
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory):
+    """The installed package laid out once (tests that edit it take their own copy)."""
+    return lint_imports.package_tree(tmp_path_factory.mktemp("tree"))
+
+
+def test_contracts_kept(tree):
+    res = lint_imports.lint(tree)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "1 kept, 0 broken" in res.stdout
+    assert "drgym layers: data flows one way KEPT" in res.stdout
+    assert "drgym has no import cycles KEPT" in res.stdout
+    assert "2 kept, 0 broken" in res.stdout
+
+
+def test_no_import_cycles(tree):
+    cycles = lint_imports.import_cycles(tree)
+    assert cycles == [], "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_env_builds_named_rewards_through_a_plain_import(tree):
+    """The env resolves ``reward="f1"`` with an import the contracts see, not a string entry point."""
+    core = (tree / "drgym" / "envs" / "core.py").read_text(encoding="utf-8")
+    assert "from drgym.rewards.registry import get_reward" in core
+    assert "drgym.rewards.registry:" not in core
+    for path in (tree / "drgym" / "rewards").glob("*.py"):
+        assert "drgym.envs" not in path.read_text(encoding="utf-8"), f"{path.name} reaches up into drgym.envs"
 
 
 def test_upward_import_is_caught(tmp_path):
     tree = lint_imports.package_tree(tmp_path)
-    text = tree / "drgym" / "envs" / "text.py"
-    text.write_text(text.read_text() + "\nfrom drgym.rewards import qa  # upward: envs -> rewards\n")
+    qa = tree / "drgym" / "rewards" / "qa.py"
+    qa.write_text(qa.read_text() + "\nfrom drgym.envs import parsing  # upward: rewards -> envs\n")
     res = lint_imports.lint(tree)
     assert res.returncode != 0
-    assert "drgym.envs is not allowed to import drgym.rewards" in res.stdout
-    assert "drgym.envs.text -> drgym.rewards.qa" in res.stdout
+    assert "drgym.rewards is not allowed to import drgym.envs" in res.stdout
+    assert "drgym.rewards.qa -> drgym.envs.parsing" in res.stdout
+
+
+def test_function_level_cycle_is_caught(tmp_path):
+    tree = lint_imports.package_tree(tmp_path)
+    config = tree / "drgym" / "training" / "config.py"
+    config.write_text(config.read_text() + "\n\ndef _late():\n    from drgym.training.launch import launch_command\n")
+    assert lint_imports.import_cycles(tree) == [["drgym.training.config", "drgym.training.launch", "drgym.training.config"]]
+    res = lint_imports.lint(tree)
+    assert res.returncode != 0
+    assert "drgym has no import cycles BROKEN" in res.stdout
+    assert ".launch -> .config" in res.stdout

@@ -197,7 +197,7 @@ def test_env_trl_adapter_and_grpo_wrapper_read_the_same_answer(bm25_backend):
     import drgym.envs  # noqa: F401
     from drgym.records import Task
     from drgym.rewards.qa import ExactMatch
-    from drgym.rewards.trl_adapter import TRLReward
+    from drgym.training.trl_adapter import TRLReward
     from drgym.training.rewards import DrgymRewardFunc
 
     completion = "<answer>Paris</answer> no wait <answer>Rome</answer>"
@@ -314,7 +314,7 @@ def test_the_answer_rule_reads_no_reasoning_for_strings_and_message_lists(text, 
 
 def test_env_trl_adapter_and_grpo_wrapper_read_template_opened_reasoning_alike(bm25_backend):
     from drgym.rewards.qa import F1
-    from drgym.rewards.trl_adapter import TRLReward
+    from drgym.training.trl_adapter import TRLReward
     from drgym.training.rewards import DrgymRewardFunc
 
     task = Task(task_id="de", question=GERMANY, answers=["Berlin"])

@@ -36,7 +36,7 @@ from drgym.rewards.qa import (
     token_f1,
 )
 from drgym.rewards.registry import WeightedReward
-from drgym.rewards.trl_adapter import trl_reward_funcs
+from drgym.training.trl_adapter import trl_reward_funcs
 
 REFERENCE = Path(__file__).parent / "data" / "rewards" / "hotpot_official_reference.json"
 CONFIGS = Path(__file__).resolve().parents[1] / "training" / "configs"

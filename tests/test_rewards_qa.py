@@ -15,7 +15,7 @@ from drgym.rewards.qa import (
     token_f1,
 )
 from drgym.rewards.registry import WeightedReward
-from drgym.rewards.trl_adapter import (
+from drgym.training.trl_adapter import (
     TRLReward,
     trl_reward_funcs,
     trl_reward_weights,

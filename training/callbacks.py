@@ -16,7 +16,18 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from drgym.atomic import append_jsonl
+from drgym import __version__
+from drgym.atomic import append_jsonl, atomic_write_json, read_jsonl
+from drgym.errors import ConfigError
+from drgym.models import (
+    ADAPTER_CONFIG,
+    SMOLLM2_ALIASES,
+    SMOLLM2_HUB_NAME,
+    TRAINING_RECORD,
+    adapter_base,
+    is_adapter,
+    resolve_lm,
+)
 
 log = logging.getLogger(__name__)
 
@@ -78,8 +89,6 @@ class EntropyBrake(TrainerCallback):
 
     @classmethod
     def from_config(cls, d: dict[str, Any], *, source: str = "<config>") -> "EntropyBrake":
-        from drgym.errors import ConfigError
-
         try:
             brake = cls(**d)
         except (TypeError, ValueError) as e:
@@ -172,8 +181,6 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
         Records sorted by step; training and evaluation records of the same step are
         kept apart (an evaluation record has ``eval/*`` keys only).
     """
-    from drgym.atomic import read_jsonl
-
     rows = read_jsonl(path)
     by_key: dict[tuple[int, bool], dict[str, Any]] = {}
     for r in rows:
@@ -199,10 +206,6 @@ def write_training_record(folder: str | Path, cfg, stage: str) -> Path:
     Returns:
         The written file's path (written atomically).
     """
-    from drgym import __version__
-    from drgym.atomic import atomic_write_json
-    from drgym.models import TRAINING_RECORD, is_adapter
-
     protocol = "tags" if stage == "sft" else cfg.protocol  # SFT trains tag-protocol trajectories only
     rec = {"protocol": protocol, "layout": "chat" if protocol == "json" else "continuation", "stage": stage,
            "run": cfg.name, "config": cfg.source, "base_model": cfg.model, "env": cfg.env, "search": cfg.search,
@@ -226,11 +229,6 @@ def adapter_record(folder: str | Path, cfg) -> dict[str, Any]:
     Returns:
         ``{"adapter": True, "base_model", "init_from", "peft"}``.
     """
-    import json
-
-    from drgym.atomic import atomic_write_json
-    from drgym.models import ADAPTER_CONFIG, SMOLLM2_ALIASES, SMOLLM2_HUB_NAME, adapter_base, is_adapter, resolve_lm
-
     init = str(cfg.model)
     base = adapter_base(resolve_lm(init)) if is_adapter(resolve_lm(init)) else init
     smol = base.lower() in SMOLLM2_ALIASES

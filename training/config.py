@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from drgym.errors import ConfigError, unknown_name
+from drgym.training.rollout import RolloutSettings
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
@@ -43,6 +44,8 @@ TOP_KEYS = {
     "entropy_brake",
 }
 
+#: Keys of the ``launch:`` section (:mod:`drgym.training.launch` runs it).
+LAUNCH_KEYS = {"accelerate_config", "num_processes"}
 ZERO_VARIANCE_KEYS = {"filter_groups"}
 ENTROPY_BRAKE_KEYS = {"floor", "window", "factor", "min_scale"}
 
@@ -120,8 +123,6 @@ class RunConfig:
         Raises:
             ConfigError: unknown key or bad value.
         """
-        from drgym.training.rollout import RolloutSettings
-
         known = {f.name for f in dataclasses.fields(RolloutSettings)} - {"enable_thinking"}
         if "enable_thinking" in self.rollout:
             raise ConfigError(f"{self.source}: enable_thinking is a top-level key (it applies to training, evaluation "
@@ -199,8 +200,6 @@ def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
     for sec in ("grpo", "sft", "search", "rollout", "launch", "peft", "zero_variance", "entropy_brake"):
         if data.get(sec) is not None and not isinstance(data[sec], dict):
             raise ConfigError(f"{source}: '{sec}' must be a mapping, got {type(data[sec]).__name__}.")
-    from drgym.training.launch import LAUNCH_KEYS
-
     _check_keys(data.get("launch") or {}, LAUNCH_KEYS, "launch key")
     thinking = data.get("enable_thinking")
     if thinking is not None and not isinstance(thinking, bool):

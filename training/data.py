@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import gymnasium as gym
+from drgym.envs.task_loaders import load_tasks  # importing drgym.envs registers the env ids
+
 from drgym.errors import ConfigError
+from drgym.policies.generation import render_chat
+from drgym.rewards.qa import normalize_answer
 from drgym.search.registry import backend_from_settings
 
 
@@ -14,8 +19,6 @@ def load_task_slice(ts, *, whole: bool = False) -> list:
     Raises:
         ConfigError: unknown task set, or an empty slice.
     """
-    from drgym.envs.task_loaders import load_tasks
-
     tasks = list(load_tasks(ts.set))
     if whole:
         return tasks
@@ -35,9 +38,6 @@ def make_env_factory(cfg, tasks: list, *, backend=None, max_turns: int | None = 
     ``reward`` (a :class:`~drgym.records.Reward`) replaces the env's default reward: the
     env then scores each episode once with it (GRPO passes the run's weighted rewards).
     """
-    import drgym.envs  # noqa: F401  (registers the env ids)
-    import gymnasium as gym
-
     kwargs = dict(cfg.env.get("kwargs") or {})
     kwargs.setdefault("max_turns", max_turns or cfg.rollout_settings().max_turns)
     kwargs.setdefault("protocol", cfg.protocol)
@@ -66,8 +66,6 @@ def build_dataset(tasks: list, env_factory, tokenizer, *, enable_thinking: bool 
     """
     from datasets import Dataset
 
-    from drgym.policies.generation import render_chat
-
     env = env_factory()
     rows, table = [], {}
     for t in tasks:
@@ -89,8 +87,6 @@ def check_disjoint(train: list, held_out: list) -> None:
     Raises:
         ConfigError: the sets overlap (the count and an example are named).
     """
-    from drgym.rewards.qa import normalize_answer
-
     ids = {t.task_id for t in train} & {t.task_id for t in held_out}
     if ids:
         raise ConfigError(f"tasks.train and tasks.eval share {len(ids)} task ids (e.g. {sorted(ids)[0]!r}); "

@@ -9,8 +9,16 @@ from typing import Any
 from drgym.search.registry import backend_from_settings
 from drgym.training.data import load_task_slice
 from drgym.training.rewards import build_reward_funcs
+from drgym.training.rollout import STOP_STRINGS
+from drgym.training.toolenv import use_tool_template
 
+from drgym.atomic import atomic_write_json
 from drgym.errors import ConfigError
+from drgym.evaluation.runner import RolloutConfig, run_rollout
+from drgym.models import load_model, load_tokenizer
+from drgym.policies.generation import DEFAULT_STOPS
+from drgym.policies.hf import HFPolicy
+from drgym.rewards.registry import WeightedReward
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +61,6 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
         directory (default ``"hf:<run name>"``), and the ``trajectories`` it returns are
         the episode dicts in task order.
     """
-    from drgym.training.rollout import STOP_STRINGS
-
-    from drgym.evaluation.runner import RolloutConfig, run_rollout
-    from drgym.policies.generation import DEFAULT_STOPS
-    from drgym.policies.hf import HFPolicy
-
     base = cfg.rollout_settings()
     tasks = list(tasks)
     env_kw = dict(cfg.env.get("kwargs") or {})
@@ -67,8 +69,6 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
     ts = cfg.tasks.get("eval")
     label = f"{ts.set}[{ts.start}:{ts.start + len(tasks)}]" if ts is not None else "held-out"
     tags = cfg.protocol != "json"
-
-    from drgym.rewards.registry import WeightedReward
 
     scorer = WeightedReward([(f.reward, w) for f, w in zip(reward_funcs, weights)])
 
@@ -100,8 +100,6 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
         metrics["turns_mean"] = float(m.get("turns") or 0.0)
         metrics["invalid_action_rate"] = float(m.get("invalid_action_rate") or 0.0)
         # the run directory's own "reward" is the env's; record the run's weighted reward beside it
-        from drgym.atomic import atomic_write_json
-
         run_metrics = dict(m)
         run_metrics["training_rewards"] = {"weights": {f.__name__: w for f, w in zip(reward_funcs, weights)},
                                            **{k: metrics[k] for k in [f.__name__ for f in reward_funcs] + ["reward"]}}
@@ -142,9 +140,6 @@ def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None 
 
     import torch
 
-    from drgym.atomic import atomic_write_json
-    from drgym.models import load_model, load_tokenizer
-
     cfg.apply_threads()
     if "eval" not in cfg.tasks:
         raise ConfigError(f"{cfg.source}: tasks.eval is required for evaluation.")
@@ -165,8 +160,6 @@ def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None 
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if cfg.protocol == "json":
-        from drgym.training.toolenv import use_tool_template
-
         use_tool_template(tok)
     model = load_model(model_ref, dtype=torch.float32).eval()  # an adapter folder is merged into its base
     tasks_by_id = {t.task_id: t for t in tasks}

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from drgym.training.config import build_grpo_args, build_peft_config
 from drgym.training.data import (
     build_dataset,
     check_disjoint,
@@ -35,8 +36,14 @@ from drgym.training.data import (
 )
 from drgym.training.evaluation import make_evaluator
 from drgym.training.rewards import build_reward_funcs
+from drgym.training.rollout import SearchRolloutFunc
+from drgym.training.sft import count_parameters, freeze_bottom, refuse_earlier_run
+from drgym.training.toolenv import make_tool_env_class, use_tool_template
 
+from drgym.atomic import atomic_write_json
 from drgym.errors import ConfigError
+from drgym.models import load_model, load_tokenizer
+from drgym.rewards.registry import WeightedReward
 
 log = logging.getLogger(__name__)
 
@@ -234,11 +241,6 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
         JsonlLoggerCallback,
         TrainingRecordCallback,
     )
-    from drgym.training.config import build_grpo_args, build_peft_config
-    from drgym.training.rollout import SearchRolloutFunc
-    from drgym.training.sft import count_parameters, freeze_bottom
-
-    from drgym.models import load_model, load_tokenizer
 
     if max_steps is not None:
         cfg.grpo["max_steps"] = int(max_steps)
@@ -271,8 +273,6 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
                                                  output_dir=args.output_dir)
     # one scorer: the env scores each episode once with the run's rewards; the TRL reward
     # functions read the trajectory's reward_components
-    from drgym.rewards.registry import WeightedReward
-
     scorer = WeightedReward([(f.reward, w) for f, w in zip(funcs, weights)])
     env_factory = make_env_factory(cfg, train_tasks + eval_tasks, backend=backend, reward=scorer)
     extra = list(extra_reward_funcs or [])
@@ -291,8 +291,6 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     GRPOTrainer = _trainer_class()
 
     if cfg.protocol == "json":
-        from drgym.training.toolenv import make_tool_env_class, use_tool_template
-
         use_tool_template(tok)
         dataset = json_dataset(train_tasks, env_factory)
         trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
@@ -314,25 +312,6 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
         eval_cb.attach(trainer)
     return trainer, {"rollout": rollout, "monitor": monitor, "reward_funcs": funcs, "dataset": dataset,
                      "tokenizer": tok, "trainable_params": trainable, "total_params": total}
-
-
-def refuse_earlier_run(out: Path) -> None:
-    """Raise when ``out`` holds an earlier training run (its logs or checkpoints).
-
-    A fresh run there would append to the old ``metrics.jsonl`` and leave higher-numbered
-    ``checkpoint-N`` folders that a later ``--resume`` would pick up.
-
-    Raises:
-        ConfigError: ``out`` has ``metrics.jsonl`` or a ``checkpoint-N`` folder.
-    """
-    if not out.is_dir():
-        return
-    found = sorted(p.name for p in out.glob("checkpoint-*") if p.is_dir())
-    if (out / "metrics.jsonl").exists():
-        found.insert(0, "metrics.jsonl")
-    if found:
-        raise ConfigError(f"{out} holds an earlier run ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''}); "
-                          "pass --resume to continue it, or another --output-dir, or remove it.")
 
 
 def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None, backend=None,
@@ -359,7 +338,6 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None, backend
     """
     import time
 
-    from drgym.atomic import atomic_write_json
     from drgym.training.callbacks import last_complete_checkpoint
 
     if not resume:

@@ -40,9 +40,8 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from drgym.errors import ConfigError
-
-LAUNCH_KEYS = {"accelerate_config", "num_processes"}
+from drgym.errors import ConfigError, unknown_name
+from drgym.training.config import CONFIG_DIR, LAUNCH_KEYS, build_grpo_args, build_sft_args
 
 
 def accelerate_config_path(cfg) -> Path:
@@ -51,15 +50,11 @@ def accelerate_config_path(cfg) -> Path:
     Raises:
         ConfigError: no ``launch`` section, an unknown key in it, or no such file.
     """
-    from drgym.training.config import CONFIG_DIR
-
     launch = dict(cfg.launch or {})
     if not launch:
         raise ConfigError(f"{cfg.source}: no launch: section (launch: {{accelerate_config: ..., num_processes: N}}).")
     bad = sorted(set(launch) - LAUNCH_KEYS)
     if bad:
-        from drgym.errors import unknown_name
-
         raise unknown_name("launch key", bad[0], LAUNCH_KEYS)
     name = launch.get("accelerate_config")
     if not name:
@@ -76,8 +71,6 @@ def is_accelerate_file(path: str | os.PathLike) -> bool:
 
     p = Path(path)
     if not p.is_file():
-        from drgym.training.config import CONFIG_DIR
-
         p = CONFIG_DIR / (p.name if p.suffix else p.name + ".yaml")
         if not p.is_file():
             return False
@@ -97,8 +90,6 @@ def check_accelerate_file(path: str | os.PathLike) -> dict[str, Any]:
     Raises:
         ConfigError: accelerate refuses the file.
     """
-    from drgym.training.config import CONFIG_DIR
-
     p = Path(path) if Path(path).is_file() else CONFIG_DIR / Path(path).name
     try:
         args, _ = _launch_env(p.resolve(), None)
@@ -232,8 +223,6 @@ def check_launch(cfg) -> dict[str, Any]:
         ConfigError: any check failed (the library's message is kept).
     """
     from unittest import mock
-
-    from drgym.training.config import build_grpo_args, build_sft_args
 
     if not cfg.launch:
         return {"launch": None}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from drgym.atomic import atomic_write_bytes
 from drgym.errors import ConfigError
 
 #: Panels drawn when their metrics are present: (title, [metric keys]).
@@ -64,7 +65,6 @@ def plot_run(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pat
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from drgym.atomic import atomic_write_bytes
     from drgym.training.callbacks import read_metrics
 
     run_dir = Path(run_dir)

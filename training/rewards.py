@@ -6,9 +6,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+from drgym.atomic import append_jsonl
+from drgym.records import Trajectory
+from drgym.training.ranks import gather_rows, is_main
+from drgym.training.trl_adapter import trl_reward_funcs, trl_reward_weights
+
 
 class DrgymRewardFunc:
-    """A drgym reward (through :class:`drgym.rewards.trl_adapter.TRLReward`) fed with rollout fields.
+    """A drgym reward (through :class:`drgym.training.trl_adapter.TRLReward`) fed with rollout fields.
 
     TRL calls ``f(prompts=, completions=, completion_ids=, **columns, **rollout_fields)``.
     The adapter builds each :class:`~drgym.records.Episode` from the dataset
@@ -32,8 +37,6 @@ class DrgymRewardFunc:
         self.monitor = monitor
 
     def __call__(self, prompts, completions, final_answer=None, trajectory=None, environments=None, **kw):
-        from drgym.records import Trajectory
-
         n = len(completions)
         if environments is not None and final_answer is None:
             # environment_factory path: the answer is the last assistant message's text
@@ -101,9 +104,6 @@ class GroupMonitor:
         functions run once per batch), so the groups are TRL's groups and the fractions
         are over the whole generation batch; rank 0 alone writes the degenerate groups.
         """
-        from drgym.atomic import append_jsonl
-        from drgym.training.ranks import gather_rows, is_main
-
         self._batch[name] = scores
         if len(self._batch) < len(self.names):
             return
@@ -151,14 +151,12 @@ def build_reward_funcs(cfg, tasks_by_id: dict[str, Any], *, num_generations: int
     """TRL reward functions, their weights and the :class:`GroupMonitor` of a run.
 
     The ``rewards:`` list becomes the weighted spec of
-    :func:`drgym.rewards.trl_adapter.trl_reward_funcs` (one TRL function per part, so
+    :func:`drgym.training.trl_adapter.trl_reward_funcs` (one TRL function per part, so
     TRL logs each component), each wrapped in :class:`DrgymRewardFunc`.
 
     Raises:
         ConfigError: unknown reward name or bad kwargs (from the reward registry).
     """
-    from drgym.rewards.trl_adapter import trl_reward_funcs, trl_reward_weights
-
     spec = {"weighted": [{"name": str(r["name"]), "weight": float(r.get("weight", 1.0)),
                           "kwargs": dict(r.get("kwargs") or {})} for r in cfg.rewards]}
     inner = trl_reward_funcs(spec)

@@ -27,8 +27,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from drgym.training.ranks import gather_rows, world
+
 from drgym.errors import ConfigError
-from drgym.policies.generation import opened_reasoning
+from drgym.policies.generation import cut_ids_at_stop, opened_reasoning, render_chat
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +51,6 @@ def prompt_token_ids(tokenizer, messages: list[dict[str, Any]], *, enable_thinki
         ``list[int]``: ``apply_chat_template(..., add_generation_prompt=True)`` tokenised
         without adding special tokens twice.
     """
-    from drgym.policies.generation import render_chat
-
     text = render_chat(tokenizer, messages, enable_thinking=enable_thinking)
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
@@ -102,8 +102,6 @@ def cut_generated_turn(tokenizer, new_ids: list[int], stop_strings=STOP_STRINGS)
     Returns:
         ``(ids, ended_with_eos)``: the kept ids and whether they end with a real eos.
     """
-    from drgym.policies.generation import cut_ids_at_stop
-
     kept, reason = cut_ids_at_stop(tokenizer, new_ids, stop_strings, (tokenizer.eos_token_id,))
     return kept, reason == "eos"
 
@@ -399,8 +397,6 @@ class VLLMTurnStep:
     returns_logprobs = True
 
     def __init__(self, trainer, tokenizer, settings: RolloutSettings) -> None:
-        from drgym.training.ranks import world
-
         self.trainer, self.tokenizer, self.settings = trainer, tokenizer, settings
         self.gen = trainer.vllm_generation
         _, n_proc = world(trainer)
@@ -427,8 +423,6 @@ class VLLMTurnStep:
         """The rows every rank sends this round (the largest count; this rank's own without collectives)."""
         if not self.collective:
             return n
-        from drgym.training.ranks import gather_rows
-
         return max(int(c) for c in gather_rows(self.trainer, [n]))
 
     def _generate(self, contexts: list[list[int]], total: int) -> tuple[list[list[int]], list[list[float | None]]]:
@@ -628,6 +622,8 @@ class SearchRolloutFunc:
         ``step`` replaces the generation step (default :class:`VLLMTurnStep` with a
         vLLM ``trainer``, else :class:`HFTurnStep` on ``model``).
         """
+        # the envs load here, not at import: drgym.training.config imports this module
+        # for RolloutSettings, and the envs (gymnasium, rewards, judges) cost ~0.5 s
         from drgym.envs.driver import BatchedDriver
 
         tasks = []
@@ -688,8 +684,6 @@ class SearchRolloutFunc:
         rank's (the step waits for it). With several processes this is a collective:
         every rank calls it once per ``rollout_func`` call.
         """
-        from drgym.training.ranks import gather_rows
-
         metrics = getattr(trainer, "_metrics", None)
         if metrics is None:
             return

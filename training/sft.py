@@ -17,7 +17,16 @@ import re
 from pathlib import Path
 from typing import Any
 
+from drgym.envs.driver import BatchedDriver, write_trajectories
+from drgym.training.config import TaskSlice, build_peft_config, build_sft_args
+from drgym.training.data import load_task_slice, make_env_factory
+from drgym.training.rollout import encode_segments, prompt_token_ids
+
+from drgym.atomic import atomic_write_json, read_jsonl
 from drgym.errors import ConfigError
+from drgym.models import load_model, load_tokenizer
+from drgym.policies.scripted import ScriptedPolicy
+from drgym.records import Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +40,6 @@ def load_trajectories(paths: list[str | Path]):
     Raises:
         ConfigError: a file is missing or holds no valid trajectory.
     """
-    from drgym.atomic import read_jsonl
-    from drgym.records import Trajectory
-
     out = []
     for p in paths:
         p = Path(p)
@@ -104,8 +110,6 @@ def encode_trajectory(tokenizer, traj, *, gold_answer: str | None = None, max_le
         ``{"input_ids": list[int], "labels": list[int]}`` of equal length, at most
         ``max_length`` (cut from the right).
     """
-    from drgym.training.rollout import encode_segments, prompt_token_ids
-
     pids = prompt_token_ids(tokenizer, prompt_messages(traj), enable_thinking=enable_thinking)
     cids, mask = encode_segments(tokenizer, trajectory_segments(traj, gold_answer=gold_answer),
                                  end_with_eos=traj.final_answer is not None or gold_answer is not None)
@@ -196,6 +200,25 @@ def _decoder_layers(model):
     return layers
 
 
+def refuse_earlier_run(out: Path) -> None:
+    """Raise when ``out`` holds an earlier training run (its logs or checkpoints).
+
+    A fresh run there would append to the old ``metrics.jsonl`` and leave higher-numbered
+    ``checkpoint-N`` folders that a later ``--resume`` would pick up.
+
+    Raises:
+        ConfigError: ``out`` has ``metrics.jsonl`` or a ``checkpoint-N`` folder.
+    """
+    if not out.is_dir():
+        return
+    found = sorted(p.name for p in out.glob("checkpoint-*") if p.is_dir())
+    if (out / "metrics.jsonl").exists():
+        found.insert(0, "metrics.jsonl")
+    if found:
+        raise ConfigError(f"{out} holds an earlier run ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''}); "
+                          "pass --resume to continue it, or another --output-dir, or remove it.")
+
+
 def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None = None, gold_answers: bool = False,
             min_reward: float | None = None, resume: bool = False, extra_callbacks=None) -> Path:
     """Fine-tune ``cfg.model`` on trajectories and save the result.
@@ -217,18 +240,12 @@ def run_sft(cfg, trajectory_paths: list[str | Path], *, output_dir: str | None =
         TrainingRecordCallback,
         write_training_record,
     )
-    from drgym.training.config import build_peft_config, build_sft_args
     from trl import SFTTrainer
-
-    from drgym.atomic import atomic_write_json
-    from drgym.models import load_model, load_tokenizer
 
     args = build_sft_args(cfg, output_dir)
     cfg.apply_threads()
     out = Path(args.output_dir)
     if not resume:
-        from drgym.training.grpo import refuse_earlier_run
-
         refuse_earlier_run(out)
     peft_config = build_peft_config(cfg)
     tok = load_tokenizer(cfg.model)
@@ -270,8 +287,6 @@ def _last_checkpoint(out: Path) -> str | None:
 
 
 def _tasks_for(cfg, ids: set[str]) -> dict[str, Any]:
-    from drgym.training.data import load_task_slice
-
     found: dict[str, Any] = {}
     for split in ("train", "eval"):
         if split in cfg.tasks:
@@ -297,12 +312,6 @@ def make_scripted_trajectories(cfg, out_path: str | Path, *, split: str = "train
     Returns:
         The trajectories.
     """
-    from drgym.envs.driver import BatchedDriver, write_trajectories
-    from drgym.training.config import TaskSlice
-    from drgym.training.data import load_task_slice, make_env_factory
-
-    from drgym.policies.scripted import ScriptedPolicy
-
     ts = cfg.tasks[split]
     ts = TaskSlice(ts.set, ts.start if start is None else start, ts.limit if limit is None else limit)
     tasks = load_task_slice(ts)

@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from drgym.errors import ConfigError
+
 
 def use_tool_template(tokenizer) -> None:
     """Install TRL's Qwen2.5 tool-calling chat template on ``tokenizer`` (in place).
@@ -25,8 +27,6 @@ def use_tool_template(tokenizer) -> None:
         ConfigError: the template file is missing from the installed TRL.
     """
     import trl
-
-    from drgym.errors import ConfigError
 
     p = Path(trl.__file__).parent / "chat_templates" / "qwen2_5.jinja"
     if not p.is_file():

@@ -21,6 +21,9 @@ the first ``<answer>`` block; see the README, "Answers"), '' when there is none.
 
 The environment path needs no adapter: the Gymnasium env calls ``reward.score`` on
 its one finished :class:`~drgym.records.Episode` itself.
+
+The adapter sits in the training layer (``drgym.training.trl_adapter``), above the envs
+whose parser it reads completions with and the rewards it wraps.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 from drgym.envs.parsing import Parser
 from drgym.records import Episode, Reward, Task
+from drgym.rewards.registry import WeightedReward, build_reward
 
 GOLD_KEYS = ("answers", "golds", "golden_answers", "answer")
 
@@ -94,8 +98,6 @@ def trl_reward_funcs(spec: Any, **build_kwargs: Any) -> list[TRLReward]:
         ``[TRLReward, ...]``; pair them with ``GRPOConfig(reward_weights=...)`` using
         :func:`trl_reward_weights` so TRL logs each part separately.
     """
-    from drgym.rewards.registry import WeightedReward, build_reward
-
     r = build_reward(spec, **build_kwargs)
     if isinstance(r, WeightedReward):
         return [TRLReward(p) for p, _ in r.parts]
@@ -104,8 +106,6 @@ def trl_reward_funcs(spec: Any, **build_kwargs: Any) -> list[TRLReward]:
 
 def trl_reward_weights(spec: Any, **build_kwargs: Any) -> list[float]:
     """Weights aligned with :func:`trl_reward_funcs` (1.0 for a single reward)."""
-    from drgym.rewards.registry import WeightedReward, build_reward
-
     r = build_reward(spec, **build_kwargs)
     if isinstance(r, WeightedReward):
         return [w for _, w in r.parts]
