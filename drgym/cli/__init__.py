@@ -18,6 +18,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_show_locals=False,
     add_completion=False,
+    rich_markup_mode=None,  # help as plain text: "pip install 'drgym[gpu]'" is not rich markup
 )
 
 
@@ -40,9 +41,9 @@ def version() -> None:
 
 
 def _register_all() -> None:
-    from drgym.cli import compare, distributed, evaluate, index, rollout, search, serve, train
+    from drgym.cli import compare, distributed, evaluate, index, mcp, rollout, search, serve, train
 
-    for module in (index, search, serve, distributed, rollout, evaluate, train, compare):
+    for module in (index, search, serve, mcp, distributed, rollout, evaluate, train, compare):
         module.register(app)
 
 

@@ -16,6 +16,9 @@ Specs:
                      (:class:`~drgym.search.client.HTTPSearchClient`, ``DEEPRESEARCHGYM_API_KEY``;
                      ``base_url=`` or ``DEEPRESEARCHGYM_BASE_URL`` point it elsewhere)
 ``http://host:port`` a ``drgym serve`` server or any DeepResearchGym-compatible API
+``mcp:URL``          an MCP server over streamable HTTP (``mcp:http://127.0.0.1:8000/mcp``):
+                     ``drgym mcp``, BrowseComp-Plus's server... (:class:`~drgym.search.mcp.MCPSearchBackend`)
+``mcp:stdio:CMD``    an MCP server started as a subprocess (``mcp:stdio:drgym mcp --corpus hotpotqa``)
 ``record:FILE#SPEC`` ``SPEC`` live, every call written to the SQLite recording ``FILE``
 ``cache:FILE#SPEC``  ``SPEC``, answering from ``FILE`` when it can and recording misses
 ``replay:FILE[#SPEC]`` only from ``FILE`` (offline); ``#SPEC`` names the recorded backend,
@@ -46,7 +49,7 @@ from drgym.errors import AuthError, ConfigError, unknown_name
 from drgym.search.base import SearchBackend
 from drgym.search.record import MODES, RecordReplayBackend
 
-#: Named specs (besides ``local:<name>`` and ``http(s)://`` URLs).
+#: Named specs (besides ``local:<name>``, ``http(s)://`` URLs and ``mcp:`` servers).
 NAMES: tuple[str, ...] = ("local", "serper", "tavily", "brave", "deepresearchgym")
 DEEPRESEARCHGYM_ENV = "DEEPRESEARCHGYM_API_KEY"
 
@@ -83,8 +86,11 @@ def _kind(spec: str) -> str:
     if s.startswith(("http://", "https://")):
         return "http"
     head = s.split(":", 1)[0].lower()
+    if head == "mcp":
+        return "mcp"
     if head not in NAMES:
-        raise unknown_name("search backend", s, [*NAMES, "local:<corpus>", "http://host:port"])
+        raise unknown_name("search backend", s, [*NAMES, "local:<corpus>", "http://host:port",
+                                                 "mcp:http://host:port/mcp", "mcp:stdio:COMMAND"])
     if ":" in s and head != "local":
         raise ConfigError(f"Only 'local' takes a ':<name>' suffix, got {spec!r}.")
     return head
@@ -101,6 +107,10 @@ def record_name(spec: str) -> str:
     s = spec.strip()
     if kind == "http":
         return s.rstrip("/")
+    if kind == "mcp":
+        from drgym.search.mcp import spec_record_name
+
+        return spec_record_name(s)
     if kind == "local":
         return "local" if s.lower() in ("local", "local:wiki-default") else "local:" + s.split(":", 1)[1]
     return kind
@@ -121,6 +131,10 @@ def _build_live(spec: str, kind: str, kwargs: dict[str, Any]) -> SearchBackend:
         from drgym.search.web import WEB_BACKENDS
 
         return WEB_BACKENDS[kind](**kwargs)
+    if kind == "mcp":
+        from drgym.search.mcp import MCPSearchBackend
+
+        return MCPSearchBackend.from_spec(spec, **kwargs)
     from drgym.search.client import HTTPSearchClient
 
     if kind == "deepresearchgym":
@@ -152,7 +166,11 @@ def check_spec(spec: str) -> None:
         raise ConfigError(f"replay: no recording at {store}.")
     if inner is None:
         return
-    if _kind(inner) == "http":
+    if _kind(inner) == "mcp":
+        from drgym.search.mcp import parse_spec
+
+        parse_spec(inner)
+    elif _kind(inner) == "http":
         u = urlparse(inner.strip())
         if not u.netloc:
             raise ConfigError(f"backend URL {inner!r} has no host; give e.g. 'http://127.0.0.1:8000'.")
@@ -185,7 +203,8 @@ def make_backend(
             backend's ``name`` when ``spec`` is a backend).
         kwargs: passed to the live backend's constructor (``api_key``, ``base_url``,
             ``timeout_s``... for web backends; ``method``, ``corpus`` for local;
-            ``timeout``, ``attempts`` for HTTP). Ignored in replay.
+            ``timeout``, ``attempts`` for HTTP; ``search_tool``, ``document_tool``,
+            ``timeout`` for MCP). Ignored in replay.
 
     Returns:
         A :class:`SearchBackend`; in replay it has ``deterministic = True``.

@@ -1,0 +1,228 @@
+"""The drgym search engine as a Model Context Protocol (MCP) server.
+
+:func:`create_mcp_server` wraps any :class:`~drgym.search.base.SearchBackend` (``drgym
+mcp`` passes the same :class:`~drgym.search.local.LocalSearchEngine` that ``drgym serve``
+opens) in an :class:`mcp.server.mcpserver.MCPServer` (the official MCP Python SDK, v2)
+with three tools:
+
+==================  =================================================================
+``search``          ``query`` (must hold a non-space character), ``k`` (1..max_k,
+                    default 10) -> ``{"query", "k", "results": [{"rank", "doc_id",
+                    "title", "url", "text", "score", "source", "metadata"}, ...]}``,
+                    best first:
+                    the same hits as ``GET /search`` of ``drgym serve`` (k distinct
+                    documents, each its best passage, unless the settings say
+                    ``collapse="passage"``); ``text`` is the passage.
+``get_document``    ``docid`` (a ``doc_id`` from ``search``; a passage id gives its
+                    whole document) -> ``{"doc_id", "url", "title", "text", "source",
+                    "metadata"}``.
+``fetch``           ``url`` (a ``url`` from ``search``) -> the same document shape.
+==================  =================================================================
+
+``search`` and ``get_document`` are the names and argument names BrowseComp-Plus's MCP
+server uses, so agents written for it work unchanged. The limits are those of ``drgym
+serve`` (:class:`~drgym.search.wire.ServerSettings`: ``max_k``, ``default_k``,
+``max_query_chars``, ``collapse``).
+
+A bad call is a tool error (``isError`` result), never a crash of the server; its text
+starts with the drgym error class, which :class:`drgym.search.mcp.MCPSearchBackend`
+reads back as the same exception:
+
+* ``BadQueryError: ...`` an empty query, or k outside 1..max_k;
+* ``DocumentNotFoundError: No document with doc_id '...'.`` / ``... URL not found: '...'.``;
+* ``CorruptIndexError: ...`` and other drgym errors: their message;
+* any other failure: ``SearchError: <type>: <message>`` (logged with its traceback).
+
+The server also offers the resource ``drgym://engine``: JSON of the backend's
+:meth:`~drgym.search.base.SearchBackend.identity` plus ``max_k``, ``default_k`` and
+``collapse``, which the ``mcp:`` client records as the engine a run is bound to.
+"""
+
+# No ``from __future__ import annotations``: the SDK evaluates the tool functions' annotations,
+# which use limits local to create_mcp_server (k's maximum).
+import inspect
+import json
+import logging
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field
+
+from drgym.errors import BadQueryError, DocumentNotFoundError, DrgymError, SearchError
+from drgym.search.base import SearchBackend
+from drgym.search.mcp import ENGINE_RESOURCE, tool_error_text
+from drgym.search.wire import ServerSettings
+from drgym.types import Document, SearchResult
+
+log = logging.getLogger(__name__)
+
+SERVER_NAME = "drgym"
+EMPTY_QUERY_MESSAGE = "No query text in request: the query must contain a non-space character."
+"""The message of an empty query (as ``drgym serve``'s 400 detail)."""
+
+
+class SearchHit(BaseModel):
+    """One hit of the ``search`` tool."""
+
+    rank: int = Field(description="1-based rank, best first")
+    doc_id: str = Field(description="passage id; pass it to get_document for the whole document")
+    title: str = Field(description="title of the document")
+    url: str = Field(description="URL of the document; pass it to fetch for the whole document")
+    text: str = Field(description="the passage (snippet) that matched")
+    score: float = Field(description="retrieval score, higher is better")
+    source: str = Field("", description="corpus part the document came from")
+    metadata: dict[str, Any] = Field(default_factory=dict,
+                                     description="other fields of the hit (parent_doc_id: the document's id; method)")
+
+
+class SearchOutput(BaseModel):
+    """The ``search`` tool's answer."""
+
+    query: str = Field(description="the query searched (cut to the server's max_query_chars)")
+    k: int = Field(description="the number of results asked for")
+    results: list[SearchHit] = Field(description="at most k hits, best first")
+    partial: dict[str, Any] | None = Field(
+        None, description="only when some index shards did not answer: which ones (the hits come from the others)")
+
+
+class DocumentOutput(BaseModel):
+    """A whole document (``get_document`` and ``fetch``)."""
+
+    doc_id: str = Field(description="document id")
+    url: str = Field(description="URL of the document")
+    title: str = Field(description="title")
+    text: str = Field(description="the whole text, without the title")
+    source: str = Field("", description="corpus part the document came from")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="other fields of the source record")
+
+
+def hit_record(r: SearchResult) -> SearchHit:
+    """The ``search`` tool's record of one hit."""
+    return SearchHit(rank=r.rank, doc_id=r.doc_id, title=r.title, url=r.url, text=r.text, score=float(r.score),
+                     source=r.source, metadata=dict(r.metadata))
+
+
+def document_output(d: Document) -> DocumentOutput:
+    """The ``get_document`` / ``fetch`` tools' record of a document."""
+    return DocumentOutput(doc_id=d.doc_id, url=d.url, title=d.title, text=d.text, source=d.source,
+                          metadata=dict(d.metadata))
+
+
+def create_mcp_server(backend: SearchBackend, settings: ServerSettings | None = None, *, name: str = SERVER_NAME):
+    """Build the MCP server around ``backend``.
+
+    Args:
+        backend: any thread-safe :class:`SearchBackend` (usually a ``LocalSearchEngine``).
+            Its ``search_batch`` is called with ``collapse=`` when it accepts it; its
+            ``get(doc_id)`` serves ``get_document`` (a backend without one answers
+            ``get_document`` with a tool error).
+        settings: the limits (``max_k``, ``default_k``, ``max_query_chars``, ``collapse``);
+            None reads ``DRGYM_*`` env vars as ``drgym serve`` does.
+        name: the server name sent to clients.
+
+    Returns:
+        An :class:`mcp.server.mcpserver.MCPServer`; ``.run("stdio")``, or serve
+        ``.streamable_http_app()`` with uvicorn (what ``drgym mcp`` does).
+    """
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.mcpserver.exceptions import ToolError
+    from mcp.types import ToolAnnotations
+
+    from drgym import __version__
+
+    settings = settings or ServerSettings()
+    max_k = min(settings.max_k, getattr(backend, "max_k", settings.max_k))
+    default_k = min(settings.default_k, max_k)
+    try:
+        collapses = "collapse" in inspect.signature(backend.search_batch).parameters
+    except (TypeError, ValueError):
+        collapses = False
+    getter = getattr(backend, "get", None)
+
+    server = MCPServer(
+        name=name, version=__version__, title="drgym search",
+        instructions=("Search a fixed local document collection. `search` returns the top passages with their "
+                      "doc_id, title and url; `get_document(docid)` or `fetch(url)` returns a whole document."),
+        log_level="WARNING",
+    )
+    read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
+
+    def fail(exc: BaseException) -> ToolError:
+        if not isinstance(exc, DrgymError):
+            log.error("MCP tool call failed", exc_info=exc)
+        elif not isinstance(exc, (BadQueryError, DocumentNotFoundError)):
+            log.warning("MCP tool call failed: %s", exc)
+        return ToolError(tool_error_text(exc))
+
+    @server.tool(name="search", annotations=read_only,
+                 description=(f"Search the collection. Returns up to k results (default {default_k}, at most "
+                              f"{max_k}), best first, each with doc_id, title, url, the matching passage (text) "
+                              "and score."))
+    def search(
+        query: Annotated[str, Field(description="free-text query; must contain a non-space character")],
+        k: Annotated[int, Field(description=f"number of results, 1..{max_k}",
+                                json_schema_extra={"minimum": 1, "maximum": max_k})] = default_k,
+    ) -> SearchOutput:
+        try:
+            if isinstance(k, bool) or not 1 <= k <= max_k:
+                raise BadQueryError(f"k must be between 1 and {max_k}, got {k}.")
+            if not query.strip():
+                raise BadQueryError(EMPTY_QUERY_MESSAGE)
+            q = query[: settings.max_query_chars]
+            if collapses:
+                hits = backend.search_batch([q], k, collapse=settings.collapse)[0]
+            else:
+                hits = backend.search_batch([q], k)[0]
+        except Exception as e:
+            raise fail(e) from e
+        partial = None
+        if getattr(hits, "partial", False):
+            partial = {"missing_shards": list(hits.missing_shards), "shards": hits.n_shards}
+        return SearchOutput(query=q, k=k, results=[hit_record(r) for r in hits], partial=partial)
+
+    @server.tool(name="get_document", annotations=read_only,
+                 description="Return the whole document with this doc_id (a doc_id from search results).")
+    def get_document(
+        docid: Annotated[str, Field(description="a doc_id from search results")],
+    ) -> DocumentOutput:
+        try:
+            if not callable(getter):
+                raise SearchError(f"this server's backend ({type(backend).__name__}) cannot look documents up by "
+                                  "id; use fetch(url).")
+            if not docid.strip():
+                raise DocumentNotFoundError(f"No document with doc_id {docid!r} (empty doc_id).")
+            return document_output(getter(docid))
+        except Exception as e:
+            raise fail(e) from e
+
+    @server.tool(name="fetch", annotations=read_only,
+                 description="Return the whole document at this URL (a url from search results).")
+    def fetch(
+        url: Annotated[str, Field(description="a url from search results; looked up in the collection, "
+                                              "never downloaded")],
+    ) -> DocumentOutput:
+        try:
+            return document_output(backend.fetch(url))
+        except Exception as e:
+            raise fail(e) from e
+
+    @server.resource(ENGINE_RESOURCE, name="engine", mime_type="application/json",
+                     description="The engine behind the tools: its identity and limits (JSON).")
+    def engine() -> str:
+        info = {"service": "drgym", "version": __version__, "identity": backend.identity(), "max_k": max_k,
+                "default_k": default_k, "collapse": settings.collapse if collapses else None,
+                "deterministic": bool(getattr(backend, "deterministic", True))}
+        return json.dumps(info, sort_keys=True, default=str)
+
+    return server
+
+
+def streamable_http_app(server, *, host: str = "127.0.0.1", path: str = "/mcp"):
+    """The Starlette app that serves ``server`` over streamable HTTP at ``path``.
+
+    Args:
+        server: from :func:`create_mcp_server`.
+        host: the address it will be bound to (a loopback address turns on the SDK's
+            DNS-rebinding protection: only ``127.0.0.1``/``localhost`` Host headers).
+        path: the endpoint path.
+    """
+    return server.streamable_http_app(streamable_http_path=path, host=host)
