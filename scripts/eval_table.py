@@ -136,6 +136,8 @@ def markdown(table: dict) -> str:
         saw = cell(s["saw_gold"], pct=True) if "saw_gold" in s else ""
         lines.append(f"| {label} (`{pol}`) | {cell(s['em'])} | {cell(s['f1'])} | "
                      f"{cell(s['answered'], pct=True)} | {cell(s['searches'], nd=2)} | {saw} |")
+    if not table["paired"]:
+        return "\n".join(lines) + "\n"
     lines += ["", "| paired difference (per question) | mean | 95% CI | excludes 0 | wins / losses | "
               "detectable (80% power) |", "|---|---|---|---|---|---|"]
     for name, d in table["paired"].items():
@@ -143,6 +145,32 @@ def markdown(table: dict) -> str:
         lines.append(f"| {name} | {d['mean']:+.3f} | [{d['lo']:+.3f}, {d['hi']:+.3f}] | "
                      f"{'yes' if d['excludes_zero'] else 'no'} | {d['wins']} / {d['losses']} | {mde} |")
     return "\n".join(lines) + "\n"
+
+
+def _shown_path(text: str) -> str:
+    """``text`` with an absolute path outside the checkout shown by its last two parts
+    (a run folder of this machine means nothing to a reader of the repository)."""
+    root = str(Path(__file__).resolve().parents[1])
+    if root in text:
+        return text.replace(root + "/", "")
+    prefix = "hf:" if text.startswith("hf:") else ""
+    body = text[len(prefix):]
+    if body.startswith("/"):
+        return prefix + ".../" + "/".join(Path(body).parts[-2:])
+    return text
+
+
+def _shown_args(args: list[str]) -> list[str]:
+    """The command's arguments as recorded: ``--runs`` becomes ``RUNS``, other absolute paths shortened."""
+    out, skip = [], False
+    for x in args:
+        if skip:
+            out.append("RUNS")
+            skip = False
+            continue
+        skip = x == "--runs"
+        out.append(_shown_path(x) if x.startswith("/") or x.startswith("hf:/") else x)
+    return out
 
 
 def main() -> int:
@@ -163,7 +191,10 @@ def main() -> int:
                     help="evaluate every policy in this training config's env (its env kwargs, eval.max_turns and "
                          "rollout.max_new_tokens for hf policies) instead of the main job's")
     ap.add_argument("--only", default=None,
-                    help="semicolon-separated labels to run now (the others are not run; no table is written)")
+                    help="semicolon-separated labels to run now (the others are not run; no table is written "
+                         "unless --partial)")
+    ap.add_argument("--partial", action="store_true",
+                    help="with --only: write the table of the rows run (their paired differences only)")
     a = ap.parse_args()
     if bool(a.start) == bool(a.sft) or (a.sft and not a.grpo):
         ap.error("give --sft and --grpo (the bundled agent's table), or --start [--trained] (an RL run's table)")
@@ -218,7 +249,7 @@ def main() -> int:
     results = {label: run_policy(label.replace(" ", "_").replace(",", "").replace("+", "plus"), spec, a.tasks, runs,
                                  opt, env)
                for label, (spec, opt) in policies.items()}
-    if only:
+    if only and not a.partial:
         for label, r in results.items():
             print(label, {k: r["metrics"].get(k) for k in ("em", "f1", "answer_rate", "searches")})
         return 0
@@ -227,16 +258,18 @@ def main() -> int:
     golds = {t.task_id: list(t.answers) for t in load_tasks(a.tasks)}
     pq = {label: per_question(r["trajectories"], golds) for label, r in results.items()}
     if a.start:
-        top = "start + GRPO" if a.trained else "start"
+        top = "start + GRPO" if "start + GRPO" in pq else "start"
+        if "start" not in pq:
+            ap.error("the table needs the 'start' row")
         pairs = {}
-        if a.trained:
+        if top != "start":
             pairs["F1: start + GRPO - start"] = (top, "start", "f1")
             pairs["EM: start + GRPO - start"] = (top, "start", "em")
         for base in ("retrieve-then-read", "retrieve-then-read, start reads", "retrieve-then-read, trained reads",
                      "scripted", "zero-shot, scaffolded"):
             if base in pq and base != top:
                 pairs[f"F1: {top} - {base}"] = (top, base, "f1")
-        if a.trained:
+        if top != "start" and "retrieve-then-read" in pq:
             pairs["F1: start - retrieve-then-read"] = ("start", "retrieve-then-read", "f1")
         paired_rows = {name: paired(pq[x], pq[y], m) for name, (x, y, m) in pairs.items()}
         n_key = "start"
@@ -251,12 +284,12 @@ def main() -> int:
         }
         n_key = "SFT"
     table = {
-        "made_by": "python scripts/eval_table.py " + " ".join(sys.argv[1:]),
+        "made_by": "python scripts/eval_table.py " + " ".join(_shown_args(sys.argv[1:])),
         "tasks": a.tasks, "n_questions": len(pq[n_key]),
         "env": env_desc, "env_name": env_name,
         "bootstrap": {"method": "percentile", "n_resamples": N_RESAMPLES, "confidence": 0.95, "seed": SEED,
                       "unit": "question"},
-        "rows": {label: {"policy": r["policy"], "run_dir": r["run_dir"],
+        "rows": {label: {"policy": _shown_path(r["policy"]), "run_dir": Path(r["run_dir"]).name,
                          "scores": {m: mean_ci([q[m] for q in pq[label].values()]) for m in METRICS + ("saw_gold",)}}
                  for label, r in results.items()},
         "paired": paired_rows,

@@ -372,7 +372,64 @@ def grpo_summary() -> str:
         f"`{GRPO_SUMMARY}` (`python scripts/summarize_grpo.py RUN --out ...`).")
 
 
+ANSWERABLE_POOL = "training/results/answerable_pool/pool_record.json"  # python scripts/make_answerable_pool.py
+ANSWERABLE_RUN = "training/results/smollm2_answerable_cpu/grpo_summary.json"  # python scripts/long_run.py ...
+ANSWERABLE_TABLE = "training/results/answerable_test_table.json"  # python scripts/eval_table.py --start ...
+ANSWERABLE_CONTROL = "training/results/answerable_train_control.json"  # python scripts/eval_table.py --tasks answerable-train
+
+
+def answerable_pool() -> str:
+    r = _load(ANSWERABLE_POOL)
+    names = {"hipporag-train": "HippoRAG train slice", "nq-open-full": "NQ-open dev", "efficientqa-dev": "EfficientQA dev",
+             "efficientqa-test": "EfficientQA test", "deepresearcher-dev": "DeepResearcher dev mix",
+             "deepresearcher-test": "DeepResearcher test mix"}
+    rows = []
+    for src, st in r["stages"].items():
+        sp = {k: r["split_by_source"][k].get(src, 0) for k in ("train", "dev", "test")}
+        rows.append([names.get(src, src), f"{st['n']:,}", f"{st['yes_no_only'] + st['gold_in_question'] + st['duplicate_or_held_out']:,}",
+                     f"{st['obs_hit']:,}", f"{st['full10_not_obs']:,}", str(sp["train"]), str(sp["dev"]), str(sp["test"])])
+    tot = {k: sum(v for v in r["split_by_source"][k].values()) for k in ("train", "dev", "test")}
+    rows.append(["**all**", f"{sum(s['n'] for s in r['stages'].values()):,}", "", f"**{r['answerable']}**",
+                 f"{r['search_skill']}", str(tot["train"]), str(tot["dev"]), str(tot["test"])])
+    return _table(["source", "questions", "dropped (yes/no, gold in question, duplicate or held out)",
+                   "answerable (gold in the observation)", "search skill (top-10, not top-3 observation)",
+                   "train", "dev", "test"], rows) + (
+        f"\n\n`{r['command']}` ({r['seconds']:.0f} s); the env: {r['settings']['search']}, "
+        f"{r['settings']['env']['kwargs']}. `{ANSWERABLE_POOL}`.")
+
+
+def answerable_run() -> str:
+    r = _load(ANSWERABLE_RUN)
+    cols = [("steps", "steps", "{}"), ("f1", "train F1 (T=1)", "{:.3f}"), ("format", "format penalty", "{:+.3f}"),
+            ("filtered_frac", "zero-variance groups", "{:.2f}"), ("entropy", "entropy", "{:.2f}"),
+            ("lr_scale", "brake lr scale", "{:.2f}"), ("invalid_actions", "invalid actions / ep", "{:.2f}"),
+            ("searches", "searches / ep", "{:.2f}"), ("model_tokens", "model tokens / ep", "{:.0f}"),
+            ("step_s", "s / step", "{:.0f}")]
+    rows = [[fmt.format(w[k]) if w.get(k) is not None else "" for k, _, fmt in cols] for w in r["windows"]]
+    evals = ", ".join(f"step {e['step']}: {e['f1']:.3f}" for e in r["evaluations"])
+    return _table([c[1] for c in cols], rows) + (
+        f"\n\n{r['steps']} steps so far. Dev F1 (greedy, `answerable-dev`, 30 questions) at each evaluation: "
+        f"{evals}. `{ANSWERABLE_RUN}` ({r['made_by']}).")
+
+
+def answerable_table() -> str:
+    t = _load(ANSWERABLE_TABLE)
+    return _script("eval_table").markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
+
+
+def answerable_control() -> str:
+    if not (REPO / ANSWERABLE_CONTROL).is_file():
+        return (f"Not measured yet (`{ANSWERABLE_CONTROL}` does not exist): it needs a checkpoint that has trained "
+                "long enough to be worth the 190-question evaluation.")
+    t = _load(ANSWERABLE_CONTROL)
+    return _script("eval_table").markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "answerable_pool": answerable_pool,
+    "answerable_control": answerable_control,
+    "answerable_run": answerable_run,
+    "answerable_table": answerable_table,
     "grpo_summary": grpo_summary,
     "bench_train_lora": bench_train_lora,
     "test_table": test_table,
@@ -399,6 +456,10 @@ TABLE_PAGES: dict[str, str] = {
     "bench_train": "docs/benchmarks/training.md",
     "grpo_summary": "docs/training.md",
     "test_table": "docs/training.md",
+    "answerable_pool": "docs/training.md",
+    "answerable_run": "docs/training.md",
+    "answerable_control": "docs/training.md",
+    "answerable_table": "docs/training.md",
     "bench_train_lora": "docs/training.md",
 }
 
