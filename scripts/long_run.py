@@ -12,7 +12,8 @@ The run folder lives outside the work tree (``$DRGYM_RUNS/<name>``, default
    process (``--resume`` whenever a checkpoint is there);
 3. every ``--snapshot-every`` seconds, and when the child ends, snapshots into the
    repository: the logs and the eval metrics into ``training/results/<name>/``, the curves
-   (``drgym plot``), a window summary, and the last complete checkpoint into
+   (``drgym plot``), a window summary (and the docs' tables rendered from it,
+   ``scripts/readme_tables.py --write``), and the last complete checkpoint into
    ``training/checkpoints/<name>/`` (the previous one replaced). Committing them is the
    caller's step.
 
@@ -132,6 +133,9 @@ def snapshot(name: str, run: Path) -> dict:
         subprocess.run([sys.executable, str(ROOT / "scripts" / "summarize_grpo.py"), str(run), "--window", "25",
                         "--out", str((res / "grpo_summary.json").relative_to(ROOT)), "--label", name],
                        check=False, cwd=ROOT, stdout=subprocess.DEVNULL)
+        # the docs' tables are rendered from these files: keep them in step
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_tables.py"), "--write"], check=False, cwd=ROOT,
+                       stdout=subprocess.DEVNULL)
     ck = last_complete_checkpoint(run)
     if ck is not None:
         ck = Path(ck)
