@@ -18,25 +18,34 @@ def serve_ray(
     host: str = typer.Option("127.0.0.1", help="Address of Ray Serve's HTTP proxy."),
     port: int = typer.Option(8000, help="TCP port of Ray Serve's HTTP proxy."),
     ray_address: Optional[str] = typer.Option(None, "--ray-address", help="Ray cluster to join (default: start a local one)."),
+    num_cpus: Optional[int] = typer.Option(None, "--num-cpus", help="CPUs of the local Ray cluster started here (default: all cores); with --ray-address, each node's `ray start --num-cpus` sets them."),
 ) -> None:
     """Serve an index sharded on Ray Serve behind the same /search, /fetch, /retrieve API as drgym serve; Ctrl-C stops it."""
     import time
 
     from drgym.distributed import require_ray
     from drgym.distributed.serve import deploy, load_config
-    from drgym.errors import DrgymError
+    from drgym.errors import ConfigError, DrgymError
     from drgym.paths import indexes_dir
 
     try:
+        if num_cpus is not None and num_cpus < 1:
+            raise ConfigError(f"--num-cpus must be at least 1, got {num_cpus}.")
+        if num_cpus is not None and ray_address is not None:
+            raise ConfigError(f"--num-cpus sets the CPUs of a local cluster started here, not of the cluster at "
+                              f"--ray-address {ray_address}: its nodes set theirs with `ray start --num-cpus N`.")
         ray = require_ray()
         folder = Path(index_dir).expanduser()
         if not (folder / "manifest.json").exists() and (indexes_dir() / index_dir / "manifest.json").exists():
             folder = indexes_dir() / index_dir
         cfg = load_config(config, {"router": {"method": method}} if method else None)
-        ray.init(address=ray_address, include_dashboard=False)
+        init = {"num_cpus": num_cpus} if num_cpus is not None else {}
+        ray.init(address=ray_address, include_dashboard=False, **init)
         url = deploy(folder, cfg, host=host, port=port)
     except DrgymError as e:
         typer.echo(f"drgym serve-ray: error: {e}", err=True)
+        if "ray" in locals() and ray.is_initialized():
+            ray.shutdown()
         raise typer.Exit(2) from None
     typer.echo(f"drgym serve-ray: {folder} on {url} (Ctrl-C stops)", err=True)
     try:

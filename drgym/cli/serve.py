@@ -16,12 +16,14 @@ DEFAULT_BODY_TIMEOUT_S = 60.0
 DEFAULT_KEEP_ALIVE_S = 5.0
 
 
-def load_backend(settings) -> "object":
+def load_backend(settings, *, gpu_shard: bool = False, gpu_float16: bool = False) -> "object":
     """Open the local engine the settings describe (building the index if needed) and
     run one warm-up query, so a broken index fails here and not on the first request.
 
     Args:
         settings: a :class:`drgym.search.wire.ServerSettings`.
+        gpu_shard, gpu_float16: GPU placement of the dense shards (as
+            :class:`~drgym.search.local.LocalSearchEngine`).
 
     Returns:
         A :class:`drgym.search.local.LocalSearchEngine`.
@@ -32,11 +34,12 @@ def load_backend(settings) -> "object":
     from drgym.search.local import DEFAULT_METHOD, LocalSearchEngine
 
     method = settings.method or DEFAULT_METHOD
+    gpu = {"gpu_shard": gpu_shard, "gpu_float16": gpu_float16}
     if settings.index_dir:
-        kw = {"encoder": settings.encoder} if settings.encoder else {}
+        kw = {"encoder": settings.encoder, **gpu} if settings.encoder else gpu
         engine = LocalSearchEngine.open(settings.index_dir, method=method, max_k=settings.max_k, **kw)
     else:
-        kw = {"encoder": settings.encoder} if settings.encoder else {}
+        kw = {"encoder": settings.encoder, **gpu} if settings.encoder else gpu
         engine = LocalSearchEngine.from_corpus(settings.corpus, method=method, max_k=settings.max_k,
                                                progress=True, **kw)
     try:
@@ -71,6 +74,8 @@ def serve(
                                        help="Seconds a client has to send a whole request body after its head; then 408 and close."),
     keep_alive_timeout: float = typer.Option(DEFAULT_KEEP_ALIVE_S, "--keep-alive-timeout", envvar="DRGYM_KEEP_ALIVE_TIMEOUT",
                                              help="Seconds an idle kept-alive connection stays open."),
+    gpu_shard: bool = typer.Option(False, "--gpu-shard", help="On GPUs, split each dense shard across all GPUs instead of a whole copy on each (needs faiss-gpu)."),
+    gpu_float16: bool = typer.Option(False, "--gpu-float16", help="On GPUs, store the dense vectors in float16: half the GPU memory (needs faiss-gpu)."),
 ) -> None:
     """Serve a local index over HTTP: DeepResearchGym /search, /fineweb/search and /fetch, Search-R1 POST /retrieve, /health and /docs.
 
@@ -108,7 +113,7 @@ def serve(
                    "(is another server running there? pick another --port)", err=True)
         raise typer.Exit(2) from None
     try:
-        backend = load_backend(settings)
+        backend = load_backend(settings, gpu_shard=gpu_shard, gpu_float16=gpu_float16)
     except DrgymError as e:
         typer.echo(f"drgym serve: error: {e}", err=True)
         raise typer.Exit(2) from None

@@ -17,6 +17,12 @@ A shard that fails or does not answer within ``shard_timeout_s`` is left out: th
 then holds the best hits of the other shards and a ``partial`` field naming the missing
 shards (never a 500; only when no shard answers is it an error). Replicas and autoscaling
 come from a YAML config (:data:`DEFAULT_CONFIG`, documented inline).
+
+The shards search with :func:`drgym.index.dense.search_params_for`, the rule of the local
+engine and ``drgym serve`` (the config's ``search_params`` change its defaults as they do
+there). The default config asks half a CPU per replica, so the router and two shards start
+on a 2-core machine; :func:`check_fits` refuses, before deploying, a config whose minimum
+replicas ask more CPUs or GPUs than the cluster has (Ray would leave them pending).
 """
 
 from __future__ import annotations
@@ -74,17 +80,80 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
     return merge(cfg, overrides or {})
 
 
+RAY_DEFAULT_REPLICA_CPUS = 1.0
+"""CPUs Ray Serve reserves for a replica whose ``ray_actor_options`` name none."""
+
+
+def _min_replicas(deployment: dict) -> int:
+    n = deployment.get("num_replicas")
+    if isinstance(n, int) and not isinstance(n, bool):
+        return n
+    return int((deployment.get("autoscaling_config") or {}).get("min_replicas", 1))
+
+
+def min_resources(config: dict, n_shards: int) -> dict[str, float]:
+    """CPUs and GPUs the minimum replicas of a serving config reserve: the router's plus
+    ``n_shards`` shard applications'.
+
+    Args:
+        config: a config from :func:`load_config`.
+        n_shards: dense shards of the index (one application each).
+
+    Returns:
+        ``{"CPU": cpus, "GPU": gpus}`` (fractions allowed, as Ray counts them).
+    """
+    need = {"CPU": 0.0, "GPU": 0.0}
+    for part, copies in (("router", 1), ("shard", int(n_shards))):
+        dep = (config.get(part) or {}).get("deployment") or {}
+        opts = dep.get("ray_actor_options") or {}
+        n = _min_replicas(dep) * copies
+        need["CPU"] += n * float(opts.get("num_cpus", RAY_DEFAULT_REPLICA_CPUS))
+        need["GPU"] += n * float(opts.get("num_gpus", 0))
+    return need
+
+
+def check_fits(config: dict, n_shards: int, available: dict[str, float]) -> dict[str, float]:
+    """Check that the minimum replicas of ``config`` fit the cluster's resources.
+
+    Args:
+        config: a config from :func:`load_config`.
+        n_shards: dense shards of the index.
+        available: the cluster's resources (``ray.cluster_resources()``: ``CPU``, ``GPU``).
+
+    Returns:
+        What the minimum replicas reserve (:func:`min_resources`).
+
+    Raises:
+        ConfigError: they ask more CPUs or GPUs than the cluster has (both numbers named).
+    """
+    need = min_resources(config, n_shards)
+    for res, opt in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
+        have = float(available.get(res, 0))
+        if need[res] > have + 1e-9:
+            raise ConfigError(
+                f"the serving config's minimum replicas (a router and {n_shards} shard(s)) reserve {need[res]:g} "
+                f"{res}s, the Ray cluster has {have:g}: start it with more (drgym serve-ray --num-cpus, or "
+                f"`ray start --num-cpus`/`--num-gpus` on each node) or lower ray_actor_options.{opt} / replicas "
+                "in --config.")
+    return need
+
+
 class ShardServer:
     """One dense shard of an index (a Ray Serve deployment).
 
     Args:
         folder: the index folder (on storage the replica's node can read).
         shard_id: which shard.
-        search_params: FAISS / rerank parameters (as :class:`~drgym.index.dense.DenseIndex`).
+        search_params: changes to :data:`~drgym.index.dense.DEFAULT_SEARCH_PARAMS`,
+            fitted to the shard by :func:`~drgym.index.dense.search_params_for` (as in
+            the local engine).
         mmap: memory-map flat-coded FAISS files.
+        gpu_shard, gpu_float16: GPU placement (as :class:`~drgym.index.dense.DenseIndex`);
+            used when the replica sees GPUs (``ray_actor_options.num_gpus``).
     """
 
-    def __init__(self, folder: str, shard_id: int, search_params: dict | None = None, mmap: bool = True) -> None:
+    def __init__(self, folder: str, shard_id: int, search_params: dict | None = None, mmap: bool = True,
+                 gpu_shard: bool = False, gpu_float16: bool = False) -> None:
         from drgym.index.dense import DenseIndex
         from drgym.index.manifest import IndexManifest
 
@@ -93,7 +162,7 @@ class ShardServer:
         if not 0 <= self.shard_id < len(m.shards):
             raise ConfigError(f"index {folder} has {len(m.shards)} shards, no shard {shard_id}.")
         self.dense = DenseIndex(folder, m.shards, m.dim, m.n_passages, search_params=search_params,
-                                shard_ids=[self.shard_id], mmap=mmap)
+                                shard_ids=[self.shard_id], mmap=mmap, gpu_shard=gpu_shard, gpu_float16=gpu_float16)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` of this shard: float32 scores and int64 global rows, ``(nq, k)``."""
@@ -219,8 +288,9 @@ def deploy(folder: str | Path, config: dict | None = None, *, host: str = "127.0
     Raises:
         DependencyNotInstalled: Ray is not installed.
         IndexNotFoundError, CorruptIndexError: no readable index at ``folder``.
+        ConfigError: the config's minimum replicas do not fit the cluster (:func:`check_fits`).
     """
-    require_ray()
+    ray = require_ray()
     from ray import serve
 
     from drgym.index.manifest import IndexManifest
@@ -229,13 +299,17 @@ def deploy(folder: str | Path, config: dict | None = None, *, host: str = "127.0
     cfg = config or load_config()
     m = IndexManifest.read(folder)
     m.check_files(folder)
+    need = check_fits(cfg, len(m.shards), ray.cluster_resources())
+    log.info("serve-ray: %d shard(s); minimum replicas reserve %g CPUs, %g GPUs", len(m.shards), need["CPU"], need["GPU"])
     serve.start(http_options={"host": host, "port": int(port)})
     prefix = cfg.get("prefix", "drgym")
     shard_apps = []
     for i in range(len(m.shards)):
         name = f"{prefix}-shard-{i}"
         dep = serve.deployment(ShardServer, name="ShardServer", **cfg["shard"].get("deployment", {}))
-        serve.run(dep.bind(folder, i, cfg["shard"].get("search_params"), bool(cfg["shard"].get("mmap", True))),
+        sc = cfg["shard"]
+        serve.run(dep.bind(folder, i, sc.get("search_params"), bool(sc.get("mmap", True)),
+                           bool(sc.get("gpu_shard", False)), bool(sc.get("gpu_float16", False))),
                   name=name, route_prefix=None)
         shard_apps.append(name)
     r = cfg["router"]

@@ -20,7 +20,15 @@ of their shard (:func:`train_sample_rows`: all rows up to 65,536, then 64 per IV
 at most 1,048,576). HNSW graphs of up to 200k vectors are built single-threaded so that a
 rebuild gives the same graph.
 On a machine where faiss sees GPUs, IVF coarse quantizers are trained on the GPU and
-shards are moved to the GPU for search (HNSW stays on CPU: faiss has no GPU HNSW).
+shards are moved to the GPU for search (HNSW stays on CPU: faiss has no GPU HNSW): by
+default each shard is copied whole onto every GPU; ``gpu_shard=True`` splits its rows
+across the GPUs and ``gpu_float16=True`` stores them in float16, as Search-R1 serves
+wiki-18 (:func:`gpu_cloner_options`).
+
+Search parameters (``efSearch``, ``nprobe``, ``rerank``) come from one rule,
+:func:`search_params_for`, used by every dense search: the library's
+:class:`~drgym.search.local.LocalSearchEngine`, ``drgym serve`` and the shard servers of
+``drgym serve-ray``, so the three rank alike on the same index.
 
 An imported FAISS index (:mod:`drgym.index.importer`) may come without embedding
 files: its :class:`ShardInfo` then has ``embeddings == ""``.
@@ -81,6 +89,77 @@ def auto_nprobe(nlist: int) -> int:
 
 
 RERANK_KEY = "rerank"
+
+
+def search_params_for(index, requested: dict[str, int] | None = None) -> dict[str, int]:
+    """The search parameters one FAISS index is searched with: the one rule of every
+    dense search (library, ``drgym serve``, ``drgym serve-ray`` shards).
+
+    :data:`DEFAULT_SEARCH_PARAMS` updated with ``requested``, then fitted to ``index``:
+    ``efSearch`` is kept for HNSW indexes only, ``nprobe`` for IVF indexes only (``0``
+    becomes :func:`auto_nprobe` of the index's ``nlist``; a number larger than ``nlist``
+    is cut to ``nlist``); ``rerank`` (drgym's exact re-scoring, see
+    :data:`DEFAULT_SEARCH_PARAMS`) and any other FAISS parameter are kept as given.
+
+    Args:
+        index: a CPU FAISS index (a shard as read from disk).
+        requested: parameters to change (None: the defaults).
+
+    Returns:
+        ``{name: int}`` to apply, e.g. ``{"nprobe": 32, "rerank": 100}`` for
+        ``IVF512,PQ16``.
+
+    Raises:
+        ConfigError: a parameter that is not an integer >= 0.
+
+    >>> import faiss
+    >>> search_params_for(faiss.index_factory(8, "IVF512,Flat", faiss.METRIC_INNER_PRODUCT))
+    {'nprobe': 32, 'rerank': 100}
+    """
+    faiss = _faiss()
+    params = {**DEFAULT_SEARCH_PARAMS, **(requested or {})}
+    inner = faiss.downcast_index(index)
+    out: dict[str, int] = {}
+    for name, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ConfigError(f"search parameter {name} must be an integer >= 0, got {value!r}.")
+        value = int(value)
+        if name == "efSearch" and not hasattr(inner, "hnsw"):
+            continue
+        if name == "nprobe":
+            try:
+                nlist = int(faiss.extract_index_ivf(index).nlist)
+            except RuntimeError:  # not an IVF index
+                continue
+            value = auto_nprobe(nlist) if not value else min(value, nlist)
+        out[name] = value
+    return out
+
+
+def gpu_cloner_options(shard: bool = False, float16: bool = False):
+    """The ``faiss.GpuMultipleClonerOptions`` that moves an index onto all GPUs, or None
+    for faiss's default (every GPU holds a float32 copy of the whole index).
+
+    Args:
+        shard: split the rows across the GPUs (``co.shard``): each GPU holds 1/n of the
+            index, the results are merged by faiss.
+        float16: store vectors (Flat, IVF-Flat) and lookup tables (IVF-PQ) in float16
+            (``co.useFloat16``): half the GPU memory. The shards' stored embeddings are
+            float16 already, so a Flat index loses nothing; its scores are computed from
+            float16 operands (differences in the 4th decimal can reorder near-ties).
+
+    Raises:
+        ConfigError: the installed faiss has no GPU support.
+    """
+    if not (shard or float16):
+        return None
+    faiss = _faiss()
+    if not hasattr(faiss, "GpuMultipleClonerOptions"):
+        raise ConfigError("gpu_shard/gpu_float16 need faiss with GPU support (faiss-gpu); this faiss is CPU-only.")
+    co = faiss.GpuMultipleClonerOptions()
+    co.shard = bool(shard)
+    co.useFloat16 = bool(float16)
+    return co
 
 HNSW_EF_CONSTRUCTION = 200
 
@@ -470,9 +549,18 @@ class DenseIndex:
             ``IO_FLAG_MMAP_IFC``) instead of reading them into memory: the vectors then
             live in the page cache, shared by every process that maps the same file, and
             a shard larger than RAM still loads (searches then read from disk).
+        gpu_shard, gpu_float16: on GPUs, split each shard's rows across the GPUs and
+            store them in float16 (:func:`gpu_cloner_options`); ignored on CPU.
+
+    Attributes:
+        shard_params: per loaded shard, the parameters :func:`search_params_for` chose.
+        on_gpu: some shard is searched on GPU.
+        gpu_errors: why shards stayed on CPU although GPUs were seen (also logged).
 
     Raises:
         CorruptIndexError: a shard file is unreadable or disagrees with the manifest.
+        ConfigError: a bad search parameter, or GPU options with a CPU-only faiss on a
+            machine with GPUs.
     """
 
     def __init__(
@@ -486,6 +574,8 @@ class DenseIndex:
         search_params: dict[str, int] | None = None,
         shard_ids: list[int] | None = None,
         mmap: bool = False,
+        gpu_shard: bool = False,
+        gpu_float16: bool = False,
     ) -> None:
         faiss = _faiss()
         self.folder = Path(folder)
@@ -494,13 +584,16 @@ class DenseIndex:
         self.dim = int(dim)
         self.n_passages = int(n_passages)
         self.tie_rank = load_tie_rank(self.folder, self.n_passages)
-        self.search_params = dict(DEFAULT_SEARCH_PARAMS if search_params is None else search_params)
-        self.rerank = int(self.search_params.pop(RERANK_KEY, 0))
+        self.search_params = {**DEFAULT_SEARCH_PARAMS, **(search_params or {})}
+        self.rerank = int(self.search_params[RERANK_KEY])
+        self.shard_params: list[dict[str, int]] = []
+        self.gpu_shard, self.gpu_float16 = bool(gpu_shard), bool(gpu_float16)
         self._indexes = []
         self._lossy: list[bool] = []
         self._lock = threading.Lock()
         self._embeddings: list[np.ndarray | None] = []
         self.on_gpu = False
+        self.gpu_errors: list[str] = []  # why shards stayed on CPU on a GPU machine
         use_gpu = device != "cpu" and gpus_available() > 0
         total = 0
         for s in self.shards:
@@ -521,46 +614,49 @@ class DenseIndex:
             if index.ntotal != s.count or index.d != self.dim:
                 raise corrupt_file_error(fp, f"holds {index.ntotal} vectors of dim {index.d}, expected {s.count} "
                                              f"of dim {self.dim}", self.folder)
-            self._apply_params(index)
+            params = search_params_for(index, self.search_params)
+            self._apply_params(index, params)
+            self.shard_params.append(params)
             self._lossy.append(is_lossy(index))
             if use_gpu:
-                index = self._to_gpu(index)
+                index = self._to_gpu(index, params)
             self._indexes.append(index)
             self._embeddings.append(emb)
             total += s.count
         if all_rows != self.n_passages or (shard_ids is None and total != self.n_passages):
             raise CorruptIndexError(f"Dense shards hold {all_rows} rows, the manifest says {self.n_passages}.")
 
-    def _apply_params(self, index) -> None:
+    @staticmethod
+    def _apply_params(index, params: dict[str, int]) -> None:
+        """Set ``params`` (from :func:`search_params_for`) on a CPU FAISS index; a GPU
+        copy made afterwards inherits them (the cloner copies ``nprobe``)."""
         faiss = _faiss()
-        inner = faiss.downcast_index(index)
         ps = faiss.ParameterSpace()
-        for name, value in self.search_params.items():
-            if name == "efSearch" and not hasattr(inner, "hnsw"):
+        for name, value in params.items():
+            if name == RERANK_KEY:
                 continue
-            if name == "nprobe":
-                try:
-                    nlist = int(faiss.extract_index_ivf(index).nlist)
-                except RuntimeError:  # not an IVF index
-                    continue
-                if not value:
-                    value = auto_nprobe(nlist)
             try:
                 ps.set_index_parameter(index, name, value)
             except RuntimeError as e:
                 raise ConfigError(f"FAISS search parameter {name}={value} rejected: {str(e).splitlines()[-1]}") from e
 
-    def _to_gpu(self, index):
+    def _to_gpu(self, index, params: dict[str, int]):
+        """``index`` on all GPUs (:func:`gpu_cloner_options` of this index's options),
+        with ``nprobe`` set again on the GPU copies; the CPU index when moving fails (logged)."""
         faiss = _faiss()
         if hasattr(faiss.downcast_index(index), "hnsw"):
             log.info("faiss has no GPU HNSW; keeping the HNSW shard on CPU")
             return index
+        co = gpu_cloner_options(self.gpu_shard, self.gpu_float16)  # a CPU-only faiss: ConfigError, not a fallback
         try:
-            gpu = faiss.index_cpu_to_all_gpus(index)
+            gpu = faiss.index_cpu_to_all_gpus(index) if co is None else faiss.index_cpu_to_all_gpus(index, co=co)
+            if "nprobe" in params and hasattr(faiss, "GpuParameterSpace"):
+                faiss.GpuParameterSpace().set_index_parameter(gpu, "nprobe", params["nprobe"])
             self.on_gpu = True
             return gpu
         except Exception as e:  # noqa: BLE001 - fall back to CPU, but say so
             log.warning("moving a FAISS shard to GPU failed (%s); searching on CPU", e)
+            self.gpu_errors.append(f"{type(e).__name__}: {e}")
             return index
 
     def embeddings(self, rows: np.ndarray) -> np.ndarray:

@@ -21,6 +21,10 @@ only named: queries are encoded with it at search time, so it must be the model 
 made the vectors. When its weights are not found locally, the manifest records revision
 ``"unknown"`` (then not checked at load time) and a warning says so.
 
+The rows' ids are kept as they are (``wiki18`` and ``web`` rows: the ``id`` field), so
+``/retrieve``, ``/search`` and trajectories name a passage by the id of the source corpus,
+as Search-R1 does; ``id_prefix`` (``--id-prefix``) puts a namespace in front of them.
+
     >>> from drgym.index.importer import import_index
     >>> res = import_index("wiki-18.jsonl", faiss_index="e5_Flat.index", encoder="intfloat/e5-base-v2")
 """
@@ -186,6 +190,7 @@ def import_index(
     resume: bool = True,
     chunk_docs: int = CHUNK_DOCS,
     progress: bool = False,
+    id_prefix: str = "",
 ) -> BuildResult:
     """Import a corpus and its vectors as a drgym index (see the module docstring).
 
@@ -208,13 +213,17 @@ def import_index(
         resume: continue a partial import left by a killed run.
         chunk_docs: documents per unit.
         progress: progress bars.
+        id_prefix: put in front of every row id to make the doc_id (``""``, the default:
+            the corpus's ids as they are). Only ``wiki18`` and ``web`` rows carry ids of
+            their own; other formats keep drgym's doc_ids and refuse a prefix.
 
     Returns:
         A :class:`~drgym.index.build.BuildResult`.
 
     Raises:
         ConfigError: not exactly one of ``faiss_index``/``embeddings``; an index that
-            is not inner product; dimensions that disagree; bad ``link``.
+            is not inner product; dimensions that disagree; bad ``link``; an
+            ``id_prefix`` for a corpus format without row ids.
         CorpusError: unreadable corpus, or a corpus whose row count differs from the
             vectors'.
     """
@@ -229,6 +238,7 @@ def import_index(
     timings: dict[str, float] = {}
     t = time.perf_counter()
     units, sources, label = plan_units(str(corpus), format, chunk_docs=chunk_docs)
+    units = _with_id_prefix(units, id_prefix)
     known_rows = sum(u.n_docs for u in units) if all(u.n_docs >= 0 for u in units) else None
     timings["plan"] = time.perf_counter() - t
     enc = encoder_info(encoder)
@@ -290,7 +300,7 @@ def import_index(
     planned = planned_manifest(spec, label, "", sources + vec_sources, _EncoderView(enc, dim))
     planned.normalized = normalized
     planned.chunking = {"max_tokens": 0, "overlap": 0, "tokenizer": "", "encoder_max_length": enc.max_length,
-                        "imported": "faiss" if faiss_index is not None else "npy"}
+                        "imported": "faiss" if faiss_index is not None else "npy", "id_prefix": id_prefix}
     existing = reusable_index(root / planned.name, planned, force)  # before the lock: read-only disks work
     if existing is not None:
         return BuildResult(root / planned.name, existing, False, time.perf_counter() - t0)
@@ -322,6 +332,25 @@ def import_index(
         manifest, resumed = build_into_place(root, planned, state, units, BuildContext(None, 0, 0, None, progress),
                                              LocalRunner(), timings, bm25=bm25, resume=resume, dense=dense)
     return BuildResult(root / planned.name, manifest, True, time.perf_counter() - t0, resumed)
+
+
+def _with_id_prefix(units: list, id_prefix: str) -> list:
+    """``units`` reading their rows' ids behind ``id_prefix`` (formats with row ids).
+
+    Raises:
+        ConfigError: a non-empty ``id_prefix`` for units of a format without row ids.
+    """
+    from dataclasses import replace
+
+    from drgym.corpus.readers import ID_PREFIX_FORMATS
+
+    if not isinstance(id_prefix, str):
+        raise ConfigError(f"id_prefix must be a string, got {type(id_prefix).__name__}.")
+    other = sorted({u.format or u.kind for u in units if u.format not in ID_PREFIX_FORMATS})
+    if id_prefix and other:
+        raise ConfigError(f"--id-prefix applies to {' and '.join(ID_PREFIX_FORMATS)} corpora, whose rows carry "
+                          f"ids; this corpus is {', '.join(other)}.")
+    return [replace(u, id_prefix=id_prefix) if u.format in ID_PREFIX_FORMATS else u for u in units]
 
 
 class _EncoderView:

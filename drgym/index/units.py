@@ -55,6 +55,8 @@ class Unit:
         corpus: the named corpus (named).
         start, stop: document slice ``[start, stop)`` (named, memory).
         n_docs: documents in the unit, or -1 when only reading tells (file).
+        id_prefix: doc_id prefix of wiki18 rows (``""``: the ids as they are); None is
+            the reader's default (see :func:`drgym.corpus.readers.read_corpus`).
     """
 
     no: int
@@ -66,6 +68,7 @@ class Unit:
     start: int = 0
     stop: int = 0
     n_docs: int = -1
+    id_prefix: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (stored in a partial build's state)."""
@@ -92,9 +95,9 @@ class Unit:
         from drgym.corpus.readers import read_corpus
 
         if self.kind == "span":
-            return list(read_corpus(self.path, self.format, span=Span(*self.span)))
+            return list(read_corpus(self.path, self.format, span=Span(*self.span), id_prefix=self.id_prefix))
         if self.kind == "file":
-            return list(read_corpus(self.path, self.format))
+            return list(read_corpus(self.path, self.format, id_prefix=self.id_prefix))
         if self.kind == "named":
             return _named(self.corpus)[self.start : self.stop]
         if self.kind == "memory":

@@ -81,7 +81,8 @@ def _encode_lock(encoder) -> threading.Lock:
 class _Shared:
     """Resources of one loaded index, shared by engines that differ only in method."""
 
-    def __init__(self, folder: Path, encoder, device, search_params, verify: bool | str = False) -> None:
+    def __init__(self, folder: Path, encoder, device, search_params, verify: bool | str = False,
+                 gpu: dict[str, bool] | None = None) -> None:
         from drgym.docstore import DocStore
         from drgym.index.dense import load_tie_rank
         from drgym.index.manifest import IndexManifest
@@ -91,6 +92,7 @@ class _Shared:
         self.manifest.check_files(folder, _verify_mode(verify))
         self.device = device
         self.search_params = search_params
+        self.gpu = dict(gpu or {})
         self.docstore = DocStore(folder / "docs.sqlite")
         try:
             if self.docstore.n_passages != self.manifest.n_passages:
@@ -125,7 +127,7 @@ class _Shared:
 
                 m = self.manifest
                 self._dense = DenseIndex(self.folder, m.shards, m.dim, m.n_passages, device=self.device,
-                                         search_params=self.search_params)
+                                         search_params=self.search_params, **self.gpu)
             return self._dense
 
     @property
@@ -192,7 +194,10 @@ class LocalSearchEngine(SearchBackend):
             name, or a loaded :class:`drgym.embedding.Encoder`; it must be the encoder
             the index was built with.
         device: ``"cpu"`` or ``"cuda"`` for the encoder and FAISS; None picks a GPU if any.
-        search_params: FAISS search parameters (:data:`drgym.index.dense.DEFAULT_SEARCH_PARAMS` by default).
+        search_params: FAISS search parameters to change from
+            :data:`drgym.index.dense.DEFAULT_SEARCH_PARAMS`; each shard is searched with
+            :func:`drgym.index.dense.search_params_for` of them (the rule ``drgym serve``
+            and ``drgym serve-ray`` use too).
         max_k: largest accepted ``k``.
         rrf_depth: candidates per method fused by hybrid search.
         collapse: ``"document"`` (default: k distinct documents, best passage each) or
@@ -200,6 +205,9 @@ class LocalSearchEngine(SearchBackend):
         verify: False (default): check each index file's size and sampled checksum
             (files up to 64 MiB whole); True: its full checksum (reads the whole index,
             about 1.2 s per GB); ``"size"``: sizes only.
+        gpu_shard: on GPUs, split each dense shard's rows across all GPUs instead of a
+            whole copy per GPU (:func:`drgym.index.dense.gpu_cloner_options`).
+        gpu_float16: on GPUs, store the vectors in float16 (half the GPU memory).
 
     Raises:
         IndexNotFoundError: no index in ``folder``.
@@ -226,6 +234,8 @@ class LocalSearchEngine(SearchBackend):
         rrf_depth: int = RRF_DEPTH,
         collapse: str = DEFAULT_COLLAPSE,
         verify: bool | str = False,
+        gpu_shard: bool = False,
+        gpu_float16: bool = False,
         _shared: _Shared | None = None,
     ) -> None:
         if method not in METHODS:
@@ -247,7 +257,8 @@ class LocalSearchEngine(SearchBackend):
                 from drgym.index.build import get_encoder
 
                 enc = get_encoder(encoder, device)
-            _shared = _Shared(folder, enc, device, search_params, verify)
+            _shared = _Shared(folder, enc, device, search_params, verify,
+                              {"gpu_shard": bool(gpu_shard), "gpu_float16": bool(gpu_float16)})
             if enc is not None:
                 try:
                     _shared.manifest.check_encoder(enc.name, enc.revision, enc.dim)
@@ -280,6 +291,8 @@ class LocalSearchEngine(SearchBackend):
         collapse: str = DEFAULT_COLLAPSE,
         verify: bool | str = False,
         bm25_tokenizer: str | None = None,
+        gpu_shard: bool = False,
+        gpu_float16: bool = False,
     ) -> "LocalSearchEngine":
         """Build the index of ``corpus`` if it is missing or outdated, then load it.
 
@@ -309,7 +322,8 @@ class LocalSearchEngine(SearchBackend):
         # reused, or of the one it built): loading checks sizes again, the full hashes if asked
         mode = _verify_mode(verify)
         return cls(res.folder, method=method, encoder=enc, device=device, search_params=search_params, max_k=max_k,
-                   collapse=collapse, verify=mode if mode == "full" else "size")
+                   collapse=collapse, verify=mode if mode == "full" else "size", gpu_shard=gpu_shard,
+                   gpu_float16=gpu_float16)
 
     @classmethod
     def open(cls, name_or_folder: str | Path, **kwargs) -> "LocalSearchEngine":

@@ -1,0 +1,320 @@
+"""Rules that must hold for every server of an index: imported ids kept as they are, one
+search-parameter rule (library, ``drgym serve``, ``drgym serve-ray`` shards), a default
+``serve-ray`` config that fits 2 cores, and the GPU sharding options reaching FAISS.
+
+Tiny random-vector indexes (dim 32) imported with :func:`drgym.index.importer.import_index`
+and a fake query encoder (a lookup table), so nothing here loads a model; Ray Serve is
+not started (its shard class and router engine are called directly), except in the one
+slow test that needs Ray installed."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+from drgym.errors import ConfigError
+from drgym.index.importer import import_index
+from drgym.search.local import LocalSearchEngine
+
+DIM = 32
+ENCODER = "fake-enc"  # not on this machine: the manifest records revision "unknown"
+
+
+class TableEncoder:
+    """A query encoder that looks queries up in a table of unit vectors (``"q<i>"`` is row i)."""
+
+    name, revision, dim, max_length = ENCODER, "table", DIM, 0
+
+    def __init__(self, table: np.ndarray) -> None:
+        self.table = np.asarray(table, dtype=np.float32)
+
+    def encode_queries(self, queries: list[str]) -> np.ndarray:
+        return np.stack([self.table[int(q[1:]) % len(self.table)] if q.startswith("q") and q[1:].isdigit()
+                         else self.table[0] for q in queries])
+
+
+def unit_rows(n: int, seed: int) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def write_corpus(path, ids: list[str]) -> None:
+    """A Search-R1 style wiki-18 JSONL corpus: ``{"id", "contents": '"Title"\\ntext'}``."""
+    path.write_text("".join(json.dumps({"id": i, "contents": f'"Title {i}"\npassage number {i} about topic {i}'}) + "\n"
+                            for i in ids))
+
+
+@pytest.fixture
+def fake_encoder(monkeypatch):
+    """Make the manifest's encoder name load the table encoder (as the server loads it)."""
+    import drgym.index.build as build
+
+    enc = TableEncoder(unit_rows(64, seed=7))
+    real = build.get_encoder
+    monkeypatch.setattr(build, "get_encoder", lambda name="", device=None: enc if name == ENCODER else real(name, device))
+    return enc
+
+
+def ranking(hit_lists):
+    return [[(h.doc_id, round(h.score, 6)) for h in hits] for hits in hit_lists]
+
+
+# -- 1. imported ids are kept ---------------------------------------------------------------
+
+
+def test_import_keeps_the_corpus_ids_in_retrieve_and_search(tmp_path, fake_encoder):
+    """Search-R1 passage ids ("0", "17", ...) come back unchanged from /retrieve and
+    /search; --id-prefix namespaces them. (Before: every id became "wiki18-<id>".)"""
+    from drgym.search.wire import ServerSettings, decode_b64_json
+    from drgym.server.testing import running_server
+
+    ids = [str(i) for i in (0, 17, 3, 250, 9, 42)]
+    write_corpus(tmp_path / "wiki-18.jsonl", ids)
+    vecs = fake_encoder.table[: len(ids)]  # query "q<i>" is exactly passage i's vector
+    np.save(tmp_path / "emb.npy", vecs)
+    res = import_index(tmp_path / "wiki-18.jsonl", embeddings=[tmp_path / "emb.npy"], encoder=ENCODER,
+                       factory="Flat", root=tmp_path / "idx", bm25=False)
+    assert res.manifest.chunking["id_prefix"] == ""
+    eng = LocalSearchEngine(res.folder, method="dense", collapse="passage")
+    assert [eng.search(f"q{i}", 1)[0].doc_id for i in range(len(ids))] == ids
+    assert eng.get("250").title == "Title 250"
+    with running_server(eng, settings=ServerSettings(index_dir=str(res.folder), method="dense")) as srv:
+        r = httpx.post(srv.url + "/retrieve", json={"queries": ["q1", "q3"], "topk": 2}, timeout=30).json()
+        assert [hs[0]["id"] for hs in r["result"]] == ["17", "250"]
+        s = httpx.get(srv.url + "/search", params={"query": "q4", "k": 1}, timeout=30).json()
+        assert decode_b64_json(s["results"][0])["id"] == "9"
+    eng.close()
+
+    pre = import_index(tmp_path / "wiki-18.jsonl", embeddings=[tmp_path / "emb.npy"], encoder=ENCODER,
+                       factory="Flat", root=tmp_path / "idx", bm25=False, id_prefix="wiki18-", name="prefixed")
+    eng = LocalSearchEngine(pre.folder, method="dense", collapse="passage")
+    assert eng.search("q1", 1)[0].doc_id == "wiki18-17"
+    eng.close()
+
+
+def test_id_prefix_cli_option_and_formats_without_row_ids(tmp_path, fake_encoder):
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+    from drgym.docstore import DocStore
+
+    write_corpus(tmp_path / "c.jsonl", ["a1", "b2"])
+    np.save(tmp_path / "emb.npy", fake_encoder.table[:2])
+    out = CliRunner().invoke(app, ["index", "import", str(tmp_path / "c.jsonl"), "--embeddings", str(tmp_path / "emb.npy"),
+                                   "--encoder", ENCODER, "--factory", "Flat", "--no-bm25", "--root", str(tmp_path / "idx"),
+                                   "--name", "ns", "--id-prefix", "sr1:"])
+    assert out.exit_code == 0, out.output
+    assert DocStore(tmp_path / "idx" / "ns" / "docs.sqlite").get("sr1:b2").title == "Title b2"
+    ovos = tmp_path / "ovos.json"  # an ovos corpus has no row ids: a prefix is refused
+    ovos.write_text(json.dumps([{"title": "A", "text": "alpha"}, {"title": "B", "text": "beta"}]))
+    with pytest.raises(ConfigError, match="--id-prefix applies to wiki18 and web corpora"):
+        import_index(ovos, format="ovos", embeddings=[tmp_path / "emb.npy"], encoder=ENCODER, factory="Flat",
+                     root=tmp_path / "idx2", bm25=False, id_prefix="x-")
+
+
+# -- 2. one nprobe rule -----------------------------------------------------------------------
+
+
+class _Call:
+    def __init__(self, value) -> None:
+        self.value = value
+
+    def result(self, timeout_s=None):
+        return self.value
+
+
+class _Method:
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def remote(self, *args):
+        return _Call(self.fn(*args))
+
+
+class LocalHandle:
+    """Stands in for a Ray Serve handle of a ShardServer: ``.search.remote(q, k).result()``."""
+
+    def __init__(self, server) -> None:
+        self.search = _Method(server.search)
+
+
+@pytest.fixture
+def ivf_index(tmp_path):
+    """2,000 random unit vectors, 2 shards of IVF512,Flat: drgym's rule probes 32 lists."""
+    ids = [str(i) for i in range(2000)]
+    write_corpus(tmp_path / "wiki-18.jsonl", ids)
+    np.save(tmp_path / "emb.npy", unit_rows(2000, seed=1))
+    return import_index(tmp_path / "wiki-18.jsonl", embeddings=[tmp_path / "emb.npy"], encoder=ENCODER,
+                        factory="IVF512,Flat", shard_size=1000, root=tmp_path / "idx", bm25=False)
+
+
+def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder):
+    """The library engine, the engine ``drgym serve`` loads and the ``drgym serve-ray``
+    router over its ShardServer code (default config) give the same rankings, all with
+    nprobe max(16, 512/16) = 32. (Before: the Ray shards probed 16.)"""
+    from drgym.cli.serve import load_backend
+    from drgym.distributed.serve import ShardedSearchEngine, ShardServer, load_config
+    from drgym.index.dense import DenseIndex
+    from drgym.search.wire import ServerSettings
+
+    folder = ivf_index.folder
+    queries = [f"q{i}" for i in range(20)]
+    lib = LocalSearchEngine(folder, method="dense", collapse="passage")
+    served = load_backend(ServerSettings(index_dir=str(folder), method="dense", collapse="passage"))
+    cfg = load_config()["shard"]
+    shards = [ShardServer(str(folder), i, cfg.get("search_params"), bool(cfg.get("mmap", True))) for i in range(2)]
+    ray_engine = ShardedSearchEngine(folder, [LocalHandle(s) for s in shards], method="dense", collapse="passage")
+    assert lib._shared.dense.shard_params == [{"nprobe": 32, "rerank": 100}] * 2
+    assert [s.dense.shard_params[0] for s in shards] == [{"nprobe": 32, "rerank": 100}] * 2
+    want = ranking(lib.search_batch(queries, 10))
+    assert ranking(served.search_batch(queries, 10)) == want
+    assert ranking(ray_engine.search_batch(queries, 10)) == want
+    # the rule matters here: 16 probes rank otherwise
+    m = ivf_index.manifest
+    d16 = DenseIndex(folder, m.shards, m.dim, m.n_passages, search_params={"nprobe": 16})
+    qv = fake_encoder.encode_queries(queries)
+    assert not np.array_equal(d16.search(qv, 10)[1], lib._shared.dense.search(qv, 10)[1])
+    for e in (lib, served, ray_engine):
+        e.close()
+
+
+def test_search_params_for_fits_each_index_type():
+    import faiss
+
+    from drgym.index.dense import search_params_for
+
+    ip = faiss.METRIC_INNER_PRODUCT
+    assert search_params_for(faiss.index_factory(8, "IVF4096,Flat", ip)) == {"nprobe": 256, "rerank": 100}
+    assert search_params_for(faiss.index_factory(8, "IVF64,Flat", ip), {"nprobe": 500}) == {"nprobe": 64, "rerank": 100}
+    assert search_params_for(faiss.index_factory(8, "HNSW32", ip), {"rerank": 0}) == {"efSearch": 64, "rerank": 0}
+    assert search_params_for(faiss.index_factory(8, "Flat", ip)) == {"rerank": 100}
+    with pytest.raises(ConfigError, match="nprobe must be an integer >= 0, got -1"):
+        search_params_for(faiss.index_factory(8, "Flat", ip), {"nprobe": -1})
+
+
+# -- 3. serve-ray on 2 cores ------------------------------------------------------------------
+
+
+def test_default_serve_ray_config_fits_two_cpus():
+    """Router + 2 shards at their minimum replicas reserve 1.5 CPUs (before: 3, and the
+    router sat pending on a 2-core machine); a config that cannot start is refused."""
+    from drgym.distributed.serve import check_fits, load_config
+
+    cfg = load_config()
+    assert check_fits(cfg, 2, {"CPU": 2.0}) == {"CPU": 1.5, "GPU": 0.0}
+    assert check_fits(cfg, 3, {"CPU": 2.0})["CPU"] == 2.0
+    with pytest.raises(ConfigError, match=r"reserve 2\.5 CPUs, the Ray cluster has 2"):
+        check_fits(cfg, 4, {"CPU": 2.0})
+    gpu = load_config(overrides={"shard": {"deployment": {"ray_actor_options": {"num_gpus": 1}}}})
+    with pytest.raises(ConfigError, match="reserve 2 GPUs, the Ray cluster has 0"):
+        check_fits(gpu, 2, {"CPU": 8.0})
+    fixed = load_config(overrides={"shard": {"deployment": {"num_replicas": 2}}})
+    assert check_fits(fixed, 2, {"CPU": 4.0})["CPU"] == 0.5 + 2 * 2 * 0.5
+
+
+def test_serve_ray_num_cpus_with_a_cluster_address_is_refused():
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    out = CliRunner().invoke(app, ["serve-ray", "--index-dir", "x", "--num-cpus", "2", "--ray-address", "auto"])
+    assert out.exit_code == 2
+    assert "--num-cpus sets the CPUs of a local cluster started here" in out.output
+
+
+@pytest.mark.slow
+def test_serve_ray_default_config_starts_on_two_cpus(tmp_path):
+    """Needs Ray: the default config (autoscaling, half a CPU a replica) deploys a
+    2-shard index on a 2-CPU cluster and answers /health."""
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'drgym[distributed]')")
+    from ray import serve
+
+    from drgym.distributed.serve import deploy
+    from drgym.index.build import IndexSpec, build_index, get_encoder
+    from drgym.server.testing import free_port
+
+    res = build_index(IndexSpec(corpus="hotpotqa", shard_size=600), root=tmp_path,
+                      encoder=get_encoder("all-MiniLM-L6-v2", "cpu"))
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20, log_to_driver=False)
+    try:
+        url = deploy(res.folder, port=free_port())
+        health = httpx.get(url + "/health", timeout=60).json()
+        assert health["backend"] == "sharded" and "shards=2" in health["index"]
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+# -- 4. GPU sharding in float16 ---------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_gpu_faiss(monkeypatch):
+    """faiss as faiss-gpu on 2 GPUs: index_cpu_to_all_gpus records its calls and returns
+    the CPU index (so searches still run)."""
+    import faiss
+
+    calls = []
+
+    class Options:
+        def __init__(self) -> None:
+            self.shard, self.useFloat16 = False, False
+
+    def to_all_gpus(index, co=None, ngpu=-1):
+        calls.append({"co": None if co is None else {"shard": co.shard, "useFloat16": co.useFloat16}})
+        return index
+
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 2, raising=False)
+    monkeypatch.setattr(faiss, "GpuMultipleClonerOptions", Options, raising=False)
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", to_all_gpus, raising=False)
+    return calls
+
+
+@pytest.fixture
+def flat_index(tmp_path):
+    write_corpus(tmp_path / "wiki-18.jsonl", [str(i) for i in range(300)])
+    np.save(tmp_path / "emb.npy", unit_rows(300, seed=3))
+    return import_index(tmp_path / "wiki-18.jsonl", embeddings=[tmp_path / "emb.npy"], encoder=ENCODER,
+                        factory="Flat", shard_size=150, root=tmp_path / "idx", bm25=False)
+
+
+def test_gpu_shard_and_float16_reach_faiss(flat_index, fake_encoder, fake_gpu_faiss):
+    from drgym.cli.serve import load_backend
+    from drgym.search.wire import ServerSettings
+
+    eng = LocalSearchEngine(flat_index.folder, method="dense", gpu_shard=True, gpu_float16=True)
+    top = eng.search("q5", 3)
+    assert len(top) == 3 and eng._shared.dense.on_gpu
+    assert fake_gpu_faiss == [{"co": {"shard": True, "useFloat16": True}}] * 2  # one call per dense shard
+    fake_gpu_faiss.clear()
+    plain = LocalSearchEngine(flat_index.folder, method="dense")
+    assert ranking([plain.search("q5", 3)]) == ranking([top])
+    assert fake_gpu_faiss == [{"co": None}] * 2  # default: faiss's full copy per GPU
+    fake_gpu_faiss.clear()
+    served = load_backend(ServerSettings(index_dir=str(flat_index.folder), method="dense"), gpu_shard=True)
+    assert fake_gpu_faiss == [{"co": {"shard": True, "useFloat16": False}}] * 2
+    for e in (eng, plain, served):
+        e.close()
+
+
+def test_gpu_options_with_cpu_only_faiss_are_refused(monkeypatch):
+    import faiss
+
+    from drgym.index.dense import gpu_cloner_options
+
+    monkeypatch.delattr(faiss, "GpuMultipleClonerOptions", raising=False)
+    assert gpu_cloner_options(False, False) is None
+    with pytest.raises(ConfigError, match="need faiss with GPU support"):
+        gpu_cloner_options(shard=True)
+
+
+def test_serve_cli_has_the_gpu_options():
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    out = CliRunner().invoke(app, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert "--gpu-shard" in out.output and "--gpu-float16" in out.output
