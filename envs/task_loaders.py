@@ -35,6 +35,7 @@ simpleqa            SimpleQA test, first 100 rows (CSV)                     100 
 simpleqa-full       SimpleQA test (CSV)                                     3,461   shared
 frames              FRAMES test, first 50 rows (CSV)                        50      yes
 frames-full         FRAMES test (CSV)                                       660     shared
+browsecomp-plus     BrowseComp-Plus decrypted queries (JSONL) + qrels       830     shared
 drb                 DeepResearch Bench ``query.jsonl`` (research)           90      yes
 drb-en / drb-zh     its English / Chinese prompts                           40/50   yes
 researchy           DeepResearchGym Researchy queries + key points          1,000   shared
@@ -265,6 +266,64 @@ def load_researchy(queries: str | Path, key_points: str | Path | None = None, *,
              key_points=kp.get(str(r["id"]), []), source=source)
         for r in _read_jsonl(Path(queries))
     ]
+
+
+BROWSECOMP_PLUS_DIR = "browsecomp-plus"
+"""Folder of ``$DRGYM_SHARED_DATA`` holding BrowseComp-Plus (never shipped): the decrypted
+queries ``browsecomp_plus_decrypted.jsonl`` and the qrels ``qrel_evidence.txt`` /
+``qrel_golds.txt``."""
+
+
+def _docids(v: Any) -> list[str]:
+    """Doc ids of a BrowseComp-Plus ``evidence_docs`` / ``gold_docs`` field (dicts with ``docid``, or ids)."""
+    return _dedupe([str(d["docid"]) if isinstance(d, dict) else str(d) for d in (v or [])
+                    if not isinstance(d, dict) or d.get("docid") is not None])
+
+
+def load_browsecomp_plus(path: str | Path, *, evidence_qrels: str | Path | None = None,
+                         gold_qrels: str | Path | None = None, source: str = "browsecomp-plus") -> list[Task]:
+    """BrowseComp-Plus queries, decrypted (JSONL ``{"query_id", "query", "answer", ...}``).
+
+    BrowseComp-Plus ships its queries encrypted; its decrypt step must have been run first
+    (see ``docs/retrieval.md``): a row that still holds a ``canary`` field is refused.
+    ``gold_docs`` are the **evidence** documents (every document needed to answer, as
+    corpus ``docid``; ``gold_docs_kind="doc_id"``), from ``evidence_qrels`` when given,
+    else the row's ``evidence_docs``; ``metadata["answer_docs"]`` are the **gold**
+    documents (those holding the answer), from ``gold_qrels`` or the row's ``gold_docs``.
+    The question is the raw query: pose it with
+    :data:`drgym.rewards.calibration.BROWSECOMP_TEMPLATE` to get the answer-and-confidence format.
+
+    Raises:
+        CorpusError: the file is missing, not JSONL, still encrypted, or a row lacks
+            ``query_id``, ``query`` or ``answer``; or a qrels file is malformed.
+    """
+    from drgym.corpus.qrels import read_qrels
+
+    evidence = read_qrels(evidence_qrels) if evidence_qrels else None
+    golds = read_qrels(gold_qrels) if gold_qrels else None
+    tasks = []
+    for n, r in enumerate(_read_jsonl(Path(path)), 1):
+        if not isinstance(r, dict) or "canary" in r:
+            raise CorpusError(f"{path}: row {n} is still encrypted (it has a 'canary' field) or not an object: "
+                              "run BrowseComp-Plus's decrypt step first (docs/retrieval.md).")
+        missing = [k for k in ("query_id", "query", "answer") if k not in r]
+        if missing:
+            raise CorpusError(f"{path}: row {n} lacks {missing}; decrypted BrowseComp-Plus rows have "
+                              "'query_id', 'query' and 'answer'.")
+        qid = str(r["query_id"])
+        ev = [d for d, rel in evidence.get(qid, {}).items() if rel > 0] if evidence is not None else _docids(r.get("evidence_docs"))
+        gd = [d for d, rel in golds.get(qid, {}).items() if rel > 0] if golds is not None else _docids(r.get("gold_docs"))
+        tasks.append(Task(task_id=f"{source}-{qid}", question=str(r["query"]).strip(), answers=_dedupe([r["answer"]]),
+                          kind="qa", gold_docs=ev, source=source,
+                          metadata={"query_id": qid, "answer_docs": gd, "gold_docs_kind": "doc_id"}))
+    return tasks
+
+
+def _browsecomp_plus_shared() -> list[Task]:
+    d = shared_data_dir() / BROWSECOMP_PLUS_DIR
+    ev, gd = d / "qrel_evidence.txt", d / "qrel_golds.txt"
+    return load_browsecomp_plus(_shared(f"{BROWSECOMP_PLUS_DIR}/browsecomp_plus_decrypted.jsonl"),
+                                evidence_qrels=ev if ev.exists() else None, gold_qrels=gd if gd.exists() else None)
 
 
 MAX_QUESTION_CHARS = 100_000
@@ -504,6 +563,7 @@ TASK_SETS: dict[str, Callable[[], list[Task]]] = {
     "simpleqa-full": lambda: load_simpleqa(_shared("simpleqa/simple_qa_test_set.csv")),
     "frames": lambda: load_frames(_shipped("frames_test_50.csv")),
     "frames-full": lambda: load_frames(_shared("frames/frames_test_set.csv")),
+    "browsecomp-plus": _browsecomp_plus_shared,
     "drb": lambda: load_drb(_shipped("drb_query.jsonl")),
     "drb-en": lambda: load_drb(_shipped("drb_query.jsonl"), language="en"),
     "drb-zh": lambda: load_drb(_shipped("drb_query.jsonl"), language="zh"),

@@ -18,7 +18,7 @@ def build(
                                                help="Named corpus (wiki-default, hotpotqa, ...) or a corpus file/folder; the same as --corpus."),
     corpus: Optional[str] = typer.Option(None, "--corpus", "-c", show_default=False,
                                          help="Named corpus (wiki-default, hotpotqa, ...) or a corpus file/folder (default wiki-default)."),
-    format: str = typer.Option(None, "--format", help="Corpus format for a path: wiki18, web, clueweb22, hipporag, ovos, drgym (default: sniffed)."),
+    format: str = typer.Option(None, "--format", help="Corpus format for a path: wiki18, web, clueweb22, browsecomp-plus, hipporag, ovos, drgym (default: sniffed)."),
     encoder: str = typer.Option("all-MiniLM-L6-v2", "--encoder", "-e", help="sentence-transformers model name or local path."),
     factory: str = typer.Option(None, "--factory", help="FAISS index_factory string (Flat, HNSW32, IVF4096,PQ48 ...) or auto (default: Flat up to 1M passages, IVF-PQ beyond)."),
     shard_size: int = typer.Option(None, "--shard-size", help="Rows per dense shard (default 25,000,000)."),
@@ -96,8 +96,9 @@ def import_cmd(
     link: str = typer.Option("auto", "--link", help="How the FAISS file enters the index: auto (hard link, else copy), hardlink, copy, symlink."),
     force: bool = typer.Option(False, "--force", help="Import again even if an identical index exists."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Discard a partial import instead of resuming it."),
+    id_prefix: str = typer.Option("", "--id-prefix", help="Put this in front of every row id (default: the corpus's ids as they are, e.g. Search-R1's passage ids)."),
 ) -> None:
-    """Import a corpus plus its ready-made vectors (a FAISS index or .npy shards): writes the docstore, manifest and BM25; nothing is re-encoded."""
+    """Import a corpus plus its ready-made vectors (a FAISS index or .npy shards): writes the docstore, manifest and BM25; nothing is re-encoded. Passage ids are the corpus's own."""
     import time
 
     from drgym.errors import DrgymError
@@ -113,7 +114,8 @@ def import_cmd(
     try:
         res = import_index(corpus, encoder=encoder, faiss_index=faiss_index, embeddings=files, format=format,
                            factory=factory, shard_size=shard_size or DEFAULT_SHARD_SIZE, bm25=not no_bm25, name=name,
-                           root=root, link=link, force=force, resume=not no_resume, progress=True)
+                           root=root, link=link, force=force, resume=not no_resume, progress=True,
+                           id_prefix=id_prefix)
     except DrgymError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from e

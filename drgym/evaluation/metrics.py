@@ -34,6 +34,9 @@ Definitions (every mean is over the episodes of the run, each episode weighted 1
   search the engine did not answer, e.g. HTTP 401, a model request the server refused);
   they are in the means (scored as they ended) but are not complete: a rerun of the run
   redoes them. ``failure_reasons``: episodes per reason.
+- ``gold_evidence`` (written by the runner): for tasks with gold documents
+  (``Task.gold_docs``), the share of them each episode retrieved and cited, per episode
+  and as means (:func:`evidence_recall`); None when no task has any.
 - ``time_share``: shares of the summed per-episode timings (generation is split evenly
   over a batch's rows, but each env records the whole latency of its batched search, so
   search is over-weighted by the batch size); the runner's ``last_session`` entry holds
@@ -212,6 +215,73 @@ def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None 
         m["wall_s_per_episode"] = wall_s / n
         m["episodes_per_min"] = 60.0 * n / wall_s if wall_s > 0 else None
     return m
+
+
+def _evidence_key(kind: str, value: str) -> str:
+    """The comparable form of a gold document or a retrieved one's field, by ``gold_docs_kind``."""
+    if kind == "url":
+        from drgym.corpus.urls import normalize_url
+
+        return normalize_url(value)
+    if kind == "title":
+        return " ".join(value.split()).casefold()
+    return re.sub(r"#p\d+$", "", value.strip())
+
+
+def evidence_recall(trajectories: list[dict[str, Any]], tasks: dict[str, Any]) -> dict[str, Any] | None:
+    """Share of each task's gold documents (``Task.gold_docs``) the agent retrieved, and cited.
+
+    A gold document is *retrieved* when a result of any step (``steps[].results``, search
+    hits and fetched pages) names it, by the task's ``metadata["gold_docs_kind"]``:
+    ``"title"`` (whitespace-collapsed, case-folded titles: a title several documents share
+    counts for any of them), ``"url"`` (:func:`drgym.corpus.urls.normalize_url`) or
+    ``"doc_id"`` (the default; a passage id ``<doc_id>#p<k>`` or ``metadata.parent_doc_id``
+    names its document). It is *cited* when a URL of the trajectory's
+    ``metadata["citations"]`` (research episodes) is the gold URL, or the URL of a result
+    that names it.
+
+    Args:
+        trajectories: trajectory dicts (``task_id``, ``steps``, ``metadata``).
+        tasks: task_id -> :class:`~drgym.records.Task`.
+
+    Returns:
+        None when no episode's task has gold documents; else ``{"episodes": n,
+        "retrieved": mean share, "cited": mean share over the episodes with citations (None
+        when none has), "per_episode": [{"episode_id", "task_id", "gold", "retrieved",
+        "cited"}]}`` (shares in [0, 1]; ``cited`` None for an episode without citations).
+    """
+    rows = []
+    for t in trajectories:
+        task = tasks.get(t.get("task_id"))
+        gold_docs = list(getattr(task, "gold_docs", None) or [])
+        if not gold_docs:
+            continue
+        kind = (task.metadata or {}).get("gold_docs_kind") or "doc_id"
+        field = {"url": "url", "title": "title"}.get(kind, "doc_id")
+        gold = {_evidence_key(kind, g) for g in gold_docs}
+        seen: set[str] = set()
+        by_url: dict[str, set[str]] = {}
+        for step in t.get("steps") or []:
+            for r in step.get("results") or []:
+                names = {str(r.get(field) or "")}
+                if field == "doc_id":
+                    names.add(str((r.get("metadata") or {}).get("parent_doc_id") or ""))
+                keys = {_evidence_key(kind, n) for n in names if n}
+                seen |= keys
+                if r.get("url"):
+                    by_url.setdefault(_evidence_key("url", str(r["url"])), set()).update(keys)
+        citations = (t.get("metadata") or {}).get("citations")
+        cited = None
+        if citations is not None:
+            urls = {_evidence_key("url", str(u)) for c in citations for u in (c.get("urls") or [])}
+            named = set().union(*(by_url.get(u, set()) for u in urls)) | (urls if kind == "url" else set())
+            cited = len(gold & named) / len(gold)
+        rows.append({"episode_id": t.get("episode_id"), "task_id": t.get("task_id"), "gold": len(gold),
+                     "retrieved": len(gold & seen) / len(gold), "cited": cited})
+    if not rows:
+        return None
+    return {"episodes": len(rows), "retrieved": _mean([r["retrieved"] for r in rows]),
+            "cited": _mean([r["cited"] for r in rows if r["cited"] is not None]), "per_episode": rows}
 
 
 def format_value(key: str, v: Any) -> str:

@@ -1,0 +1,150 @@
+"""BrowseComp's answer format and calibration error.
+
+BrowseComp (Wei et al. 2025, arXiv 2504.12516) and BrowseComp-Plus ask the model to end
+with three labelled lines, :data:`BROWSECOMP_TEMPLATE`::
+
+    Explanation: <why>
+    Exact Answer: <the short answer>
+    Confidence: <0% to 100%>
+
+:func:`parse_answer_confidence` reads them back; :func:`expected_calibration_error` is
+the calibration error BrowseComp reports beside accuracy: stated confidence against
+being right, over 10 equal-width confidence bins.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Iterable
+
+from drgym.errors import ConfigError
+
+BROWSECOMP_TEMPLATE = """{question}
+
+Your response should be in the following format:
+Explanation: {{your explanation for your final answer}}
+Exact Answer: {{your succinct, final answer}}
+Confidence: {{your confidence score between 0% and 100% for your answer}}"""
+"""BrowseComp's query template (``.format(question=...)``)."""
+
+_LABEL = r"(?:^|\n)[ \t>*_#-]*{name}[ \t*_]*:[ \t*_]*"
+_EXPLANATION = re.compile(_LABEL.format(name="explanation") + r"(.*?)(?=\n[ \t>*_#-]*exact[ \t]+answer[ \t*_]*:|\Z)",
+                          re.IGNORECASE | re.DOTALL)
+_ANSWER = re.compile(_LABEL.format(name=r"exact[ \t]+answer") + r"(.*?)[ \t*_]*(?=\n|\Z)", re.IGNORECASE)
+_CONFIDENCE = re.compile(_LABEL.format(name="confidence") + r"\**[ \t]*(\d+(?:\.\d+)?)[ \t]*(%?)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class AnswerConfidence:
+    """A response in BrowseComp's format.
+
+    Attributes:
+        explanation: the ``Explanation:`` text, or None when absent.
+        answer: the ``Exact Answer:`` text, or None when absent.
+        confidence: the ``Confidence:`` value as a probability in [0, 1] (``85%`` ->
+            0.85; a bare number is read as a percentage), or None when absent.
+    """
+
+    explanation: str | None
+    answer: str | None
+    confidence: float | None
+
+
+def parse_answer_confidence(text: str) -> AnswerConfidence:
+    """Read ``Explanation: ... Exact Answer: ... Confidence: NN%`` from a response.
+
+    Labels are matched case-insensitively at the start of a line, with Markdown emphasis
+    (``**Exact Answer:**``) allowed; the last occurrence of each label wins (a model
+    that restates its answer). A confidence above 100% is clamped to 1.0.
+
+    >>> r = parse_answer_confidence("Explanation: the 1997 list.\\nExact Answer: **Lyon**\\nConfidence: 85%")
+    >>> r.answer, r.confidence
+    ('Lyon', 0.85)
+    >>> parse_answer_confidence("I think it is Lyon.")
+    AnswerConfidence(explanation=None, answer=None, confidence=None)
+    """
+    text = text or ""
+    exp = _EXPLANATION.findall(text)
+    ans = _ANSWER.findall(text)
+    conf = _CONFIDENCE.findall(text)
+    confidence = None
+    if conf:
+        confidence = min(float(conf[-1][0]) / 100.0, 1.0)
+    answer = ans[-1].strip().strip("*_").strip() if ans else None
+    return AnswerConfidence(explanation=exp[-1].strip() if exp else None, answer=answer or None,
+                            confidence=confidence)
+
+
+def expected_calibration_error(confidences: Iterable[float], correct: Iterable[bool | float], *,
+                               bins: int = 10) -> float:
+    """Expected calibration error of stated confidences (BrowseComp's calibration error).
+
+    The confidences (probabilities in [0, 1]) fall into ``bins`` equal-width bins
+    ``[0, 0.1), [0.1, 0.2), ..., [0.9, 1.0]`` (1.0 in the last); each bin contributes its
+    share of the answers times ``|accuracy in the bin - mean confidence in the bin|``:
+    ``ECE = sum_b (n_b / N) * |acc_b - conf_b|``. 0 is perfectly calibrated; an answer
+    with no stated confidence must be given one by the caller (BrowseComp counts it as
+    100%).
+
+    >>> expected_calibration_error([0.9, 0.9, 0.2, 0.2], [True, False, False, False])
+    0.3
+
+    Args:
+        confidences: one probability per answer.
+        correct: one truth value (or 0/1 score) per answer, same order.
+        bins: number of equal-width bins.
+
+    Returns:
+        The error, in [0, 1].
+
+    Raises:
+        ConfigError: lengths differ, no answer at all, ``bins`` < 1, or a confidence
+            outside [0, 1] or not finite.
+    """
+    conf = [float(c) for c in confidences]
+    acc = [float(x) for x in correct]
+    if len(conf) != len(acc):
+        raise ConfigError(f"calibration error needs one truth value per confidence: {len(conf)} confidences, {len(acc)} values.")
+    if not conf:
+        raise ConfigError("calibration error of no answer is undefined: pass at least one.")
+    if bins < 1:
+        raise ConfigError(f"bins must be >= 1, got {bins}.")
+    bad = [c for c in conf if not (math.isfinite(c) and 0.0 <= c <= 1.0)]
+    if bad:
+        raise ConfigError(f"confidences must be probabilities in [0, 1], got {bad[0]!r}.")
+    groups: dict[int, list[int]] = {}
+    for i, c in enumerate(conf):
+        groups.setdefault(min(int(c * bins), bins - 1), []).append(i)
+    n = len(conf)
+    err = sum(len(ix) / n * abs(sum(acc[i] for i in ix) / len(ix) - sum(conf[i] for i in ix) / len(ix))
+              for ix in groups.values())
+    return round(err, 12)
+
+
+def accuracy_and_calibration(responses: Iterable[str], correct: Iterable[bool | float], *, bins: int = 10,
+                             missing_confidence: float = 1.0) -> dict[str, float | int]:
+    """Accuracy and calibration error of a run in BrowseComp's format.
+
+    Args:
+        responses: the model's final texts.
+        correct: whether each was judged right (same order).
+        missing_confidence: confidence given to a response without a ``Confidence:``
+            line (BrowseComp: 100%).
+
+    Returns:
+        ``{"accuracy", "calibration_error", "n", "no_confidence"}``; ``no_confidence``
+        counts the responses that stated none.
+
+    Raises:
+        ConfigError: as :func:`expected_calibration_error`.
+    """
+    parsed = [parse_answer_confidence(r) for r in responses]
+    acc = [float(x) for x in correct]
+    if len(parsed) != len(acc):
+        raise ConfigError(f"{len(parsed)} responses but {len(acc)} correctness values.")
+    conf = [p.confidence if p.confidence is not None else missing_confidence for p in parsed]
+    return {"accuracy": sum(acc) / len(acc) if acc else 0.0,
+            "calibration_error": expected_calibration_error(conf, acc, bins=bins),
+            "n": len(acc), "no_confidence": sum(p.confidence is None for p in parsed)}
