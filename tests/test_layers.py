@@ -63,3 +63,25 @@ def test_function_level_cycle_is_caught(tmp_path):
     assert res.returncode != 0
     assert "drgym has no import cycles BROKEN" in res.stdout
     assert ".launch -> .config" in res.stdout
+
+
+def test_public_api_exports_what_the_docs_name():
+    """``from drgym.search import HTTPSearchClient`` and the other names the docs use work,
+    every ``__all__`` name resolves, and importing the packages loads no torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, drgym.search, drgym.training, drgym.envs, drgym.rewards\n"
+        "assert 'torch' not in sys.modules, 'torch loaded at import'\n"
+        "from drgym.search import HTTPSearchClient, LocalSearchEngine, MCPSearchBackend, make_backend\n"
+        "from drgym.training import load_config, build_trainer, make_env_factory, TRLReward, SearchRolloutFunc\n"
+        "from drgym.envs import SearchQAEnv, load_tasks, make_env\n"
+        "from drgym.rewards import build_reward, get_reward\n"
+        "for m in (drgym.search, drgym.training, drgym.envs, drgym.rewards):\n"
+        "    for n in m.__all__:\n"
+        "        getattr(m, n)\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
