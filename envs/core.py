@@ -36,6 +36,7 @@ from gymnasium.error import ResetNeeded
 from drgym.errors import ConfigError, unknown_name
 from drgym.records import Episode, Reward, Step, Task, ToolCall, Trajectory
 from drgym.rewards.registry import get_reward
+from drgym.rewards.scorer import Scorer
 from drgym.search.base import SearchBackend
 from drgym.search.registry import get_backend
 
@@ -488,19 +489,18 @@ class SearchAgentEnv(gym.Env[str, str]):
         scored = True
         t0 = time.perf_counter()
         if self.reward is not None:
-            try:
-                out = self.reward.score([Episode(task=self._task, answer=self._answer_for_reward(), trajectory=traj)])
-                score = out.scores[0]
-                comps = {k: (v[0] if v else None) for k, v in out.components.items()}
-                comps.setdefault(getattr(self.reward, "name", "reward"), score)
-                scored = score is not None
-                total = float(score) if score is not None else 0.0
-            except Exception as e:  # a failing reward is logged and recorded, the rollout goes on
-                logger.warning("reward %s failed on episode %s: %s: %s", getattr(self.reward, "name", "reward"),
-                               traj.episode_id, type(e).__name__, e)
-                traj.metadata["reward_error"] = f"{type(e).__name__}: {e}"
-                comps = {getattr(self.reward, "name", "reward"): None}
-                scored = False
+            # A failing reward is logged and recorded (score None), the rollout goes on; the env
+            # records a judge outage the same way (stop_on=()): the step ends with reward None.
+            scorer = Scorer(self.reward, stop_on=())
+            [res] = scorer.score([Episode(task=self._task, answer=self._answer_for_reward(), trajectory=traj)])
+            [name] = scorer.names
+            score = res.scores[name]
+            comps = dict(res.components)
+            comps.setdefault(name, score)  # a component named like the reward wins over its score
+            if name in res.errors:
+                traj.metadata["reward_error"] = res.errors[name]
+            scored = score is not None
+            total = float(score) if score is not None else 0.0
         if self.format_penalty:
             comps["format_penalty"] = -self.format_penalty * self._invalid
             total -= self.format_penalty * self._invalid

@@ -2,7 +2,8 @@
 
 Every metric is a :class:`Reward` (a batch of :class:`Episode` in, a
 :class:`RewardOutput` out). Build one by name or config with :func:`get_reward` /
-:func:`build_reward`; adapt one to TRL with :class:`drgym.training.trl_adapter.TRLReward`.
+:func:`build_reward`; score batches with several rewards, under one failure policy, with
+:class:`Scorer`; adapt one to TRL with :class:`drgym.training.trl_adapter.TRLReward`.
 Judge models load only when a judged reward is built.
 """
 
@@ -13,7 +14,8 @@ from drgym.rewards.registry import (
     get_reward,
     reward_names,
 )
+from drgym.rewards.scorer import Scored, Scorer
 
 from drgym.records import Episode, Reward, RewardOutput
 
-__all__ = ["Episode", "Reward", "RewardOutput", "WeightedReward", "ascore", "build_reward", "get_reward", "reward_names"]
+__all__ = ["Episode", "Reward", "RewardOutput", "WeightedReward", "ascore", "build_reward", "get_reward", "reward_names", "Scored", "Scorer"]

@@ -188,6 +188,7 @@ def register(app: typer.Typer) -> None:
         from drgym.judges.factory import make_judge
         from drgym.records import Episode
         from drgym.rewards.registry import build_reward
+        from drgym.rewards.scorer import Scorer
 
         console = Console(stderr=True)
         if judge is None:
@@ -232,6 +233,7 @@ def register(app: typer.Typer) -> None:
             if m == "citation":
                 kw["mode"] = "precision"
             rewards[m] = build_reward({m: kw}, judge=j, backend=be)
+        scorers = {m: Scorer({m: rewards[m]}, stop_on=(ServiceUnavailableError, ConfigError)) for m in ms}
         rows: list[dict[str, Any]] = []
         try:
             with Progress(console=console, transient=False) as prog:
@@ -244,13 +246,15 @@ def register(app: typer.Typer) -> None:
                         for it in chunk
                     ]
                     for m in ms:
-                        res = rewards[m].score(eps)
-                        for k, row in enumerate(chunk_rows):
-                            row["scores"][m] = res.scores[k]
-                            for cname, vals in res.components.items():
-                                row["components"][cname] = vals[k]
+                        # a metric that raises is logged and counted as failed (None); a ConfigError
+                        # or a service that stayed down stops the evaluation (handled below)
+                        for row, res in zip(chunk_rows, scorers[m].score(eps)):
+                            row["scores"][m] = res.scores[m]
+                            row["components"].update(res.components)
+                            if m in res.errors:
+                                row.setdefault("errors", {})[m] = res.errors[m]
                             # None is a judge failure, except a KPR with no key points (undefined)
-                            row["failed"][m] = res.scores[k] is None and not (m == "kpr" and row["components"].get("kp_undefined"))
+                            row["failed"][m] = res.scores[m] is None and not (m == "kpr" and row["components"].get("kp_undefined"))
                         prog.advance(bar, len(chunk))
                     rows.extend(chunk_rows)
         except ConfigError as e:

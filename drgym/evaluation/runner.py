@@ -1077,8 +1077,19 @@ def _run_locked(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_
 
 def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _RecordingPolicy,
                          extra_rewards: list[Any], config: RolloutConfig) -> None:
-    """Attach usage, generation time, QA metrics and extra reward scores to finished episodes."""
+    """Attach usage, generation time, QA metrics and extra reward scores to finished episodes.
+
+    QA tasks with answers get ``em``, ``f1`` and ``cover_em`` (the default
+    :class:`~drgym.rewards.qa.ExactMatch`, :class:`~drgym.rewards.qa.F1` and
+    :class:`~drgym.rewards.qa.CoverExactMatch`) unless the env's reward already recorded
+    them. Each extra reward then sets its score under its name and its other components,
+    replacing earlier values; one that raises is recorded (None, and
+    ``metadata["reward_errors"]``), and a :class:`~drgym.errors.ServiceUnavailableError`
+    propagates (the run stops, these episodes are not written).
+    """
     from drgym.records import Episode
+    from drgym.rewards.qa import CoverExactMatch, ExactMatch, F1
+    from drgym.rewards.scorer import Scorer
 
     now = time.perf_counter()
     for t in trajs:
@@ -1089,35 +1100,33 @@ def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _Re
         t.metadata["latency_s"] = (now - t0) if t0 is not None else None
         t.metadata["policy"] = config.policy
         t.metadata["answers"] = list(task.answers)
-        if task.kind == "qa" and task.answers:
-            t0r = time.perf_counter()
-            from drgym.rewards.qa import cover_exact_match, exact_match, token_f1
-
-            ans = t.final_answer or ""
-            t.reward_components.setdefault("em", exact_match(ans, task.answers))
-            t.reward_components.setdefault("f1", token_f1(ans, task.answers))
-            t.reward_components.setdefault("cover_em", cover_exact_match(ans, task.answers))
-            t.timings["reward"] = t.timings.get("reward", 0.0) + time.perf_counter() - t0r
-    for r in extra_rewards:
-        eps = [Episode(task=tasks_by_id[t.task_id], answer=t.final_answer or "", trajectory=t) for t in trajs]
+    qa = [t for t in trajs if tasks_by_id[t.task_id].kind == "qa" and tasks_by_id[t.task_id].answers]
+    if qa:
         t0r = time.perf_counter()
-        try:
-            res = r.score(eps)
-        except ServiceUnavailableError:
-            raise  # the judge's endpoint is down: the run stops, these episodes are not written
-        except Exception as e:  # a failing reward is recorded, the run goes on
-            log.warning("reward %s failed: %s", getattr(r, "name", r), e)
-            for t in trajs:
-                t.reward_components[getattr(r, "name", "reward")] = None
-                t.metadata.setdefault("reward_errors", []).append(f"{getattr(r, 'name', r)}: {type(e).__name__}: {e}")
-            continue
+        scored = Scorer([ExactMatch(), F1(), CoverExactMatch()]).score(
+            [Episode(task=tasks_by_id[t.task_id], answer=t.final_answer or "", trajectory=t) for t in qa])
+        dt = (time.perf_counter() - t0r) / len(qa)
+        for t, res in zip(qa, scored):
+            for name, value in res.scores.items():
+                t.reward_components.setdefault(name, value)  # the env's reward wins
+            for name, err in res.errors.items():
+                t.metadata.setdefault("reward_errors", []).append(f"{name}: {err}")
+            t.timings["reward"] = t.timings.get("reward", 0.0) + dt
+    eps = [Episode(task=tasks_by_id[t.task_id], answer=t.final_answer or "", trajectory=t) for t in trajs]
+    for r in extra_rewards:
+        t0r = time.perf_counter()
+        scorer = Scorer(r)  # re-raises ServiceUnavailableError: the run stops, these episodes are not written
+        [name] = scorer.names
+        scored = scorer.score(eps)
         dt = (time.perf_counter() - t0r) / len(trajs)
-        name = getattr(r, "name", "reward")
-        for k, t in enumerate(trajs):
-            t.reward_components[name] = res.scores[k]
-            for cname, vals in (res.components or {}).items():
-                if cname != getattr(r, "name", "") and k < len(vals):
-                    t.reward_components[cname] = vals[k]
+        for t, res in zip(trajs, scored):
+            t.reward_components[name] = res.scores[name]
+            if name in res.errors:
+                t.metadata.setdefault("reward_errors", []).append(f"{name}: {res.errors[name]}")
+                continue
+            for cname, value in res.components.items():
+                if cname != name:
+                    t.reward_components[cname] = value
             t.timings["reward"] = t.timings.get("reward", 0.0) + dt
 
 
