@@ -47,6 +47,17 @@ def test_brake_engages_below_the_floor_once_per_window_and_stops_at_min_scale():
     assert _feed(again, [0.9], sched) == [0.25]
 
 
+def test_brake_ignores_steps_without_a_forward_pass():
+    """A step whose groups were all zero-variance logs entropy 0 (no forward pass): not a collapse."""
+    from drgym.training.callbacks import EntropyBrake
+
+    brake, sched, state = EntropyBrake(floor=0.3, window=2), _Sched(5e-5), _State()
+    for i, (e, f) in enumerate([(0.5, 0.0), (0.0, 1.0), (0.0, 1.0), (0.4, 0.5)], start=1):
+        state.global_step = i
+        brake.on_log(_Args(), state, None, logs={"entropy": e, "zero_variance/filtered_frac": f}, lr_scheduler=sched)
+    assert sched.base_lrs == [5e-5, 5e-5] and not brake.engagements
+
+
 def test_brake_stays_off_while_entropy_holds():
     from drgym.training.callbacks import EntropyBrake
 

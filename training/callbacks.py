@@ -68,7 +68,8 @@ class EntropyBrake(TrainerCallback):
     ``floor``, the scheduler's base learning rates are multiplied by ``factor``, at most
     once per ``window`` steps and never below ``min_scale`` times the configured rate.
     The scale lives in the LR scheduler's ``base_lrs``, which the HF Trainer saves in every
-    checkpoint, so a resumed run keeps it. Every log record gets
+    checkpoint, so a resumed run keeps it. A step whose every group was zero-variance (no
+    forward pass, so TRL logs entropy 0) is not counted. Every log record gets
     ``entropy_brake/lr_scale``; each engagement is logged at INFO.
 
     Args:
@@ -111,7 +112,8 @@ class EntropyBrake(TrainerCallback):
             return
         scale = self.scale_of(args, lr_scheduler)
         ent = logs.get("entropy")
-        if isinstance(ent, (int, float)) and math.isfinite(ent):
+        skipped = logs.get("zero_variance/filtered_frac") == 1.0  # no forward pass: TRL logs entropy 0
+        if isinstance(ent, (int, float)) and math.isfinite(ent) and not skipped:
             self._recent = (self._recent + [float(ent)])[-self.window:]
             mean = sum(self._recent) / len(self._recent)
             if (len(self._recent) == self.window and mean < self.floor and scale > self.min_scale + 1e-12
