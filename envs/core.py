@@ -303,12 +303,33 @@ class SearchAgentEnv(gym.Env[str, str]):
             budget = tool.budget(self)
             if last_turn:
                 pending.refused[i] = f"This was the last turn, so the {tool.name} was not run; no answer was given."
+            elif tool.name == "fetch" and not self._fetch_allowed(str(call.arguments.get(tool.argument, ""))):
+                pending.refused[i] = ("That URL was not in this episode's search results, so it was not fetched; "
+                                      "fetch a URL from a result.")
             elif budget is not None and self._used.get(tool.name, 0) >= budget:
                 pending.refused[i] = f"{tool.label} budget spent ({budget} {tool.plural}); give your answer now."
             else:
                 self._used[tool.name] = self._used.get(tool.name, 0) + 1
                 pending.calls.setdefault(tool.name, []).append(call.arguments[tool.argument])
         return pending
+
+    def _fetch_allowed(self, url: str) -> bool:
+        """Whether ``fetch(url)`` may run: always for a local corpus; for a web backend that
+        fetches only result URLs (``fetch_any_url`` false, the default) only a URL that one
+        of this episode's searches returned (compared as :func:`drgym.search.web.url_key`
+        does), so one episode cannot fetch what another one's results held."""
+        backend = self.backend
+        restricted = getattr(backend, "fetch_any_url", None)
+        if restricted is None:
+            restricted = getattr(getattr(backend, "inner", None), "fetch_any_url", None)
+        if restricted is not False:
+            return True
+        from drgym.search.web import url_key
+
+        key = url_key(url)
+        traj = self._traj
+        return traj is not None and any(url_key(str(r.get("url") or "")) == key
+                                        for st in traj.steps for r in st.results or [])
 
     def end_step(
         self,

@@ -343,8 +343,8 @@ def test_web_backend_default_refuses_loopback_result_pages(fp):
                       reward="f1", max_turns=5, max_searches=2, max_fetches=3)
     env.reset(seed=0)
     with guarded() as connects:
-        obs, *_ = env.step(f"<fetch> {fp.base}/pages/paris </fetch>")  # before any search
-        assert "Fetch failed: FetchRefusedError: fetch refused:" in obs and "was not in any search result" in obs
+        obs, *_ = env.step(f"<fetch> {fp.base}/pages/paris </fetch>")  # before any search: the env refuses it
+        assert "That URL was not in this episode's search results" in obs
         obs, *_ = env.step("<search> capital of France </search>")
         assert f"{fp.base}/pages/paris" in obs
         obs, *_ = env.step(f"<fetch> {fp.base}/pages/paris </fetch>")
@@ -354,6 +354,31 @@ def test_web_backend_default_refuses_loopback_result_pages(fp):
     assert "loopback address" in steps[2]["error"] and "Champ de Mars" not in str(steps[2]["results"])
     assert fp.count("/pages/paris") == 0 and set(connects) == {"127.0.0.1"}  # only the search API was called
     b.close()
+
+
+def test_fetch_is_limited_to_this_episodes_results(fp):
+    """A URL that an earlier episode's search returned is not fetched in a later episode
+    that never searched it (the backend alone would allow it), and ``fetch_any_url`` lifts the rule."""
+    b = SerperSearch(API_KEY, base_url=f"{fp.base}/serper", backoff_s=0.01, fetch_allow_loopback=True)
+    env = SearchQAEnv(backend=b, tasks=[Task("q1", "What is the capital of France?", ["Paris"])],
+                      reward="f1", max_turns=5, max_searches=2, max_fetches=3)
+    paris = f"{fp.base}/pages/paris"
+    env.reset(seed=0)
+    env.step("<search> capital of France </search>")
+    obs, *_ = env.step(f"<fetch> {paris}/#History </fetch>")  # this episode's result, written loosely
+    assert "capital and most populous" in obs
+    env.reset(seed=1)
+    obs, *_ = env.step(f"<fetch> {paris} </fetch>")  # seen by the backend, not by this episode
+    assert "That URL was not in this episode's search results" in obs and "capital and most populous" not in obs
+    assert fp.count("/pages/paris") == 1
+    b.close()
+    opened = SerperSearch(API_KEY, base_url=f"{fp.base}/serper", fetch_any_url=True, fetch_allow_loopback=True)
+    env = SearchQAEnv(backend=opened, tasks=[Task("q1", "Where does the Nile flow?", ["Egypt"])], reward="f1",
+                      max_turns=5, max_searches=2, max_fetches=3)
+    env.reset(seed=0)
+    obs, *_ = env.step(f"<fetch> {fp.base}/pages/nile </fetch>")
+    assert "Cairo lies on the Nile" in obs
+    opened.close()
 
 
 def test_cache_mode_lets_the_backend_fetch_urls_of_cached_searches(fp, tmp_path):
