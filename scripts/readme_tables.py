@@ -425,7 +425,31 @@ def answerable_control() -> str:
     return _script("eval_table").markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
 
 
+def policy_options() -> str:
+    """Every policy kind's ``-p KEY=VALUE`` options, read from the constructors (never typed)."""
+    import inspect
+
+    from drgym.policies.factory import RAG_OPTIONS
+    from drgym.policies.hf import HFPolicy
+    from drgym.policies.openai import OpenAIPolicy
+    from drgym.policies.scripted import ScriptedPolicy
+    from drgym.policies.vllm import VLLMPolicy
+
+    def opts(cls) -> str:
+        skip = {"self", "model", "args", "kwargs", "base_url"}
+        return ", ".join(f"`{p}`" for p in inspect.signature(cls.__init__).parameters if p not in skip)
+
+    rows = [["`hf:MODEL`", opts(HFPolicy)], ["`openai:MODEL@URL`", opts(OpenAIPolicy)],
+            ["`vllm:MODEL`", opts(VLLMPolicy)],
+            ["`rag:LLM`", ", ".join(f"`{o}`" for o in RAG_OPTIONS) + "; any other option goes to the reader LLM"],
+            ["`rtr:AGENT`", "the agent LM's options"], ["`scripted`", opts(ScriptedPolicy)]]
+    return _table(["policy", "options (`-p KEY=VALUE`)"], rows) + (
+        "\n\nRead from the policies' constructors by `scripts/readme_tables.py`; each option's meaning is in "
+        "the class's docstring (API reference).")
+
+
 TABLES: dict[str, Callable[[], str]] = {
+    "policy_options": policy_options,
     "answerable_pool": answerable_pool,
     "answerable_control": answerable_control,
     "answerable_run": answerable_run,
@@ -446,6 +470,7 @@ TABLES: dict[str, Callable[[], str]] = {
 
 # Where each table lives: the markdown file, relative to the repository.
 TABLE_PAGES: dict[str, str] = {
+    "policy_options": "docs/main-job.md",
     "main_job": "docs/benchmarks/main-job.md",
     "main_job_load": "docs/benchmarks/main-job.md",
     "bench_search": "docs/benchmarks/search.md",
