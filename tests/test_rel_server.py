@@ -208,7 +208,7 @@ def test_serve_options_reach_uvicorn(monkeypatch):
     from drgym.cli import serve as serve_cli
 
     got: dict = {}
-    monkeypatch.setattr(serve_cli, "load_backend", lambda settings: Tiny())
+    monkeypatch.setattr(serve_cli, "load_backend", lambda settings, **kw: Tiny())
     monkeypatch.setattr("uvicorn.run", lambda app_, **kw: got.update(kw))
     monkeypatch.setenv("DRGYM_BODY_TIMEOUT", "7.5")
     res = CliRunner().invoke(app, ["serve", "--port", "0", "--header-timeout", "3", "--keep-alive-timeout", "4"])
@@ -230,7 +230,7 @@ def test_serve_rejects_bad_timeouts_in_one_line(monkeypatch, args):
     from drgym.cli import app
     from drgym.cli import serve as serve_cli
 
-    monkeypatch.setattr(serve_cli, "load_backend", lambda settings: pytest.fail("loaded the index"))
+    monkeypatch.setattr(serve_cli, "load_backend", lambda settings, **kw: pytest.fail("loaded the index"))
     res = CliRunner().invoke(app, ["serve", "--port", "0", *args])
     assert res.exit_code == 2
     lines = [ln for ln in res.output.splitlines() if ln.strip()]

@@ -166,7 +166,7 @@ def _serve_cli(args: list[str], monkeypatch, engine, env: dict | None = None) ->
     from drgym.cli import serve as serve_cli
 
     seen: dict = {}
-    monkeypatch.setattr(serve_cli, "load_backend", lambda settings: engine)
+    monkeypatch.setattr(serve_cli, "load_backend", lambda settings, **kw: engine)
     monkeypatch.setattr(uvicorn, "run", lambda app_, **kw: seen.update(kw, app=app_))
     for var in ("DRGYM_HOST", "DRGYM_PORT", "DRGYM_API_KEYS"):
         monkeypatch.delenv(var, raising=False)
