@@ -36,7 +36,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ("metrics.jsonl", "batches.jsonl")
-CKPT_FILES_SKIP = {"rng_state.pth.tmp"}
+CKPT_FILES_SKIP = {"rng_state.pth.tmp", "training_args.bin", "README.md"}
+"""Not copied into the repository: a resume reads neither (``training_args.bin`` pickles this
+machine's paths; ``README.md`` is PEFT's generated card naming the base model's local path)."""
 
 
 def run_dir_of(name: str) -> Path:

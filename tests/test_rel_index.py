@@ -405,3 +405,20 @@ def test_child_forked_after_a_multithreaded_search_can_search(hp, tmp_path):
     child = json.loads(out.read_text())
     assert child["child"] == parent and len(parent) == 16 and all(len(r) == 3 for r in parent)
     assert child["threads"] == [1, 1]
+
+
+@pytest.mark.slow
+def test_a_drb_zh_task_finds_chinese_evidence_in_wiki_default():
+    """DeepResearch Bench's drb-39 (a game developer asks for the player groups of game
+    genres) against wiki-default by BM25: with CJK bigrams the Chinese video-game
+    magazine's page ("Diànzǐ Yóuxì Ruǎnjiàn", whose passage names 电子游戏, video games) is the top hit; with bm25s's own
+    tokens, which keep each Chinese clause as one word, BM25 finds nothing at all."""
+    from drgym.envs.task_loaders import load_tasks
+    from drgym.search.registry import backend_from_settings
+
+    task = next(t for t in load_tasks("drb-zh") if t.task_id == "drb-39")
+    cjk = backend_from_settings({"corpus": "wiki-default", "method": "bm25"})
+    hits = cjk.search(task.question, k=5)
+    assert hits and hits[0].title == "Diànzǐ Yóuxì Ruǎnjiàn" and "电子游戏" in hits[0].text
+    legacy = backend_from_settings({"corpus": "wiki-default", "method": "bm25", "bm25_tokenizer": "bm25s"})
+    assert legacy.search(task.question, k=5) == []
