@@ -34,14 +34,10 @@ def session_drgym_home(tmp_path_factory) -> Path:
     run in subprocesses with the inherited environment) find the indexes built here
     instead of touching ``~/.cache/drgym``.
     """
-    home = tmp_path_factory.mktemp("drgym_home")
-    old = os.environ.get("DRGYM_HOME")
-    os.environ["DRGYM_HOME"] = str(home)
-    yield home
-    if old is None:
-        os.environ.pop("DRGYM_HOME", None)
-    else:
-        os.environ["DRGYM_HOME"] = old
+    from envs_helpers import drgym_home
+
+    with drgym_home(tmp_path_factory.mktemp("drgym_home")) as home:
+        yield home
 
 
 @pytest.fixture(scope="session")

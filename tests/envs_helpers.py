@@ -6,6 +6,8 @@ deterministic), and to inject backend failures.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 
 from drgym.errors import BackendUnavailableError, DocumentNotFoundError
@@ -86,3 +88,17 @@ class Counting(SearchBackend):
 
     def fetch(self, url):
         return self.inner.fetch(url)
+
+
+@contextlib.contextmanager
+def drgym_home(home):
+    """Point ``DRGYM_HOME`` at ``home`` for the duration, then restore the old value (or unset it)."""
+    old = os.environ.get("DRGYM_HOME")
+    os.environ["DRGYM_HOME"] = str(home)
+    try:
+        yield home
+    finally:
+        if old is None:
+            os.environ.pop("DRGYM_HOME", None)
+        else:
+            os.environ["DRGYM_HOME"] = old

@@ -33,14 +33,10 @@ def encoder():
 @pytest.fixture(scope="module")
 def home(tmp_path_factory):
     """A module-wide DRGYM_HOME in tmp (``drgym index verify NAME`` resolves names in it)."""
-    home = tmp_path_factory.mktemp("drgym_home")
-    old = os.environ.get("DRGYM_HOME")
-    os.environ["DRGYM_HOME"] = str(home)
-    yield home
-    if old is None:
-        os.environ.pop("DRGYM_HOME", None)
-    else:
-        os.environ["DRGYM_HOME"] = old
+    from envs_helpers import drgym_home
+
+    with drgym_home(tmp_path_factory.mktemp("drgym_home")) as home:
+        yield home
 
 
 @pytest.fixture(scope="module")

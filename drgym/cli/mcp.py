@@ -41,7 +41,7 @@ def mcp(
     """
     from pydantic import ValidationError
 
-    from drgym.cli.serve import _check_bindable, load_backend
+    from drgym.cli.serve import check_bindable_or_exit, load_backend
     from drgym.errors import DrgymError
     from drgym.search.wire import ServerSettings
 
@@ -60,12 +60,7 @@ def mcp(
         typer.echo(f"drgym mcp: error: invalid settings: {msgs}", err=True)
         raise typer.Exit(2) from None
     if transport == "http":
-        try:
-            _check_bindable(settings.host, settings.port)
-        except OSError as e:
-            typer.echo(f"drgym mcp: error: cannot listen on {settings.host}:{settings.port}: {e.strerror or e} "
-                       "(is another server running there? pick another --port)", err=True)
-            raise typer.Exit(2) from None
+        check_bindable_or_exit(settings, "drgym mcp")
     try:
         # stdout is the protocol channel under stdio: anything the loaders print goes to stderr
         with contextlib.redirect_stdout(sys.stderr):

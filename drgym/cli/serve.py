@@ -106,12 +106,7 @@ def serve(
         typer.echo(f"drgym serve: error: invalid settings: {e} (--header-timeout, --body-timeout, "
                    "--keep-alive-timeout)", err=True)
         raise typer.Exit(2) from None
-    try:
-        _check_bindable(settings.host, settings.port)
-    except OSError as e:
-        typer.echo(f"drgym serve: error: cannot listen on {settings.host}:{settings.port}: {e.strerror or e} "
-                   "(is another server running there? pick another --port)", err=True)
-        raise typer.Exit(2) from None
+    check_bindable_or_exit(settings, "drgym serve")
     try:
         backend = load_backend(settings, gpu_shard=gpu_shard, gpu_float16=gpu_float16)
     except DrgymError as e:
@@ -131,6 +126,17 @@ def serve(
                f"(max_k={settings.max_k}, auth={'on' if settings.key_set() else 'off'})", err=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
                 **server_options)
+
+
+def check_bindable_or_exit(settings, prog: str) -> None:
+    """Check that ``settings.host:settings.port`` can be bound, before the index loads;
+    else print one line naming the address and exit with status 2 (``typer.Exit``)."""
+    try:
+        _check_bindable(settings.host, settings.port)
+    except OSError as e:
+        typer.echo(f"{prog}: error: cannot listen on {settings.host}:{settings.port}: {e.strerror or e} "
+                   "(is another server running there? pick another --port)", err=True)
+        raise typer.Exit(2) from None
 
 
 def _check_bindable(host: str, port: int) -> None:
