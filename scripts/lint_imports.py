@@ -2,17 +2,19 @@
 
 ``envs/``, ``rewards/`` and ``training/`` live at the top of the repository and install
 as ``drgym.envs``, ``drgym.rewards`` and ``drgym.training`` (setuptools ``package-dir``).
-import-linter (through grimp) finds a package by walking its folder: ``lint-imports``
-puts the working directory first on ``sys.path``, so from the repository root it walks
-``drgym/`` alone and stops with ``Missing layer 'drgym.training'``, whatever the editable
-install mode. This script lays the installed package out in a temporary folder (Python
-files only, the same files under their installed names) and runs plain ``lint-imports``
-there, so every contract sees one package graph::
+``drgym/envs``, ``drgym/rewards`` and ``drgym/training`` are links to those folders, so
+import-linter (through grimp, which finds a package by walking its folder) and other
+structure viewers see one package graph: plain ``lint-imports`` from the repository root
+checks every contract.
+
+This script runs the same check on a copy of the package (Python files only, under their
+installed names), which is how the tests edit a module without touching the checkout::
 
     python scripts/lint_imports.py            # exit 0 when every contract is kept
 
 It also lists any import cycle among drgym's modules (:func:`import_cycles`), with the
-imports that close it. ``tests/test_layers.py`` runs both in the suite.
+imports that close it. ``tests/test_layers.py`` runs both in the suite, and plain
+``lint-imports`` at the root.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MAPPED = {"envs": "envs", "rewards": "rewards", "training": "training"}  # repo folder -> drgym.<name>
+MAPPED = ("envs", "rewards", "training")  # repo folders linked as drgym/<name>
 
 # Run in a child process whose sys.path starts with the tree: grimp finds ``drgym`` with
 # importlib, and the parent may already have imported the editable ``drgym``.
@@ -90,11 +92,13 @@ json.dump(cycles, sys.stdout)
 
 
 def package_tree(dest: Path) -> Path:
-    """Copy the ``drgym`` package as installed (Python files only) under ``dest``; return ``dest``."""
-    ignore = shutil.ignore_patterns("__pycache__", "data", "*.pyc")
-    shutil.copytree(ROOT / "drgym", dest / "drgym", ignore=ignore)
-    for folder, name in MAPPED.items():
-        shutil.copytree(ROOT / folder, dest / "drgym" / name, ignore=shutil.ignore_patterns("__pycache__", "configs", "results"))
+    """Copy the ``drgym`` package as installed (Python files only) under ``dest``; return ``dest``.
+
+    The links ``drgym/envs``, ``drgym/rewards`` and ``drgym/training`` are followed, so
+    the copy holds real folders that a test may edit.
+    """
+    ignore = shutil.ignore_patterns("__pycache__", "data", "*.pyc", "configs", "results", "checkpoints")
+    shutil.copytree(ROOT / "drgym", dest / "drgym", ignore=ignore, symlinks=False)
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
     return dest
 

@@ -4,6 +4,8 @@ import, an import cycle, and a cycle through a function-level import."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -28,6 +30,21 @@ def test_contracts_kept(tree):
     assert "drgym layers: data flows one way KEPT" in res.stdout
     assert "drgym has no import cycles KEPT" in res.stdout
     assert "2 kept, 0 broken" in res.stdout
+
+
+def test_plain_lint_imports_from_the_repository_root():
+    """The standard tool, run as a user runs it, sees envs/, rewards/ and training/ too."""
+    for name in lint_imports.MAPPED:
+        link = ROOT / "drgym" / name
+        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), f"drgym/{name} must link to {name}/"
+    res = lint_imports.lint(ROOT)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "2 kept, 0 broken" in res.stdout
+    analyzed = int(re.search(r"Analyzed (\d+) files", res.stdout).group(1))
+    own = sum(f.endswith(".py") for _, _, files in os.walk(ROOT / "drgym") for f in files)  # links not followed
+    linked = sum(len(list((ROOT / name).rglob("*.py"))) for name in lint_imports.MAPPED)
+    assert analyzed >= own + linked - 5, (analyzed, own, linked)  # the linked folders were walked
+    assert "drgym.training" not in res.stderr
 
 
 def test_no_import_cycles(tree):
