@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from typer.testing import CliRunner
 
@@ -112,6 +113,32 @@ def test_resuming_against_a_server_with_another_method_is_refused(hotpotqa_engin
     assert change["from"]["method"] == "hybrid" and change["to"]["method"] == "bm25"
     assert cfg["engine"]["method"] == "bm25" and [s["engine_changed"] for s in cfg["sessions"]] == [False, True]
     assert len(_lines(out / "trajectories.jsonl")) == 5
+
+
+def test_resuming_against_a_rebuilt_index_of_the_same_name_is_refused(hotpotqa_engine, monkeypatch, tmp_path):
+    """/health reports the served engine's own identity, so a server restarted on a rebuilt
+    index (same name, method, encoder and size: only the manifest fingerprint differs) is
+    another engine."""
+    from drgym.search.wire import ServerSettings
+    from drgym.server.testing import running_server
+
+    served = _Swappable(hotpotqa_engine)
+    real = hotpotqa_engine.identity()
+    served.identity = lambda: dict(real)
+    out = tmp_path / "run"
+    with running_server(served, settings=ServerSettings(cache_size=0)) as srv:
+        assert _cli(_rollout_args(srv.url, out, 2), monkeypatch).exit_code == 0
+        eng = json.loads((out / "config.json").read_text())["engine"]
+        assert eng["engine"] == json.loads(json.dumps(real)) and len(eng["engine"]["manifest_fingerprint"]) == 16
+        served.identity = lambda: {**real, "manifest_fingerprint": "0123456789abcdef"}
+        res = _cli(_rollout_args(srv.url, out, 3), monkeypatch)
+        assert res.exit_code == 2, res.output
+        [line] = _error_lines(res.output)
+        assert f"engine.manifest_fingerprint: '{real['manifest_fingerprint']}' -> '0123456789abcdef'" in line
+        assert "method" not in line.split("(")[1].split(")")[0]  # only what differs is named
+        served.identity = lambda: 1 / 0  # a backend whose identity fails is an unknown engine, not a crash
+        health = httpx.get(f"{srv.url}/health").json()
+        assert health["engine"] == {"kind": "unknown", "error": "ZeroDivisionError: division by zero"}
 
 
 def test_local_engine_identity_binds_the_run(hotpotqa_engine, tmp_path):

@@ -632,10 +632,15 @@ class RunDirectory:
             return None
         if old == engine:
             return None
-        diff = sorted(k for k in set(old) | set(engine) if old.get(k) != engine.get(k))
+        def flat(d: dict[str, Any]) -> dict[str, Any]:  # a served engine's identity nests: "engine.method"
+            return {f"{k}.{j}" if isinstance(v, dict) else k: w
+                    for k, v in d.items() for j, w in (v.items() if isinstance(v, dict) else [(None, v)])}
+
+        old_f, new_f = flat(old), flat(engine)
+        diff = sorted(k for k in set(old_f) | set(new_f) if old_f.get(k) != new_f.get(k))
         if len(diff) > 1 and "index_repr" in diff:  # the whole /health line repeats the parsed fields
             diff.remove("index_repr")
-        shown = "; ".join(f"{k}: {old.get(k)!r} -> {engine.get(k)!r}" for k in diff)
+        shown = "; ".join(f"{k}: {old_f.get(k)!r} -> {new_f.get(k)!r}" for k in diff)
         if not allow_change:
             raise EngineChangedError(
                 f"{self.out} was run against another search engine ({shown}); resuming would mix two engines' "

@@ -259,8 +259,10 @@ class HTTPSearchClient(SearchBackend):
         fresh ``GET /health`` of a drgym server: the index name, method, encoder and
         passages (parsed from ``index``, e.g. ``LocalSearchEngine('wiki-default--...',
         method='hybrid', ...)``, also kept whole as ``index_repr``), ``max_k`` and the
-        collapse mode the client gets (its own ``collapse``, else the server's default).
-        A server that is not drgym (the public DeepResearchGym API) reports no index: its
+        collapse mode the client gets (its own ``collapse``, else the server's default),
+        and ``engine``: the served backend's own identity as ``/health`` reports it (for a
+        local index its ``manifest_fingerprint`` and ``corpus_fingerprint``, so a server
+        restarted on a rebuilt index of the same name is another engine). A server that is not drgym (the public DeepResearchGym API) reports no index: its
         identity is the service name and route.
 
         Raises:
@@ -276,11 +278,14 @@ class HTTPSearchClient(SearchBackend):
         fields = {k: (q if q else v) for k, q, v in re.findall(r"(\w+)=(?:'([^']*)'|([^,)\s]+))", raw)}
         passages = fields.get("passages")
         server_collapse = info.get("collapse") if info.get("collapse") in COLLAPSE_MODES else None
-        return {"kind": "http", "service": "drgym", "backend": info.get("backend"),
+        ident = {"kind": "http", "service": "drgym", "backend": info.get("backend"),
                 "index": m.group(1) if m else (raw or None), "n_passages": int(passages) if str(passages).isdigit() else passages,
                 "method": fields.get("method"), "encoder": fields.get("encoder"),
                 "max_k": info.get("max_k", self.max_k), "collapse": self.collapse or server_collapse,
                 "deterministic": info.get("deterministic"), "index_repr": raw}
+        if isinstance(info.get("engine"), dict) and info["engine"]:
+            ident["engine"] = info["engine"]  # the served backend's own identity: fingerprints and ranking settings
+        return ident
 
     # -- SearchBackend -----------------------------------------------------------------
     def search(self, query: str, k: int = 10) -> list[SearchResult]:

@@ -297,6 +297,10 @@ class HealthResponse(BaseModel):
     max_k: int
     collapse: Collapse | None = Field(None, description="default of /search; null: the backend cannot collapse (its own results)")
     retrieve_collapse: Collapse | None = Field(None, description="default of /retrieve (null as above)")
+    engine: dict[str, Any] = Field(default_factory=dict, description=(
+        "the served backend's identity (SearchBackend.identity, no secrets): for a local index its name, "
+        "manifest_fingerprint, corpus_fingerprint, passages, method, encoder, max_k and ranking settings; "
+        "clients record it and refuse to resume a run against another engine"))
     stats: dict[str, int | float] = Field(default_factory=dict)
 
 

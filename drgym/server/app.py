@@ -59,6 +59,7 @@ from fastapi.security import APIKeyHeader
 
 from drgym.cpu import thread_count
 from drgym.errors import BadQueryError, CorruptIndexError, DocumentNotFoundError, DrgymError, SearchError
+from drgym.redact import redact
 from drgym.search.base import SearchBackend
 from drgym.search.wire import (
     Collapse,
@@ -302,6 +303,22 @@ def _backend_collapses(backend: SearchBackend) -> bool:
         return False
 
 
+def served_identity(backend: SearchBackend) -> dict[str, Any]:
+    """What ``GET /health`` reports as ``engine``: ``backend.identity()`` without secrets,
+    JSON-ready (asked at every ``/health``; a backend's identity is cheap).
+
+    A backend whose ``identity()`` fails is logged and reported as
+    ``{"kind": "unknown", "error": ...}``: clients then see an engine that matches no
+    recorded one, so a run does not resume against it unnoticed.
+    """
+    try:
+        ident = backend.identity()
+    except Exception as e:  # logged and reported: /health must answer for a serving backend
+        log.warning("the backend's identity() failed (%s: %s); /health reports it as unknown", type(e).__name__, e)
+        return {"kind": "unknown", "error": f"{type(e).__name__}: {e}"}
+    return jsonable_encoder(redact(ident))
+
+
 def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *,
                close_backend: bool = False) -> FastAPI:
     """Build the service around ``backend``.
@@ -512,11 +529,12 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
     @app.get("/health", response_model=HealthResponse, tags=["meta"])
     async def health() -> HealthResponse:
         """Liveness plus what clients need: ``service == "drgym"``, ``max_k``, collapse defaults, counters."""
+        engine = await asyncio.to_thread(served_identity, backend)  # a proxied backend may ask its own server
         return HealthResponse(version=__version__, backend=getattr(backend, "name", type(backend).__name__),
                               index=repr(backend),
                               deterministic=bool(getattr(backend, "deterministic", True)), max_k=max_k,
                               collapse=settings.collapse if collapses else None,
                               retrieve_collapse=settings.retrieve_collapse if collapses else None,
-                              stats=batcher.stats())
+                              engine=engine, stats=batcher.stats())
 
     return app
