@@ -35,6 +35,7 @@ from gymnasium.error import ResetNeeded
 
 from drgym.errors import ConfigError, unknown_name
 from drgym.records import Episode, Reward, Step, Task, ToolCall, Trajectory
+from drgym.rewards.calibration import split_labelled_answer
 from drgym.rewards.registry import get_reward
 from drgym.rewards.scorer import Scorer
 from drgym.search.base import SearchBackend
@@ -365,6 +366,11 @@ class SearchAgentEnv(gym.Env[str, str]):
                 pieces.append((call, corrective_message(call.error or "unknown problem.", "tags" if call.protocol == "tags" else "json")))
             elif tool is not None and tool.terminal:
                 self._final_answer = call.arguments[tool.argument]
+                # BrowseComp's labelled format: score the exact answer, keep the stated confidence
+                self._final_answer, labels = split_labelled_answer(self._final_answer, self._task.kind)
+                if labels is not None:
+                    self._traj.metadata["answer_confidence"] = labels.confidence
+                    self._traj.metadata["answer_explanation"] = labels.explanation
                 terminated = True
             elif i in pending.refused:
                 pieces.append((call, pending.refused[i]))

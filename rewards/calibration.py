@@ -7,9 +7,12 @@ with three labelled lines, :data:`BROWSECOMP_TEMPLATE`::
     Exact Answer: <the short answer>
     Confidence: <0% to 100%>
 
-:func:`parse_answer_confidence` reads them back; :func:`expected_calibration_error` is
-the calibration error BrowseComp reports beside accuracy: stated confidence against
-being right, over 10 equal-width confidence bins.
+:func:`parse_answer_confidence` reads them back, and :func:`split_labelled_answer` gives
+the env the exact answer to score (the env keeps the confidence in the trajectory's
+``metadata["answer_confidence"]``); :func:`expected_calibration_error` is the
+calibration error BrowseComp reports beside accuracy: stated confidence against being
+right, over 10 equal-width confidence bins. A rollout's ``metrics.json`` holds it as
+``calibration`` (:func:`drgym.evaluation.metrics.calibration`).
 """
 
 from __future__ import annotations
@@ -75,6 +78,31 @@ def parse_answer_confidence(text: str) -> AnswerConfidence:
     answer = ans[-1].strip().strip("*_").strip() if ans else None
     return AnswerConfidence(explanation=exp[-1].strip() if exp else None, answer=answer or None,
                             confidence=confidence)
+
+
+def split_labelled_answer(text: str, kind: str = "qa") -> tuple[str, AnswerConfidence | None]:
+    """The short answer to score, and the BrowseComp labels, of a final answer.
+
+    A short answer (``kind`` ``"qa"``) written in BrowseComp's format (it has an ``Exact
+    Answer:`` line) is scored on that line alone: EM, F1 and judges compare the exact
+    answer with the gold, not the explanation and the confidence around it. Any other
+    answer, and every research report (``kind`` ``"research"``), is scored as written.
+    The env and :class:`drgym.training.trl_adapter.TRLReward` both apply it.
+
+    >>> split_labelled_answer("Explanation: seen in [2].\\nExact Answer: Oslo\\nConfidence: 70%")
+    ('Oslo', AnswerConfidence(explanation='seen in [2].', answer='Oslo', confidence=0.7))
+    >>> split_labelled_answer("Oslo")
+    ('Oslo', None)
+
+    Returns:
+        ``(answer, labels)``: ``labels`` is None when ``text`` has no ``Exact Answer:`` line.
+    """
+    if kind != "qa":
+        return text, None
+    parsed = parse_answer_confidence(text or "")
+    if parsed.answer is None:
+        return text, None
+    return parsed.answer, parsed
 
 
 def expected_calibration_error(confidences: Iterable[float], correct: Iterable[bool | float], *,

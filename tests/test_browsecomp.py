@@ -145,3 +145,52 @@ def test_calibration_error_by_hand():
         expected_calibration_error([85.0], [1])
     with pytest.raises(ConfigError, match="one truth value per confidence"):
         expected_calibration_error([0.5], [1, 0])
+
+
+def test_rollout_scores_the_exact_answer_and_reports_calibration_error(bcp, tmp_path, session_drgym_home):
+    """BrowseComp-Plus end to end through ``run_rollout``: the agent searches, answers in
+    BrowseComp's format; EM is scored on the ``Exact Answer:`` line and ``metrics.json``
+    holds evidence recall and the calibration error."""
+    from drgym.envs.task_loaders import _CACHE
+    from drgym.evaluation.runner import RolloutConfig, run_rollout
+    from drgym.policies.base import Policy
+    from drgym.search.local import LocalSearchEngine
+
+    said = {"Which French chef": ("Paul Bocuse", "90%"), "In which city": ("Bergen", "80%")}
+
+    class Answers(Policy):
+        name = "browsecomp-format"
+
+        def act(self, conversations, infos=None):
+            out = []
+            for conv in conversations:
+                question = next(m["content"] for m in conv if m["role"] == "user")
+                if not any("<information>" in str(m.get("content")) for m in conv if m["role"] != "system"):
+                    out.append(f"<search>{question.split('Question: ')[-1]}</search>")
+                    continue
+                answer, conf = next(v for k, v in said.items() if k in question)
+                out.append(f"<answer>Explanation: from the passages.\nExact Answer: {answer}\nConfidence: {conf}</answer>")
+            return out
+
+    engine = LocalSearchEngine.from_corpus(str(bcp / "corpus.jsonl"), method="bm25", root=tmp_path / "idx", device="cpu")
+    _CACHE.pop("browsecomp-plus", None)
+    try:
+        cfg = RolloutConfig(policy="browsecomp-format", tasks="browsecomp-plus", out=str(tmp_path / "run"), batch_size=2,
+                            plots=False)
+        run_rollout(cfg, policy=Answers(), backend=engine, progress=False)
+    finally:
+        _CACHE.pop("browsecomp-plus", None)
+        engine.close()
+    trajs = {t["task_id"]: t for t in map(json.loads, (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines())}
+    one, two = trajs["browsecomp-plus-1"], trajs["browsecomp-plus-2"]
+    assert one["final_answer"] == "Paul Bocuse" and one["reward_components"]["em"] == 1.0
+    assert one["metadata"]["answer_confidence"] == 0.9 and one["metadata"]["answer_explanation"] == "from the passages."
+    assert two["final_answer"] == "Bergen" and two["reward_components"]["em"] == 0.0
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["em"] == 0.5
+    # bins: [0.9, 1.0] holds one right answer at 90% (|1 - 0.9| x 1/2), [0.8, 0.9) one wrong at 80% (0.8 x 1/2)
+    assert metrics["calibration"] == {"episodes": 2, "accuracy": 0.5, "calibration_error": pytest.approx(0.45),
+                                      "correct_by": "em", "no_confidence": 0, "unscored": 0}
+    # the searches found the evidence: 101 and 102 share words with query 1; 104 ("Scream") with query 2, 103 none
+    assert [r["retrieved"] for r in metrics["gold_evidence"]["per_episode"]] == [1.0, 0.5]
+    assert one["steps"][0]["tool_calls"][0]["name"] == "search" and one["metadata"]["searches"] == 1

@@ -33,6 +33,7 @@ from typing import Any
 
 from drgym.envs.parsing import Parser
 from drgym.records import Episode, Reward, Task
+from drgym.rewards.calibration import split_labelled_answer
 from drgym.rewards.registry import WeightedReward, build_reward
 
 GOLD_KEYS = ("answers", "golds", "golden_answers", "answer")
@@ -82,7 +83,8 @@ class TRLReward:
                     kind="research" if kwargs.get("key_points") is not None else "qa",
                     key_points=list(kwargs["key_points"][i] or []) if kwargs.get("key_points") is not None else [],
                 )
-            eps.append(Episode(task=task, answer=self.parser.parse_answer(completions[i]) or ""))
+            answer, _labels = split_labelled_answer(self.parser.parse_answer(completions[i]) or "", task.kind)  # as the env
+            eps.append(Episode(task=task, answer=answer))
         return eps
 
     def __call__(self, prompts: list[Any] | None = None, completions: list[Any] | None = None, **kwargs: Any) -> list[float | None]:

@@ -37,6 +37,9 @@ Definitions (every mean is over the episodes of the run, each episode weighted 1
 - ``gold_evidence`` (written by the runner): for tasks with gold documents
   (``Task.gold_docs``), the share of them each episode retrieved and cited, per episode
   and as means (:func:`evidence_recall`); None when no task has any.
+- ``calibration`` (written by the runner): accuracy and BrowseComp's calibration error
+  over the answers given in its format (``Exact Answer:`` / ``Confidence:`` lines;
+  :func:`calibration`); None when no answer is.
 - ``time_share``: shares of the summed per-episode timings (generation is split evenly
   over a batch's rows, but each env records the whole latency of its batched search, so
   search is over-weighted by the batch size); the runner's ``last_session`` entry holds
@@ -282,6 +285,47 @@ def evidence_recall(trajectories: list[dict[str, Any]], tasks: dict[str, Any]) -
         return None
     return {"episodes": len(rows), "retrieved": _mean([r["retrieved"] for r in rows]),
             "cited": _mean([r["cited"] for r in rows if r["cited"] is not None]), "per_episode": rows}
+
+
+def calibration(trajectories: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Accuracy and calibration error of the answers given in BrowseComp's format.
+
+    The env scores a short answer with an ``Exact Answer:`` line on that line and keeps
+    its ``Confidence:`` as ``metadata["answer_confidence"]``
+    (:func:`drgym.rewards.calibration.split_labelled_answer`). Over those episodes, an
+    answer is right by the judge (``reward_components["judge"]`` >= 0.5) when the run
+    has a judge, as BrowseComp grades, else by exact match (``em``); a missing confidence
+    counts as 100%, as in BrowseComp. The error is
+    :func:`drgym.rewards.calibration.expected_calibration_error` (10 equal-width bins).
+
+    Returns:
+        None when no episode answered in the format; else ``{"episodes", "accuracy",
+        "calibration_error", "correct_by" ("judge" or "em"), "no_confidence",
+        "unscored"}``; ``unscored`` counts episodes whose correctness score is None (a
+        failed judge), left out of both figures (None when all are).
+    """
+    from drgym.rewards.calibration import expected_calibration_error
+
+    rows = [t for t in trajectories if "answer_confidence" in (t.get("metadata") or {})]
+    if not rows:
+        return None
+    by = "judge" if any((t.get("reward_components") or {}).get("judge") is not None for t in rows) else "em"
+    conf, right, unscored, missing = [], [], 0, 0
+    for t in rows:
+        score = (t.get("reward_components") or {}).get(by)
+        if score is None or (isinstance(score, float) and math.isnan(score)):
+            unscored += 1
+            continue
+        c = t["metadata"]["answer_confidence"]
+        missing += c is None
+        conf.append(1.0 if c is None else float(c))
+        right.append(float(score) >= 0.5 if by == "judge" else float(score))
+    out = {"episodes": len(rows), "accuracy": None, "calibration_error": None, "correct_by": by,
+           "no_confidence": missing, "unscored": unscored}
+    if conf:
+        out["accuracy"] = sum(right) / len(right)
+        out["calibration_error"] = expected_calibration_error(conf, right)
+    return out
 
 
 def format_value(key: str, v: Any) -> str:

@@ -937,9 +937,10 @@ def _finish(config: RolloutConfig, run: RunDirectory, tasks: list[Any], *, sessi
     metrics["stopped"] = f"{type(stopped).__name__}: {stopped}" if stopped is not None else None
     metrics["tasks_total"] = len(tasks)
     metrics["last_session"] = session_phases
-    from drgym.evaluation.metrics import evidence_recall
+    from drgym.evaluation.metrics import calibration, evidence_recall
 
     metrics["gold_evidence"] = evidence_recall(trajectories, {t.task_id: t for t in tasks})
+    metrics["calibration"] = calibration(trajectories)
     if config.judge:
         from drgym.judges.base import judge_validity
 
