@@ -100,11 +100,12 @@ def test_env_reward_keeps_its_components_and_records_errors(bm25_backend):
 def test_rollout_records_the_qa_metrics_and_extra_rewards_as_before(default_engine, tmp_path, monkeypatch):
     """``drgym rollout --policy scripted -n 3`` with two extra rewards, one failing: the
     recorded components equal the qa functions' values computed directly."""
+    import drgym.evaluation.rollout_loop as rollout_loop
     import drgym.evaluation.runner as runner
     from drgym.envs.task_loaders import load_tasks
     from drgym.rewards.length import LengthGuard
 
-    monkeypatch.setattr(runner, "_reward_objects", lambda cfg, kind, backend=None: [LengthGuard(max_tokens=1), Broken()])
+    monkeypatch.setattr(rollout_loop, "_reward_objects", lambda cfg, kind, backend=None: [LengthGuard(max_tokens=1), Broken()])
     cfg = runner.RolloutConfig(policy="scripted", n=3, out=str(tmp_path / "run"), batch_size=3)
     res = runner.run_rollout(cfg, backend=default_engine, progress=False)
     tasks = load_tasks("hotpotqa-dev")[:3]
