@@ -210,7 +210,7 @@ class SearchAgentEnv(gym.Env[str, str]):
     # -- prompts (subclasses may override) -------------------------------------------
     def initial_messages(self, task: Task) -> list[dict[str, Any]]:
         """System and user messages that open an episode on ``task``."""
-        return build_messages(task, protocol=self.protocol, system=self.system_prompt)
+        return build_messages(task, protocol=self.protocol, system=self.system_prompt, tools=tuple(self.tools.values()))
 
     def format_results(self, call: ToolCall, docs: list[dict[str, Any]]) -> tuple[str, bool]:
         """Result text of one search or fetch (``Doc n (Title, URL) text``) within budget."""
@@ -304,14 +304,14 @@ class SearchAgentEnv(gym.Env[str, str]):
             budget = tool.budget(self)
             if last_turn:
                 pending.refused[i] = f"This was the last turn, so the {tool.name} was not run; no answer was given."
-            elif tool.name == "fetch" and not self._fetch_allowed(str(call.arguments.get(tool.argument, ""))):
+            elif tool.reads_url and not self._fetch_allowed(str(call.arguments.get(tool.argument, ""))):
                 pending.refused[i] = ("That URL was not in this episode's search results, so it was not fetched; "
                                       "fetch a URL from a result.")
             elif budget is not None and self._used.get(tool.name, 0) >= budget:
                 pending.refused[i] = f"{tool.label} budget spent ({budget} {tool.plural}); give your answer now."
             else:
                 self._used[tool.name] = self._used.get(tool.name, 0) + 1
-                pending.calls.setdefault(tool.name, []).append(call.arguments[tool.argument])
+                pending.calls.setdefault(tool.name, []).append(tool.value(call.arguments))
         return pending
 
     def _fetch_allowed(self, url: str) -> bool:
@@ -363,7 +363,8 @@ class SearchAgentEnv(gym.Env[str, str]):
             tool = self.tools.get(call.name)
             if call.name == "invalid":
                 self._invalid += 1
-                pieces.append((call, corrective_message(call.error or "unknown problem.", "tags" if call.protocol == "tags" else "json")))
+                pieces.append((call, corrective_message(call.error or "unknown problem.", "tags" if call.protocol == "tags" else "json",
+                                                        tuple(self.tools.values()))))
             elif tool is not None and tool.terminal:
                 self._final_answer = call.arguments[tool.argument]
                 # BrowseComp's labelled format: score the exact answer, keep the stated confidence

@@ -24,8 +24,10 @@ are rehearsals: they are not run, and nested ones do not make the turn invalid.
     as its JSON text. A message with no tool calls is the final answer (its ``content``,
     itself parsed for tags first).
 
-Tool names and arguments: ``search`` (``query``: str, or ``queries``: list[str]),
-``fetch`` (``url``), ``answer`` (``answer``; ``report`` / ``text`` accepted as aliases).
+Tool names and arguments are the tools' own (:mod:`drgym.envs.tools`): by default
+``search`` (``query``: str, or ``queries``: list[str]), ``fetch`` (``url``), ``answer``
+(``answer``; ``report`` / ``text`` accepted as aliases); a tool with more arguments
+(``find_in_page(url, text)``) needs each by its name.
 
 The assistant message of a JSON or OpenAI turn (:attr:`ParsedAction.message`) follows
 OpenAI's tool-call pairing rule by construction: its ``tool_calls`` declare every call the
@@ -136,9 +138,16 @@ def _normalise_call(name: Any, args: Any, protocol: str, call_id: str | None, re
         if key in args:
             value = args[key]
             break
-    if value is None and len(args) == 1:  # a single argument under another name
+    if value is None and len(args) == 1 and not tool.more_arguments:  # a single argument under another name
         value = next(iter(args.values()))
     canonical = tool.argument
+    if tool.more_arguments:  # every argument is required, by its own name (the first also by an alias)
+        given = {canonical: value, **{n: args.get(n) for n, _ in tool.more_arguments}}
+        bad = [n for n, v in given.items() if not isinstance(v, str) or not v.strip()]
+        if bad:
+            return [ToolCall("invalid", {}, protocol, f"{name!r} needs a non-empty string argument {bad[0]!r}, "
+                                                      f"got {given[bad[0]]!r}; its arguments are {', '.join(tool.argument_names)}.", call_id)]
+        return [ToolCall(name, {n: v.strip() for n, v in given.items()}, protocol, None, call_id)]
     values = value if (name == "search" and isinstance(value, list)) else [value]
     out = []
     for v in values:
@@ -167,7 +176,10 @@ def _parse_tags(text: str, reg: _Tools) -> list[ToolCall]:
     tool = reg.by_name[name]
     if not content:
         return [_invalid(f"<{name}></{name}> is empty; put the {tool.what or tool.argument} between the tags.")]
-    return [ToolCall(name, {tool.argument: content}, "tags")]
+    arguments = tool.tag_arguments(content)
+    if isinstance(arguments, str):
+        return [_invalid(arguments)]
+    return [ToolCall(name, arguments, "tags")]
 
 
 def arguments_json(args: Any) -> str:

@@ -19,54 +19,71 @@ from __future__ import annotations
 from typing import Any
 
 from drgym.envs.text import count_tokens, truncate_tokens
-from drgym.envs.tools import DEFAULT_TOOLS, tool_schemas
+from drgym.envs.tools import DEFAULT_TOOLS, Tool, tool_schemas
 
 from drgym.records import Task
 
 TOOLS: list[dict[str, Any]] = tool_schemas(DEFAULT_TOOLS)
 
-QA_SYSTEM_TAGS = (
-    "You answer questions using a search engine. Think step by step inside <think> and </think> if you need to. "
-    "To search, write a query between <search> and </search>; the results come back between <information> and "
-    "</information>, each as Doc n (Title: ..., URL: ...). To read a whole document, write its URL between "
-    "<fetch> and </fetch>. You may search and fetch several times, one action per turn. When you know the "
-    "answer, write it between <answer> and </answer>, as a short phrase without explanation, for example "
-    "<answer> Beijing </answer>."
-)
-
-QA_SYSTEM_JSON = (
-    "You answer questions using a search engine. Call the tool `search` with a query to get passages with "
-    "their titles and URLs, and `fetch` with a URL to read a whole document. You may call tools several "
-    "times. When you know the answer, call `answer` with a short phrase without explanation. Write each call as "
-    '<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>.'
-)
-
-RESEARCH_SYSTEM_TAGS = (
-    "You are a research assistant who writes well-sourced reports. To search, write a query between "
-    "<search> and </search>; results come back between <information> and </information>, each numbered as "
-    "[n] (Title: ..., URL: ...). To read a whole source, write its URL between <fetch> and </fetch>. Search "
-    "and fetch as often as you need, one action per turn. Finish with the full report between <answer> and "
-    "</answer>. Support each claim with an inline citation right after it: the source number in brackets, "
-    "like [3], or the URL itself. Cite only sources you were shown. A report whose sources appear only in a "
-    "bibliography at the end, with no inline citations, is accepted but scores 0 on citation quality."
-)
-
-RESEARCH_SYSTEM_JSON = (
-    "You are a research assistant who writes well-sourced reports. Call `search` with a query to get "
-    "numbered sources ([n] (Title: ..., URL: ...)) and `fetch` with a URL to read a whole source. When done, "
-    "call `answer` with the full report. Support each claim with an inline citation right after it: the "
-    "source number in brackets, like [3], or the URL itself. Cite only sources you were shown. A report "
-    "whose sources appear only in a bibliography at the end, with no inline citations, is accepted but "
-    "scores 0 on citation quality. Write each call as "
-    '<tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>.'
-)
+_INTRO = {
+    "qa": "You answer questions using a search engine.",
+    "research": "You are a research assistant who writes well-sourced reports.",
+}
+_THINK = "Think step by step inside <think> and </think> if you need to."
+_CITE = ("Support each claim with an inline citation right after it: the source number in brackets, like [3], or "
+         "the URL itself. Cite only sources you were shown. A report whose sources appear only in a bibliography at "
+         "the end, with no inline citations, is accepted but scores 0 on citation quality.")
+_WRITE_CALL = 'Write each call as <tool_call>{"name": "search", "arguments": {"query": "..."}}</tool_call>.'
 
 
-def system_prompt(kind: str, protocol: str) -> str:
-    """The default system prompt for ``kind`` (``"qa"``/``"research"``) and ``protocol``."""
+def _join(items: list[str], last: str) -> str:
+    """``a``, ``a<last>b``, ``a, b<last>c`` (``last`` is ``" and "`` or ``", and "``)."""
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + last + items[-1]
+
+
+def system_prompt(kind: str, protocol: str, tools: tuple[Tool, ...] | list[Tool] = DEFAULT_TOOLS) -> str:
+    """The default system prompt for ``kind`` (``"qa"``/``"research"``), ``protocol`` and ``tools``.
+
+    Made from each tool's own text (:meth:`drgym.envs.tools.Tool.prompt`): the tools that
+    act (search, fetch...) in order, a line saying they may be used several times, then
+    the terminal tool (answer). For the default tools this is the Search-R1 instruction
+    (tags) and its function-calling counterpart (json) that drgym's models were trained on.
+
+    >>> system_prompt("qa", "tags").startswith("You answer questions using a search engine. Think step by step")
+    True
+    """
+    acting = [t for t in tools if not t.terminal]
+    final = [t for t in tools if t.terminal]
+    if protocol == "tags":
+        verbs = _join([t.verb or t.name for t in acting], " and ")
+        parts = [_INTRO[kind if kind == "research" else "qa"]]
+        if kind != "research":
+            parts.append(_THINK)
+        parts += [t.prompt(kind, "tags") for t in acting]
+        if kind == "research":
+            parts.append(f"{verbs[:1].upper()}{verbs[1:]} as often as you need, one action per turn.")
+        else:
+            parts.append(f"You may {verbs} several times, one action per turn.")
+        parts += [t.prompt(kind, "tags") for t in final]
+        if kind == "research":
+            parts.append(_CITE)
+        return " ".join(p for p in parts if p)
+    phrases = [t.prompt(kind, "json") for t in acting]
     if kind == "research":
-        return RESEARCH_SYSTEM_TAGS if protocol == "tags" else RESEARCH_SYSTEM_JSON
-    return QA_SYSTEM_TAGS if protocol == "tags" else QA_SYSTEM_JSON
+        parts = [_INTRO["research"], f"Call {_join(phrases, ' and ')}.", *[t.prompt(kind, "json") for t in final], _CITE]
+    else:
+        parts = [_INTRO["qa"], f"Call the tool {_join(phrases, ', and ')}.", "You may call tools several times.",
+                 *[t.prompt(kind, "json") for t in final]]
+    return " ".join([*parts, _WRITE_CALL])
+
+
+QA_SYSTEM_TAGS = system_prompt("qa", "tags")
+QA_SYSTEM_JSON = system_prompt("qa", "json")
+RESEARCH_SYSTEM_TAGS = system_prompt("research", "tags")
+RESEARCH_SYSTEM_JSON = system_prompt("research", "json")
+"""The default system prompts of the default tools."""
 
 
 def user_prompt(task: Task) -> str:
@@ -76,19 +93,21 @@ def user_prompt(task: Task) -> str:
     return f"Question: {task.question}"
 
 
-def build_messages(task: Task, *, protocol: str = "tags", system: str | None = None) -> list[dict[str, Any]]:
+def build_messages(task: Task, *, protocol: str = "tags", system: str | None = None,
+                   tools: tuple[Tool, ...] | list[Tool] = DEFAULT_TOOLS) -> list[dict[str, Any]]:
     """The opening chat messages for ``task``: system prompt, then the user turn.
 
     Args:
         task: the task to pose.
         protocol: ``"tags"`` or ``"json"`` (the default system prompt differs).
         system: a system prompt replacing the default.
+        tools: the tools the default system prompt describes.
 
     Returns:
         ``[{"role": "system", ...}, {"role": "user", ...}]``.
     """
     return [
-        {"role": "system", "content": system if system is not None else system_prompt(task.kind, protocol)},
+        {"role": "system", "content": system if system is not None else system_prompt(task.kind, protocol, tools)},
         {"role": "user", "content": user_prompt(task)},
     ]
 
@@ -139,20 +158,18 @@ def tags_observation(body: str) -> str:
     return f"\n\n<information>{body}</information>\n\n"
 
 
-CORRECTIVE = (
-    "My previous action is invalid: {error} If I want to search, I should put the query between <search> and "
-    "</search>. If I want to read a document, I should put its URL between <fetch> and </fetch>. If I want to "
-    "give the final answer, I should put it between <answer> and </answer>. Let me try again."
-)
+def corrective_message(error: str, protocol: str, tools: tuple[Tool, ...] | list[Tool] = DEFAULT_TOOLS) -> str:
+    """The text shown after an invalid action: Search-R1's fixed correction (tags),
+    extended with the reason, and one sentence per tool (:attr:`drgym.envs.tools.Tool.correction`);
+    for JSON, the tools' signatures.
 
-CORRECTIVE_JSON = (
-    "Your previous turn was not a valid tool call: {error} Call one of the tools search(query), fetch(url) "
-    "or answer(answer) inside <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>."
-)
-
-
-def corrective_message(error: str, protocol: str) -> str:
-    """The text shown after an invalid action (Search-R1's fixed correction, extended with the reason)."""
+    >>> corrective_message("no action found.", "json")[:80]
+    'Your previous turn was not a valid tool call: no action found. Call one of the to'
+    """
+    tools = [t for t in tools if not t.terminal] + [t for t in tools if t.terminal]
     if protocol == "tags":
-        return CORRECTIVE.format(error=error)
-    return CORRECTIVE_JSON.format(error=error)
+        return " ".join(["My previous action is invalid:", error, *[t.corrective() for t in tools], "Let me try again."])
+    sigs = [t.signature() for t in tools]
+    listed = sigs[0] if len(sigs) == 1 else ", ".join(sigs[:-1]) + " or " + sigs[-1]
+    return (f"Your previous turn was not a valid tool call: {error} Call one of the tools {listed} inside "
+            '<tool_call>{"name": ..., "arguments": {...}}</tool_call>.')

@@ -1,14 +1,19 @@
-"""The env's tools as objects: name, argument schema, budget and a batched call.
+"""The env's tools as objects: name, arguments, prompt text, budget and a batched call.
 
-As verifiers' ``ToolEnv`` and GEM's ``BaseTool``: each tool is one class, and the
-action parser (:mod:`drgym.envs.parsing`), the env's budgets and observations
-(:mod:`drgym.envs.core`), the batched driver (:mod:`drgym.envs.driver`) and the OpenAI
-tool schema (:func:`tool_schemas`, what chat templates and ``tools=`` requests take)
-all read them. A new tool (say ``find_in_page``) is one new :class:`Tool` subclass
-passed to the env as ``tools=(*DEFAULT_TOOLS, FindInPage())``.
+As verifiers' ``ToolEnv`` and GEM's ``BaseTool``: each tool is declared once, as one
+class, and everything else is made from it: the action parser (:mod:`drgym.envs.parsing`:
+tag names, JSON argument names), the system prompts and corrective messages of both
+protocols (:mod:`drgym.envs.prompts`: each tool's sentence), the OpenAI tool schema
+(:func:`tool_schemas`, what chat templates and ``tools=`` requests take), the env's
+budgets and observations (:mod:`drgym.envs.core`) and the batched driver
+(:mod:`drgym.envs.driver`). A new tool is one new :class:`Tool` subclass passed to the env
+as ``tools=(*DEFAULT_TOOLS, FindInPageTool())``; :class:`FindInPageTool` is such a third
+tool.
 
 A tool takes one string argument (``argument``; JSON and OpenAI calls may name it by
-any of ``aliases``). Tag calls are ``<name>argument</name>``.
+any of ``aliases``) and possibly more (``more_arguments``). Tag calls are
+``<name>argument</name>``; a tool with more arguments reads them from the tag body
+(:meth:`Tool.tag_arguments`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,16 @@ class Tool:
         plural: calls in budget messages (``"3 searches"``).
         stat: the driver counter of arguments run (``"queries"``).
         missing: the error shown when the backend returned no result for a call.
+        more_arguments: further required string arguments, ``(name, description)``
+            pairs (JSON and OpenAI calls name them exactly).
+        reads_url: the tool opens a URL (``argument``); a backend that fetches only
+            URLs it returned refuses others (:meth:`drgym.envs.core.SearchAgentEnv.begin_step`).
+        verb: what the system prompt says the agent may do several times ("search").
+        prompts: the tool's text in the system prompt, per ``"<kind>/<protocol>"``
+            (``"qa/tags"``, ``"research/tags"``, ``"qa/json"``, ``"research/json"``): a
+            whole sentence for tags, a phrase (``"`fetch` with a URL to read a whole
+            document"``) for JSON; :mod:`drgym.envs.prompts` joins them.
+        correction: the tool's sentence in the tag protocol's corrective message.
     """
 
     name: str = ""
@@ -52,28 +67,77 @@ class Tool:
     plural: str = ""
     stat: str = ""
     missing: str = "no result returned"
+    more_arguments: tuple[tuple[str, str], ...] = ()
+    reads_url: bool = False
+    verb: str = ""
+    prompts: dict[str, str] = {}
+    correction: str = ""
+
+    @property
+    def argument_names(self) -> tuple[str, ...]:
+        """Every argument, ``argument`` first."""
+        return (self.argument, *(n for n, _ in self.more_arguments))
+
+    def signature(self) -> str:
+        """``name(arg, ...)``, as the JSON corrective message lists the tools."""
+        return f"{self.name}({', '.join(self.argument_names)})"
+
+    def prompt(self, kind: str, protocol: str) -> str:
+        """The tool's text in the system prompt of ``kind`` (``"qa"``/``"research"``) and
+        ``protocol`` (``"tags"``/``"json"``).
+
+        A tool without its own text for the pair (``prompts``) gets one made from its
+        ``description``, ``name`` and arguments.
+        """
+        key = f"{kind if kind == 'research' else 'qa'}/{'tags' if protocol == 'tags' else 'json'}"
+        if key in self.prompts:
+            return self.prompts[key]
+        # a tool that brings no text of its own is described from its name and description
+        if protocol == "tags":
+            return f"{self.description.rstrip('.')}: write the {self.what or self.argument} between <{self.name}> and </{self.name}>."
+        return f"`{self.name}` with {' and '.join(self.argument_names)} ({self.description.rstrip('.')})"
+
+    def corrective(self) -> str:
+        """The tool's sentence in the tag protocol's corrective message (:attr:`correction`,
+        else one made from its name)."""
+        return self.correction or (f"If I want to call {self.name}, I should put the {self.what or self.argument} "
+                                   f"between <{self.name}> and </{self.name}>.")
 
     def schema(self) -> dict[str, Any]:
         """The OpenAI function schema (``{"type": "function", "function": {...}}``)."""
+        props = {self.argument: {"type": "string", "description": self.argument_description}}
+        props.update({n: {"type": "string", "description": d} for n, d in self.more_arguments})
         return {
             "type": "function",
             "function": {
                 "name": self.name,
                 "description": self.description,
-                "parameters": {
-                    "type": "object",
-                    "properties": {self.argument: {"type": "string", "description": self.argument_description}},
-                    "required": [self.argument],
-                },
+                "parameters": {"type": "object", "properties": props, "required": list(self.argument_names)},
             },
         }
+
+    def tag_arguments(self, content: str) -> dict[str, str] | str:
+        """The arguments of a tag call ``<name>content</name>`` (``content`` stripped, not
+        empty): ``{argument: content}``; a tool with more arguments splits the body itself.
+
+        Returns:
+            The arguments, or the error text shown to the agent when the body is malformed.
+        """
+        return {self.argument: content}
+
+    def value(self, arguments: dict[str, str]) -> Any:
+        """What :meth:`call_batch` gets for one call: the ``argument``'s string, or for a tool
+        with more arguments a tuple of them in :attr:`argument_names` order."""
+        if not self.more_arguments:
+            return arguments[self.argument]
+        return tuple(arguments[n] for n in self.argument_names)
 
     def call_batch(self, backend: Any, arguments: list[str], *, k: int, executor: Executor | None = None) -> list[Any]:
         """Run the tool on every argument at once.
 
         Args:
             backend: the env's search backend.
-            arguments: one argument per call, in order.
+            arguments: one :meth:`value` per call, in order.
             k: top-k of the env (for tools that rank).
             executor: a thread pool the tool may use for calls that do not batch.
 
@@ -109,6 +173,16 @@ class SearchTool(Tool):
     budget_attr = "max_searches"
     label, plural, stat = "Search", "searches", "queries"
     missing = "no result returned for this query"
+    verb = "search"
+    prompts = {
+        "qa/tags": "To search, write a query between <search> and </search>; the results come back between "
+                   "<information> and </information>, each as Doc n (Title: ..., URL: ...).",
+        "research/tags": "To search, write a query between <search> and </search>; results come back between "
+                         "<information> and </information>, each numbered as [n] (Title: ..., URL: ...).",
+        "qa/json": "`search` with a query to get passages with their titles and URLs",
+        "research/json": "`search` with a query to get numbered sources ([n] (Title: ..., URL: ...))",
+    }
+    correction = "If I want to search, I should put the query between <search> and </search>."
 
     def call_batch(self, backend, arguments, *, k, executor=None):
         return backend.search_batch(arguments, k)
@@ -129,17 +203,18 @@ class FetchTool(Tool):
     budget_attr = "max_fetches"
     label, plural, stat = "Fetch", "fetches", "fetches"
     missing = "no document returned"
+    reads_url = True
+    verb = "fetch"
+    prompts = {
+        "qa/tags": "To read a whole document, write its URL between <fetch> and </fetch>.",
+        "research/tags": "To read a whole source, write its URL between <fetch> and </fetch>.",
+        "qa/json": "`fetch` with a URL to read a whole document",
+        "research/json": "`fetch` with a URL to read a whole source",
+    }
+    correction = "If I want to read a document, I should put its URL between <fetch> and </fetch>."
 
     def call_batch(self, backend, arguments, *, k, executor=None):
-        def one(url: str) -> Any:
-            try:
-                return backend.fetch(url)
-            except Exception as e:  # that call's failure is its result: shown to the agent, recorded
-                return e
-
-        if executor is not None and len(arguments) > 1:
-            return list(executor.map(one, arguments))
-        return [one(u) for u in arguments]
+        return fetch_each(backend, arguments, executor)
 
     def to_docs(self, result: Document) -> list[dict[str, Any]]:
         return [result.to_dict()]
@@ -156,6 +231,115 @@ class AnswerTool(Tool):
     what = "answer"
     terminal = True
     label, plural = "Answer", "answers"
+    prompts = {
+        "qa/tags": "When you know the answer, write it between <answer> and </answer>, as a short phrase without "
+                   "explanation, for example <answer> Beijing </answer>.",
+        "research/tags": "Finish with the full report between <answer> and </answer>.",
+        "qa/json": "When you know the answer, call `answer` with a short phrase without explanation.",
+        "research/json": "When done, call `answer` with the full report.",
+    }
+    correction = "If I want to give the final answer, I should put it between <answer> and </answer>."
+
+
+def fetch_each(backend: Any, urls: list[str], executor: Executor | None = None) -> list[Any]:
+    """``backend.fetch`` of every URL, on ``executor``'s threads when given.
+
+    Returns:
+        One :class:`~drgym.types.Document` per URL, or that call's exception (a failed
+        fetch is its result: shown to the agent and recorded).
+    """
+    def one(url: str) -> Any:
+        try:
+            return backend.fetch(url)
+        except Exception as e:  # that call's failure is its result: shown to the agent, recorded
+            return e
+
+    if executor is not None and len(urls) > 1:
+        return list(executor.map(one, urls))
+    return [one(u) for u in urls]
+
+
+class FindInPageTool(Tool):
+    """``find_in_page(url, text)``: the passages of a document that contain a text.
+
+    Fetches the document and returns up to :attr:`max_matches` windows of
+    :attr:`window` words either side of each match of ``text``, joined by ``...``
+    (overlapping windows merge); "No match" when there is none. A match is a run of
+    consecutive words (whitespace-separated) that contain the words of ``text`` in order,
+    compared lower-cased (``population`` matches ``population,``). Not among :data:`DEFAULT_TOOLS`: pass it with
+    ``tools=(*DEFAULT_TOOLS, FindInPageTool())``. Its budget is the env's
+    ``max_fetches`` (counted apart from fetches). The tag form is
+    ``<find_in_page>URL words to find</find_in_page>``: the URL, whitespace, the text.
+    """
+
+    name = "find_in_page"
+    description = "Find a text in the document at a URL and return the passages around each match."
+    argument = "url"
+    argument_description = "A URL from a search result."
+    more_arguments = (("text", "The words to find in the document (case-insensitive)."),)
+    aliases = ("url", "doc_id", "link")
+    what = "URL and the text to find"
+    budget_attr = "max_fetches"
+    label, plural, stat = "Find", "finds", "finds"
+    missing = "no document returned"
+    reads_url = True
+    verb = "find text in a page"
+    prompts = {
+        "qa/tags": "To find a text in a document, write its URL, a space and the text between <find_in_page> and "
+                   "</find_in_page>.",
+        "research/tags": "To find a text in a source, write its URL, a space and the text between <find_in_page> "
+                         "and </find_in_page>.",
+        "qa/json": "`find_in_page` with a URL and a text to get the passages of that document that contain it",
+        "research/json": "`find_in_page` with a URL and a text to get the passages of that source that contain it",
+    }
+    correction = ("If I want to find a text in a document, I should put its URL, a space and the text between "
+                  "<find_in_page> and </find_in_page>.")
+    window = 30
+    max_matches = 3
+
+    def tag_arguments(self, content: str) -> dict[str, str] | str:
+        parts = content.split(None, 1)
+        if len(parts) < 2 or not parts[1].strip():
+            return (f"<{self.name}> needs a URL, a space and the text to find, e.g. "
+                    f"<{self.name}>https://en.wikipedia.org/wiki/Lyon population</{self.name}>.")
+        return {"url": parts[0], "text": parts[1].strip()}
+
+    def call_batch(self, backend, arguments, *, k, executor=None):
+        docs = fetch_each(backend, [url for url, _ in arguments], executor)
+        return [d if isinstance(d, BaseException) else (d, text) for d, (_, text) in zip(docs, arguments)]
+
+    def find(self, text: str, needle: str) -> list[str]:
+        """The windows of ``text`` around each match of ``needle`` (at most :attr:`max_matches`).
+
+        >>> FindInPageTool().find("Lyon is a city in France. Its population is 522,250.", "population")
+        ['Lyon is a city in France. Its population is 522,250.']
+        """
+        words = text.split()
+        target = needle.lower().split()
+        if not target:
+            return []
+        lowered = [w.lower() for w in words]
+        out: list[str] = []
+        last_end = -1
+        for i in range(len(words) - len(target) + 1):
+            if all(t in lowered[i + j] for j, t in enumerate(target)):
+                start, end = max(0, i - self.window), min(len(words), i + len(target) + self.window)
+                if start <= last_end:  # overlaps the previous window: extend it
+                    out[-1] = " ".join(words[out_start:end])
+                else:
+                    out.append(" ".join(words[start:end]))
+                    out_start = start
+                last_end = end
+                if len(out) > self.max_matches:
+                    return out[: self.max_matches]
+        return out
+
+    def to_docs(self, result: tuple[Document, str]) -> list[dict[str, Any]]:
+        doc, needle = result
+        found = self.find(doc.text, needle)
+        d = doc.to_dict()
+        d["text"] = " ... ".join(found) if found else f"No match for {needle!r} in this document."
+        return [d]
 
 
 DEFAULT_TOOLS: tuple[Tool, ...] = (SearchTool(), FetchTool(), AnswerTool())
