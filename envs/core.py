@@ -28,6 +28,7 @@ from drgym.envs.prompts import (
     format_docs,
     render_messages,
     tags_observation,
+    tool_response_block,
 )
 from drgym.envs.task_loaders import load_tasks
 from drgym.envs.text import UnicodeText, count_tokens
@@ -363,7 +364,10 @@ class SearchAgentEnv(gym.Env[str, str]):
             tool = self.tools.get(call.name)
             if call.name == "invalid":
                 self._invalid += 1
-                pieces.append((call, corrective_message(call.error or "unknown problem.", "tags" if call.protocol == "tags" else "json",
+                # a turn in no protocol at all (free text) is corrected in the env's own protocol
+                protocol = (call.protocol if parsed.protocol is not None else self.protocol)
+                pieces.append((call, corrective_message(call.error or "unknown problem.",
+                                                        "tags" if protocol == "tags" else "json",
                                                         tuple(self.tools.values()))))
             elif tool is not None and tool.terminal:
                 self._final_answer = call.arguments[tool.argument]
@@ -483,8 +487,8 @@ class SearchAgentEnv(gym.Env[str, str]):
                 parts = mine if (n and mine) else loose + mine
                 content = "\n\n".join(parts) or "This call was not run."
                 self._messages.append({"role": "tool", "tool_call_id": d, "name": names[d], "content": content})
-                texts.append(content)
-            return "\n\n".join(texts)
+                texts.append(tool_response_block(content))
+            return "".join(texts)
         body = "\n".join(text for _, text in pieces)
         if all(c.name == "invalid" for c, _ in pieces):
             obs = f"\n{body}\n"

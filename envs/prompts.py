@@ -153,6 +153,17 @@ def format_docs(
     return "\n".join(parts), cut_any
 
 
+def tool_response_block(content: str) -> str:
+    """One JSON-protocol tool result as it continues an assistant turn, in the Hermes /
+    Qwen ``<tool_response>`` form: what a JSON turn's observation is made of, and how
+    ``hf:`` policies with the continuation layout and GRPO rollouts lay tool messages out.
+
+    >>> tool_response_block("Doc 1 (Title: Lyon, URL: u) Lyon is a city.")
+    '\\n<tool_response>\\nDoc 1 (Title: Lyon, URL: u) Lyon is a city.\\n</tool_response>\\n'
+    """
+    return f"\n<tool_response>\n{content}\n</tool_response>\n"
+
+
 def tags_observation(body: str) -> str:
     """Wrap a result or error text as the Search-R1 ``<information>`` block."""
     return f"\n\n<information>{body}</information>\n\n"

@@ -145,7 +145,9 @@ def test_json_and_openai_protocols(bm25_backend):
     obs, *_, info = env.step('<tool_call>{"name": "search", "arguments": {"query": "Lilu mythology"}}</tool_call>')
     tool_msg = info["messages"][-1]
     assert tool_msg["role"] == "tool" and tool_msg["tool_call_id"] == "call_0" and tool_msg["name"] == "search"
-    assert tool_msg["content"] == obs and obs.startswith("Doc 1 (Title: Lilu (mythology)")
+    # the observation is the tool message as it continues an assistant turn (a <tool_response> block)
+    assert obs == f"\n<tool_response>\n{tool_msg['content']}\n</tool_response>\n"
+    assert tool_msg["content"].startswith("Doc 1 (Title: Lilu (mythology)")
     assert info["messages"][-2]["tool_calls"][0]["function"]["name"] == "search"
     call = {"role": "assistant", "content": None, "tool_calls": [{"id": "c7", "type": "function", "function": {
         "name": "fetch", "arguments": json.dumps({"url": "https://en.wikipedia.org/wiki/Lilu_(mythology)"})}}]}
@@ -184,7 +186,8 @@ def test_invalid_json_call_gets_a_tool_message(bm25_backend):
     env.reset(options={"task_id": LILU})
     obs, *_, info = env.step('<tool_call>{"name": "calculator", "arguments": {"x": 1}}</tool_call>')
     assert info["messages"][-1]["role"] == "tool" and info["messages"][-1]["tool_call_id"] == "call_0"
-    assert obs.startswith("Your previous turn was not a valid tool call: unknown tool 'calculator'")
+    assert info["messages"][-1]["content"].startswith("Your previous turn was not a valid tool call: unknown tool 'calculator'")
+    assert obs == f"\n<tool_response>\n{info['messages'][-1]['content']}\n</tool_response>\n"
 
 
 # -- budgets ----------------------------------------------------------------------------

@@ -97,7 +97,7 @@ def test_issue_native_multi_query_call_gets_one_reply(bm25_backend):
     assert [m["role"] for m in msgs[3:]] == ["tool"] and msgs[3]["tool_call_id"] == "call_1"
     body = msgs[3]["content"]
     assert body.startswith("Search 'Berlin':\nDoc 1 (Title: ") and "\n\nSearch 'Germany capital':\nDoc 1 (Title: " in body
-    assert obs == body
+    assert obs == f"\n<tool_response>\n{body}\n</tool_response>\n"
 
 
 def test_issue_text_multi_query_block_is_one_declared_call(bm25_backend):

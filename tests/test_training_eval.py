@@ -30,9 +30,11 @@ class ScriptedLM:
     are right-padded with the pad id (SmolLM2's eos), as ``generate`` does.
     """
 
-    def __init__(self, tokenizer, answers_by_question: dict[str, str], *, mumble: str = "", dot: str = ""):
+    def __init__(self, tokenizer, answers_by_question: dict[str, str], *, mumble: str = "", dot: str = "",
+                 protocol: str = "tags"):
         import torch
 
+        self.protocol = protocol
         self.tok = tokenizer
         self.answers = answers_by_question
         self.mumble, self.dot = mumble, dot
@@ -62,12 +64,21 @@ class ScriptedLM:
             text = self.tok.decode(ctx)
             q = next(q for q in self.answers if q in text)
             end = []
-            if "<information>Doc 1" in text or "previous action is invalid" in text:
+            words = " ".join(q.split()[:8]).replace('"', "")
+            if self.protocol == "json":
+                if "<tool_response>\nDoc 1" in text or "not a valid tool call" in text:
+                    turn = '<tool_call>{"name": "answer", "arguments": {"answer": "%s"}}</tool_call>' % self.answers[q]
+                elif q == self.mumble:
+                    turn, end = "I am not sure about this one", [self.tok.eos_token_id]
+                else:
+                    turn = ('<tool_call>{"name": "search", "arguments": {"query": "%s"}}</tool_call>' % words
+                            + ("." if q == self.dot else ""))
+            elif "<information>Doc 1" in text or "previous action is invalid" in text:
                 turn = f"<answer> {self.answers[q]} </answer>"
             elif q == self.mumble:
                 turn, end = "I am not sure about this one", [self.tok.eos_token_id]
             else:
-                turn = f"<search> {' '.join(q.split()[:8])} </search>" + ("." if q == self.dot else "")
+                turn = f"<search> {words} </search>" + ("." if q == self.dot else "")
             new_rows.append(self.tok(turn, add_special_tokens=False)["input_ids"][:max_new_tokens] + end)
         width = max(len(r) for r in new_rows)
         pad = self.tok.pad_token_id
@@ -96,30 +107,38 @@ def tokenizer():
     return AutoTokenizer.from_pretrained(resolve_lm("smollm2"))
 
 
-def _parts(tmp_path, tokenizer):
+def _parts(tmp_path, tokenizer, protocol: str = "tags"):
     from drgym.training.data import load_task_slice
     from drgym.training.rewards import build_reward_funcs
 
     cfg = _config(tmp_path)
+    cfg.protocol = protocol
     tasks = load_task_slice(cfg.tasks["eval"])
     funcs, weights, _ = build_reward_funcs(cfg, {t.task_id: t for t in tasks}, num_generations=1,
                                            output_dir=tmp_path / "run")
     lm = ScriptedLM(tokenizer, {t.question: t.answers[0] for t in tasks}, mumble=tasks[1].question,
-                    dot=tasks[2].question)
+                    dot=tasks[2].question, protocol=protocol)
     return cfg, tasks, funcs, weights, lm
 
 
-def test_eval_contexts_match_the_grpo_rollout_token_for_token(tmp_path, tokenizer, bm25_backend):
+def _train_rollout(tmp_path, tokenizer, backend, protocol: str = "tags"):
+    """The GRPO rollout (greedy) of the 3 held-out tasks with the scripted LM; its contexts are in ``lm.contexts``."""
     from drgym.training.data import build_dataset, make_env_factory
-    from drgym.training.evaluation import make_evaluator
     from drgym.training.rollout import SearchRolloutFunc
 
-    cfg, tasks, funcs, weights, lm = _parts(tmp_path, tokenizer)
-    factory = make_env_factory(cfg, tasks, backend=bm25_backend, max_turns=cfg.eval.max_turns)
+    cfg, tasks, funcs, weights, lm = _parts(tmp_path, tokenizer, protocol=protocol)
+    factory = make_env_factory(cfg, tasks, backend=backend, max_turns=cfg.eval.max_turns)
     _ds, table = build_dataset(tasks, factory, tokenizer)
     s = cfg.rollout_settings()
     s.greedy = True
     out = SearchRolloutFunc(factory, table, s).run(list(table), model=lm, tokenizer=tokenizer)
+    return cfg, tasks, funcs, weights, lm, out
+
+
+def test_eval_contexts_match_the_grpo_rollout_token_for_token(tmp_path, tokenizer, bm25_backend):
+    from drgym.training.evaluation import make_evaluator
+
+    cfg, tasks, funcs, weights, lm, out = _train_rollout(tmp_path, tokenizer, bm25_backend)
     train_ctx = lm.contexts[:]
     assert len(train_ctx) == 6  # 3 tasks x 2 turns
     assert out["num_searches"] == [1, 0, 1] and out["invalid_actions"] == [0, 1, 0]
@@ -143,6 +162,32 @@ def test_eval_contexts_match_the_grpo_rollout_token_for_token(tmp_path, tokenize
     run_m = json.loads((tmp_path / "ev" / "metrics.json").read_text())
     assert run_m["training_rewards"]["reward"] == pytest.approx(metrics["reward"])
     assert run_m["training_rewards"]["weights"] == {"f1": 1.0, "format": 0.2}
+
+
+def test_json_protocol_eval_contexts_match_the_grpo_rollout(tmp_path, tokenizer, bm25_backend):
+    """The JSON protocol runs in the same loop: tool calls stop at </tool_call>, tool results
+    continue the turn as <tool_response> blocks (masked), and evaluation sees the same ids."""
+    from drgym.training.evaluation import make_evaluator
+
+    cfg, tasks, funcs, weights, lm, out = _train_rollout(tmp_path, tokenizer, bm25_backend, protocol="json")
+    train_ctx = lm.contexts[:]
+    assert len(train_ctx) == 6
+    assert out["num_searches"] == [1, 0, 1] and out["invalid_actions"] == [0, 1, 0]
+    assert out["final_answer"] == [t.answers[0] for t in tasks]
+    for ids, mask, searched in zip(out["completion_ids"], out["env_mask"], out["num_searches"]):
+        model_text = tokenizer.decode([i for i, m in zip(ids, mask) if m])
+        env_text = tokenizer.decode([i for i, m in zip(ids, mask) if not m])
+        assert '<tool_call>{"name": "answer"' in model_text and "<tool_response>" not in model_text
+        if searched:
+            assert env_text.startswith("\n<tool_response>\nDoc 1 (Title:") and "</tool_response>" in env_text
+            assert '"name": "search"' in model_text
+    assert "</tool_call>." in tokenizer.decode(train_ctx[-1])  # the token that completed the stop kept whole
+
+    lm.contexts.clear()
+    metrics, trajs = make_evaluator(cfg, tasks, funcs, weights, backend=bm25_backend)(lm, tokenizer, tmp_path / "ev")
+    assert sorted(lm.contexts) == sorted(train_ctx)
+    assert [t["final_answer"] for t in trajs] == out["final_answer"]
+    assert metrics["f1"] == 1.0 and metrics["invalid_action_rate"] == pytest.approx(1 / 6)
 
 
 def test_chat_layout_would_differ(tmp_path, tokenizer, bm25_backend):

@@ -20,10 +20,6 @@ def action_chars(prompts, completions, trajectory=None, **kw):
 
     Sampled 8-token turns differ in character count almost surely, so every group gets a
     reward spread (unlike a token count, which is 16 whenever both turns hit the cap)."""
-    if trajectory is None:  # environment_factory path: no rollout fields, use the assistant texts
-        from drgym.envs.parsing import completion_text
-
-        return [len(completion_text(c)) / 100 for c in completions]
     return [sum(len(s["action"]) for s in t["steps"]) / 100 for t in trajectory]
 
 
@@ -284,53 +280,35 @@ def test_killed_run_resumes_exactly_weights_optimizer_data_order_and_logs(tmp_pa
 
 
 def _json_config(tmp_path):
-    cfg = tiny_config(tmp_path, max_completion_length=128, max_tool_calling_iterations=1)
+    cfg = tiny_config(tmp_path)
     cfg.protocol = "json"
     return cfg
 
 
-def test_json_tool_path_builds_with_trl_tool_template(tmp_path, bm25):
-    """environment_factory path: SmolLM2 gets TRL's qwen2_5 template, the env's search becomes a tool."""
-    from drgym.training.grpo import build_trainer
-
-    trainer, parts = build_trainer(_json_config(tmp_path), backend=bm25)
-    tok = parts["tokenizer"]
-    assert getattr(tok, "response_template", None) or getattr(tok, "response_schema", None)
-    tools = trainer._env_tools[None]
-    # the env's tools, as its JSON system prompt describes them; _finish stays private
-    assert sorted(getattr(t, "__name__", "") for t in tools) == ["answer", "fetch", "search"]
-    env = trainer.environment_factories[None]()
-    task = parts["dataset"][0]
-    env.reset(**task)
-    obs = env.search(task["question"])
-    assert "Doc 1" in obs or "Title" in obs  # real passages from the BM25 backend
-    tr = env._finish("some answer")
-    assert tr.final_answer == "some answer" and tr.count("search") == 1
-    # the answer tool ends the episode with its argument
-    env.reset(**task)
-    assert env.answer("Paris") == "Answer recorded." and env.finished
-    assert env.search("more") == "The episode has ended; reply without a tool call."
-    assert env._finish("ignored").final_answer == "Paris"
-
-
-def test_json_tool_path_prompt_carries_the_env_instructions(tmp_path, bm25):
-    """Item 10 of issue 2.4: the rendered prompt is the env's (system prompt with the tool
-    protocol, then the question), not TRL's Qwen2.5 default system message."""
+def test_json_protocol_runs_in_the_shared_rollout(tmp_path, bm25):
+    """``protocol: json`` trains through the same rollout_func and driver as tags: turns stop
+    at ``</tool_call>``, and the prompt is the env's JSON system prompt in the model's own
+    chat template (no tool template swapped in)."""
     from drgym.envs.prompts import QA_SYSTEM_JSON
     from drgym.training.grpo import build_trainer
+    from drgym.training.rollout import SearchRolloutFunc
 
     trainer, parts = build_trainer(_json_config(tmp_path), backend=bm25)
+    rollout = parts["rollout"]
+    assert isinstance(rollout, SearchRolloutFunc) and trainer.rollout_func is rollout
+    assert rollout.settings.protocol == "json" and rollout.settings.stops == ("</tool_call>",)
+    assert not getattr(trainer, "environment_factories", None)
+    tok = parts["tokenizer"]
     row = parts["dataset"][0]
-    assert [m["role"] for m in row["prompt"]] == ["system", "user"]
-    text = parts["tokenizer"].apply_chat_template(row["prompt"], tools=trainer._env_tools[None], tokenize=False,
-                                                  add_generation_prompt=True)
-    assert "You are Qwen" not in text
-    assert QA_SYSTEM_JSON in text and f"Question: {row['question']}" in text
-    assert '"name": "answer"' in text and '"name": "search"' in text
+    assert "You are Qwen" not in row["prompt"] and QA_SYSTEM_JSON in row["prompt"]
+    assert row["prompt"].endswith("<|im_start|>assistant\n") and f"Question: {row['question']}" in row["prompt"]
+    assert tok.chat_template == type(tok).from_pretrained(tok.name_or_path).chat_template  # SmolLM2's own
+    env = rollout.env_factory()
+    assert env.protocol == "json"
 
 
 @pytest.mark.slow
-def test_json_tool_path_trains_one_step(tmp_path, bm25):
+def test_json_protocol_trains_one_step(tmp_path, bm25):
     from drgym.training.grpo import build_trainer
 
     cfg = _json_config(tmp_path)
@@ -338,5 +316,6 @@ def test_json_tool_path_trains_one_step(tmp_path, bm25):
     trainer, _ = build_trainer(cfg, backend=bm25, extra_reward_funcs=[action_chars])
     trainer.train()
     assert trainer.state.global_step == 1
-    h = [x for x in trainer.state.log_history if "tools/call_frequency" in x]
-    assert h and "rewards/f1/mean" in h[0]
+    h = [x for x in trainer.state.log_history if "env/turns_mean" in x]
+    assert h and "rewards/f1/mean" in h[0] and "env/retrieved_token_frac" in h[0]
+    assert 0 < h[0]["env/turns_mean"] <= cfg.rollout_settings().max_turns

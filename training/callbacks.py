@@ -195,9 +195,8 @@ def write_training_record(folder: str | Path, cfg, stage: str) -> Path:
     """Write :data:`drgym.models.TRAINING_RECORD` into a saved model folder.
 
     It tells later readers how the model was trained, above all the conversation
-    ``layout`` (``"continuation"`` for the tag protocol, where observations continue the
-    assistant turn, and for SFT, which trains tag-protocol trajectories; ``"chat"`` for
-    GRPO with the JSON tool protocol), which
+    ``layout`` (``"continuation"``: observations continue the assistant turn, in GRPO
+    with either protocol and in SFT, which trains tag-protocol trajectories), which
     :class:`drgym.policies.hf.HFPolicy` applies by default (``layout="auto"``).
 
     Args:
@@ -209,7 +208,7 @@ def write_training_record(folder: str | Path, cfg, stage: str) -> Path:
         The written file's path (written atomically).
     """
     protocol = "tags" if stage == "sft" else cfg.protocol  # SFT trains tag-protocol trajectories only
-    rec = {"protocol": protocol, "layout": "chat" if protocol == "json" else "continuation", "stage": stage,
+    rec = {"protocol": protocol, "layout": "continuation", "stage": stage,
            "run": cfg.name, "config": cfg.source, "base_model": cfg.model, "env": cfg.env, "search": cfg.search,
            "rollout": cfg.rollout, "enable_thinking": cfg.enable_thinking, "drgym_version": __version__}
     if is_adapter(folder):

@@ -11,7 +11,7 @@ A config file has these top-level keys (all but ``name`` optional)::
     tasks: {train: {set: hotpotqa-train, start: 0, limit: 40}, eval: {...}}
     rollout: {max_turns: 2, max_new_tokens: 64, max_completion_tokens: 768, temperature: 1.0}
     rewards: [{name: f1, weight: 1.0}, {name: format, weight: 0.1}]
-    protocol: tags                    # "tags" (rollout_func) or "json" (environment_factory)
+    protocol: tags                    # "tags" (Search-R1 tags) or "json" (<tool_call> JSON); both run in rollout_func
     eval: {every_steps: 2, num_tasks: 8, max_turns: 2}
     grpo: {...}                       # trl.GRPOConfig keyword arguments
     sft: {...}                        # trl.SFTConfig keyword arguments
@@ -123,7 +123,7 @@ class RunConfig:
         Raises:
             ConfigError: unknown key or bad value.
         """
-        known = {f.name for f in dataclasses.fields(RolloutSettings)} - {"enable_thinking"}
+        known = {f.name for f in dataclasses.fields(RolloutSettings)} - {"enable_thinking", "protocol"}
         if "enable_thinking" in self.rollout:
             raise ConfigError(f"{self.source}: enable_thinking is a top-level key (it applies to training, evaluation "
                               "and SFT prompts alike), not a rollout setting.")
@@ -132,6 +132,7 @@ class RunConfig:
                 raise unknown_name("rollout setting", k, known)
         kw = dict(self.rollout)
         kw["enable_thinking"] = self.enable_thinking
+        kw["protocol"] = self.protocol
         grpo_t = self.grpo.get("temperature", 1.0)
         if "temperature" in kw and float(kw["temperature"]) != float(grpo_t):
             raise ConfigError(

@@ -112,26 +112,3 @@ def check_split(cfg) -> dict[str, int]:
     held_out = load_task_slice(cfg.tasks["eval"]) if "eval" in cfg.tasks else []
     check_disjoint(train, held_out)
     return {"train": len(train), "eval": len(held_out)}
-
-
-def json_dataset(tasks: list, env_factory):
-    """The GRPO ``train_dataset`` of the JSON tool path (``environment_factory``).
-
-    Each row's ``prompt`` is the env's opening messages for the task (its system prompt
-    with the tool instructions, then the question), as the tag path poses them; TRL
-    renders them with the chat template and the tools. Without a system message, TRL's
-    Qwen2.5 template would add its default one ("You are Qwen, created by Alibaba Cloud...")
-    and the model would never be told about the tools' protocol.
-
-    Returns:
-        ``datasets.Dataset`` with ``prompt`` (message list), ``task_id``, ``question``, ``answers``.
-    """
-    from datasets import Dataset
-
-    env = env_factory()
-    rows = []
-    for t in tasks:
-        _obs, info = env.reset(options={"task": t})
-        rows.append({"prompt": [dict(m) for m in info["messages"]], "task_id": t.task_id, "question": t.question,
-                     "answers": list(t.answers)})
-    return Dataset.from_list(rows)

@@ -9,14 +9,11 @@ from typing import Any
 from drgym.search.registry import backend_from_settings
 from drgym.training.data import load_task_slice
 from drgym.training.rewards import build_reward_funcs
-from drgym.training.rollout import STOP_STRINGS
-from drgym.training.toolenv import use_tool_template
 
 from drgym.atomic import atomic_write_json
 from drgym.errors import ConfigError
 from drgym.evaluation.runner import RolloutConfig, run_rollout
 from drgym.models import load_model, load_tokenizer
-from drgym.policies.generation import DEFAULT_STOPS
 from drgym.policies.hf import HFPolicy
 from drgym.rewards.registry import WeightedReward
 
@@ -29,16 +26,15 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
     The episodes are run by the rollout runner of ``drgym rollout`` (:func:`drgym.evaluation.runner.run_rollout`),
     so ``out_dir`` becomes an ordinary rollout run directory (``config.json``,
     ``trajectories.jsonl``, ``metrics.json``) that ``drgym report`` reads. The policy is :class:`drgym.policies.hf.HFPolicy` on the in-memory model with
-    ``layout="continuation"`` for the tag protocol: observations continue the assistant
+    ``layout="continuation"``: observations continue the assistant
     turn, token for token the layout :class:`~drgym.training.rollout.SearchRolloutFunc`
-    trains on (``tests/test_training_eval.py`` checks this). The env is the training
+    trains on (``tests/test_training_eval.py`` checks this), in both protocols (the
+    JSON protocol's tool results continue the turn as ``<tool_response>`` blocks). The env is the training
     env (``cfg.env``, ``cfg.protocol``) with ``eval.max_turns``; the search backend is
     the run's (``backend``, else :func:`~drgym.search.registry.backend_from_settings` of ``cfg.search``); turns get
     ``rollout.max_new_tokens`` tokens, greedy when ``eval.greedy`` else sampled at the
     rollout temperature. Unlike training, the whole episode is not capped at
     ``rollout.max_completion_tokens`` (the env's observation budget still applies).
-    ``protocol: json`` runs use the chat layout with the run's tool template, which
-    approximates TRL's tool loop (tool results arrive as user turns).
 
     Each episode is scored once, by the env, with the run's weighted reward (the parts of
     ``reward_funcs`` with ``weights``); the metrics read the trajectories'
@@ -68,16 +64,15 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
     env_kw.setdefault("protocol", cfg.protocol)
     ts = cfg.tasks.get("eval")
     label = f"{ts.set}[{ts.start}:{ts.start + len(tasks)}]" if ts is not None else "held-out"
-    tags = cfg.protocol != "json"
 
     scorer = WeightedReward([(f.reward, w) for f, w in zip(reward_funcs, weights)])
 
     def evaluate(model, tokenizer, out_dir, name: str | None = None):
         be = backend if backend is not None else backend_from_settings(cfg.search)
-        pol = HFPolicy(model, tokenizer=tokenizer, name=name or f"hf:{cfg.name}", layout="continuation" if tags else "chat",
+        pol = HFPolicy(model, tokenizer=tokenizer, name=name or f"hf:{cfg.name}", layout="continuation",
                        scaffold="none", max_new_tokens=base.max_new_tokens, batch_size=base.gen_batch_size,
                        temperature=0.0 if cfg.eval.greedy else base.temperature,
-                       stops=STOP_STRINGS if tags else DEFAULT_STOPS, seed=cfg.seed,
+                       stops=base.stops, seed=cfg.seed,
                        enable_thinking=cfg.enable_thinking)
         rc = RolloutConfig(env=cfg.env["id"], tasks=label, policy=pol.name, backend=f"training:{cfg.search}",
                            n=None, out=str(out_dir), seed=cfg.seed, batch_size=max(1, len(tasks)),
@@ -159,8 +154,6 @@ def evaluate_model(cfg, *, model_path: str | None = None, num_tasks: int | None 
     tok = load_tokenizer(model_ref)
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    if cfg.protocol == "json":
-        use_tool_template(tok)
     model = load_model(model_ref, dtype=torch.float32).eval()  # an adapter folder is merged into its base
     tasks_by_id = {t.task_id: t for t in tasks}
     funcs, weights, _ = build_reward_funcs(cfg, tasks_by_id, num_generations=1, output_dir=cfg.output_dir)

@@ -1,16 +1,11 @@
 """GRPO on TRL with multi-turn drgym rollouts (``drgym train grpo``).
 
-Two paths, chosen by the config's ``protocol``:
-
-``tags`` (default)
-    ``GRPOTrainer(rollout_func=SearchRolloutFunc(...))`` drives ``drgym/SearchQA-v0``
-    with the Search-R1 tag protocol; observation tokens get ``env_mask`` 0 and are
-    excluded from the loss (TRL 1.16 ``loss_mask = completion_mask * tool_mask``).
-``json``
-    ``GRPOTrainer(environment_factory=...)``: TRL's own tool loop with JSON tool calls
-    rendered by the chat template (:mod:`drgym.training.toolenv`). SmolLM2's template
-    cannot render tool calls, so TRL's ``qwen2_5.jinja`` (same ChatML tokens) is swapped
-    in (:func:`drgym.training.toolenv.use_tool_template`).
+``GRPOTrainer(rollout_func=SearchRolloutFunc(...))`` drives ``drgym/SearchQA-v0`` in
+drgym's one multi-turn loop (:class:`drgym.envs.driver.BatchedDriver`, batched search),
+with either protocol of the config's ``protocol``: ``tags`` (Search-R1's
+``<search>``/``<answer>``) or ``json`` (``<tool_call>{...}</tool_call>``, tool results
+as ``<tool_response>`` blocks). Observation tokens get ``env_mask`` 0 and are excluded
+from the loss (TRL 1.16 ``loss_mask = completion_mask * tool_mask``).
 
 Rewards are drgym reward modules (``drgym.rewards``) adapted to TRL's
 ``f(prompts, completions, **kwargs) -> list[float | None]``; each is one TRL reward
@@ -27,18 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from drgym.training.config import build_grpo_args, build_peft_config
-from drgym.training.data import (
-    build_dataset,
-    check_disjoint,
-    json_dataset,
-    load_task_slice,
-    make_env_factory,
-)
+from drgym.training.data import build_dataset, check_disjoint, load_task_slice, make_env_factory
 from drgym.training.evaluation import make_evaluator
 from drgym.training.rewards import build_reward_funcs
 from drgym.training.rollout import SearchRolloutFunc
 from drgym.training.sft import count_parameters, freeze_bottom, refuse_earlier_run
-from drgym.training.toolenv import make_tool_env_class, use_tool_template
 
 from drgym.atomic import atomic_write_json
 from drgym.errors import ConfigError
@@ -290,20 +278,12 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     callbacks += list(extra_callbacks or [])
     GRPOTrainer = _trainer_class()
 
-    if cfg.protocol == "json":
-        use_tool_template(tok)
-        dataset = json_dataset(train_tasks, env_factory)
-        trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
-                              processing_class=tok, callbacks=callbacks, peft_config=peft_config,
-                              environment_factory=make_tool_env_class(env_factory))
-        rollout = None
-    else:
-        dataset, table = build_dataset(train_tasks, env_factory, tok, enable_thinking=cfg.enable_thinking)
-        rollout = SearchRolloutFunc(env_factory, table, cfg.rollout_settings())
-        callbacks.append(BatchLogCallback(rollout, Path(args.output_dir) / "batches.jsonl"))
-        trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
-                              processing_class=tok, callbacks=callbacks, rollout_func=rollout,
-                              peft_config=peft_config)
+    dataset, table = build_dataset(train_tasks, env_factory, tok, enable_thinking=cfg.enable_thinking)
+    rollout = SearchRolloutFunc(env_factory, table, cfg.rollout_settings())
+    callbacks.append(BatchLogCallback(rollout, Path(args.output_dir) / "batches.jsonl"))
+    trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
+                          processing_class=tok, callbacks=callbacks, rollout_func=rollout,
+                          peft_config=peft_config)
     trainer.drgym_filter_groups = bool(cfg.zero_variance.get("filter_groups", False))
     trainable, total = count_parameters(trainer.model)
     log.info("GRPO: %d / %d parameters trainable", trainable, total)

@@ -36,15 +36,8 @@ class DrgymRewardFunc:
         self.tasks_by_id = tasks_by_id
         self.monitor = monitor
 
-    def __call__(self, prompts, completions, final_answer=None, trajectory=None, environments=None, **kw):
+    def __call__(self, prompts, completions, final_answer=None, trajectory=None, **kw):
         n = len(completions)
-        if environments is not None and final_answer is None:
-            # environment_factory path: the answer is the last assistant message's text
-            final_answer, trajectory = [], []
-            for env, comp in zip(environments, completions):
-                tr = env._finish(self.inner.parser.parse_answer(comp) or "")
-                final_answer.append((tr.final_answer if tr is not None else None) or "")
-                trajectory.append(tr.to_dict() if tr is not None else None)
         episodes = self.inner.episodes(list(prompts or []), list(completions), **kw)
         for i, ep in enumerate(episodes):
             tid = kw.get("task_id")[i] if kw.get("task_id") is not None else None

@@ -35,6 +35,14 @@ from drgym.policies.generation import cut_ids_at_stop, opened_reasoning, render_
 log = logging.getLogger(__name__)
 
 STOP_STRINGS = ("</search>", "</answer>")
+"""Stop strings of a tag-protocol turn (Search-R1: a turn ends at its search or answer)."""
+JSON_STOP_STRINGS = ("</tool_call>",)
+"""Stop strings of a JSON-protocol turn: a turn ends at its first complete tool call."""
+
+
+def stop_strings(protocol: str) -> tuple[str, ...]:
+    """The stop strings of a turn in ``protocol`` (``"tags"`` or ``"json"``)."""
+    return JSON_STOP_STRINGS if protocol == "json" else STOP_STRINGS
 
 
 # -- token layout ------------------------------------------------------------------------
@@ -182,7 +190,8 @@ def _reuse_inputs(prev: TurnCache, keys: list[Any], contexts: list[list[int]], p
 
 def hf_generate_turn(model, tokenizer, contexts: list[list[int]], *, max_new_tokens: int, temperature: float,
                      do_sample: bool = True, top_k: int = 0, top_p: float = 1.0, keys: list[Any] | None = None,
-                     prev: TurnCache | None = None) -> tuple[list[list[int]], TurnCache | None]:
+                     prev: TurnCache | None = None,
+                     stops: tuple[str, ...] = STOP_STRINGS) -> tuple[list[list[int]], TurnCache | None]:
     """One turn of ``model.generate`` for each row, reusing the previous turn's KV cache.
 
     Without ``prev`` (or when it cannot serve these rows, see :func:`_reuse_inputs`) the
@@ -198,6 +207,7 @@ def hf_generate_turn(model, tokenizer, contexts: list[list[int]], *, max_new_tok
         temperature: sampling temperature (as ``GRPOConfig.temperature``).
         keys: row identities, needed to reuse the cache next turn (None: no reuse).
         prev: the :class:`TurnCache` of the previous turn.
+        stops: the turn's stop strings (:func:`stop_strings` of the protocol).
 
     Returns:
         ``(new_ids, turn_cache)``: each row's new ids cut by :func:`cut_generated_turn`, and the
@@ -226,7 +236,7 @@ def hf_generate_turn(model, tokenizer, contexts: list[list[int]], *, max_new_tok
         with torch.no_grad():
             gen_kwargs: dict[str, Any] = dict(
                 max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=tokenizer.eos_token_id,
-                stop_strings=list(STOP_STRINGS), tokenizer=tokenizer,
+                stop_strings=list(stops), tokenizer=tokenizer,
             )
             if do_sample:
                 gen_kwargs.update(do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
@@ -242,7 +252,7 @@ def hf_generate_turn(model, tokenizer, contexts: list[list[int]], *, max_new_tok
             model.train()
     seq = out if isinstance(out, torch.Tensor) else out.sequences
     new = seq[:, width:].tolist()
-    kept = [cut_generated_turn(tokenizer, row)[0] for row in new]
+    kept = [cut_generated_turn(tokenizer, row, stops)[0] for row in new]
     new_cache = None if isinstance(out, torch.Tensor) else getattr(out, "cache", None)
     state = None
     if keys is not None and new_cache is not None:
@@ -287,6 +297,9 @@ class RolloutSettings:
             re-encodes every context each turn.
         enable_thinking: the chat template's thinking switch for the prompts (the run
             config's top-level ``enable_thinking``; None: the template's default).
+        protocol: the env's action protocol (the run config's top-level ``protocol``):
+            ``"tags"`` turns stop at ``</search>`` / ``</answer>``, ``"json"`` turns at
+            ``</tool_call>``.
     """
 
     max_turns: int = 2
@@ -297,6 +310,12 @@ class RolloutSettings:
     greedy: bool = False
     reuse_cache: bool = True
     enable_thinking: bool | None = None
+    protocol: str = "tags"
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        """The stop strings of a turn (:func:`stop_strings`)."""
+        return stop_strings(self.protocol)
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "max_new_tokens", "max_completion_tokens", "gen_batch_size"):
@@ -357,7 +376,8 @@ class HFTurnStep:
             ids, cache = hf_generate_turn(
                 self.model, self.tokenizer, contexts[b: b + s.gen_batch_size], max_new_tokens=s.max_new_tokens,
                 temperature=s.temperature, do_sample=not s.greedy,
-                keys=keys[b: b + s.gen_batch_size] if self.single else None, prev=self._cache if self.single else None)
+                keys=keys[b: b + s.gen_batch_size] if self.single else None, prev=self._cache if self.single else None,
+                stops=s.stops)
             if self.single:
                 self._cache = cache
             ids_out += ids
@@ -413,7 +433,7 @@ class VLLMTurnStep:
         old_len, old_kw = g.max_completion_length, g.generation_kwargs
         g.max_completion_length = self.settings.max_new_tokens
         g.generation_kwargs = {**(old_kw or {}), "max_tokens": self.settings.max_new_tokens,
-                               "stop": list(STOP_STRINGS), "include_stop_str_in_output": True}
+                               "stop": list(self.settings.stops), "include_stop_str_in_output": True}
         try:
             yield
         finally:

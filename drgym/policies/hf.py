@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from drgym.envs.prompts import tool_response_block
 from drgym.errors import ConfigError
 from drgym.policies.base import Conversation, Policy
 from drgym.policies.generation import (
@@ -271,15 +272,18 @@ class HFPolicy(Policy):
         ``layout="chat"``: every message through the chat template, ending with a new
         assistant header. ``layout="continuation"``: the messages before the first
         assistant turn through the chat template, then every later message's text
-        appended raw, so the agent's turns and the tool observations form one assistant
-        turn, the token layout that ``drgym train`` (Search-R1, arXiv 2503.09516 section
-        3.1) trains on.
+        appended raw (a ``tool`` message of the JSON protocol as its
+        :func:`~drgym.envs.prompts.tool_response_block`), so the agent's turns and the tool
+        observations form one assistant turn, the token layout that ``drgym train``
+        (Search-R1, arXiv 2503.09516 section 3.1) trains on.
         """
         msgs = normalise_messages(conversation, keep_tool_role=False)
         if self.layout == "continuation":
             first = next((i for i, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
             head = render_chat(self.tokenizer, msgs[:first], enable_thinking=self.enable_thinking)
-            return head + "".join(str(m.get("content") or "") for m in msgs[first:]) + self.prefill
+            # a JSON-protocol tool message continues the turn as the env's observation does
+            return head + "".join(tool_response_block(m["content"]) if orig.get("role") == "tool" else m["content"]
+                                  for orig, m in zip(conversation[first:], msgs[first:])) + self.prefill
         text = render_chat(self.tokenizer, msgs, enable_thinking=self.enable_thinking)
         return text + self.prefill
 
