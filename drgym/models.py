@@ -308,17 +308,21 @@ def load_model(name_or_path: str, *, dtype=None, adapter: str = "merge"):
     return model
 
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "fastest", "float32", "bfloat16", "float16")
 """The usual ``dtype`` values (any torch floating dtype name is accepted)."""
 
 
 def resolve_dtype(dtype: str, device: str) -> tuple[str, str]:
     """The weight dtype ``dtype="auto"`` means on ``device``, and why.
 
-    ``auto`` is float16 on CUDA; on CPU it is :func:`drgym.cpu.auto_cpu_dtype`:
-    bfloat16 where the CPU has bf16 dot-product instructions (AVX512_BF16, AMX, Arm
-    bf16), float32 elsewhere, where bf16 runs several times slower
-    (``scripts/bench_dtype.py``). An explicit dtype is kept.
+    ``auto`` is float16 on CUDA and float32 on CPU: float32 greedy decoding gives the
+    same tokens whichever x86-64 kernels torch dispatches to (AVX2, AVX-512, AMX), so a
+    table of scores reproduces on any CPU (``tests/test_reproducible.py``), while bfloat16
+    rounds differently in each. ``fastest`` is the CPU's fastest dtype
+    (:func:`drgym.cpu.auto_cpu_dtype`: bfloat16 where the CPU has bf16 dot-product
+    instructions, about 3x faster prefill there; float32 elsewhere, where bf16 runs
+    several times slower; ``scripts/bench_dtype.py``), the same as ``auto`` on CUDA. An
+    explicit dtype is kept.
 
     Returns:
         ``(dtype name, reason)``, e.g. ``("float32", "no bf16 dot-product ...")``.
@@ -330,17 +334,21 @@ def resolve_dtype(dtype: str, device: str) -> tuple[str, str]:
 
     from drgym.errors import ConfigError
 
-    if dtype != "auto" and not (isinstance(getattr(torch, str(dtype), None), torch.dtype)
-                                and getattr(torch, dtype).is_floating_point):
-        raise ConfigError(f"dtype must be 'auto' or a torch floating dtype ({', '.join(DTYPES[1:])}...); got {dtype!r}.")
-    if dtype != "auto":
+    if dtype not in ("auto", "fastest") and not (isinstance(getattr(torch, str(dtype), None), torch.dtype)
+                                                 and getattr(torch, dtype).is_floating_point):
+        raise ConfigError(f"dtype must be 'auto', 'fastest' or a torch floating dtype ({', '.join(DTYPES[2:])}...); "
+                          f"got {dtype!r}.")
+    if dtype not in ("auto", "fastest"):
         return dtype, "set by the user"
     if str(device).startswith("cuda"):
-        return "float16", "auto: float16 on CUDA"
+        return "float16", f"{dtype}: float16 on CUDA"
     from drgym.cpu import auto_cpu_dtype
 
     name, why = auto_cpu_dtype()
-    return name, f"auto: {why}"
+    if dtype == "fastest":
+        return name, f"fastest: {why}"
+    hint = "; -p dtype=bfloat16 is faster on this CPU" if name == "bfloat16" else ""
+    return "float32", f"auto: float32 on CPU, the same scores on every x86-64 CPU{hint}"
 
 
 def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device: str | None = None):
@@ -350,9 +358,9 @@ def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device
         name_or_path: ``"smollm2"``, a shipped adapter (``"smollm2-drgym"``), a hub
             name, or a local model or adapter folder (an adapter is merged into its base,
             :func:`load_model`).
-        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"`` or ``"auto"`` (see
-            :func:`resolve_dtype`: fp16 on CUDA; on CPU bf16 only where the CPU has bf16
-            dot-product instructions, else fp32).
+        dtype: ``"float32"``, ``"bfloat16"``, ``"float16"``, ``"auto"`` or ``"fastest"``
+            (see :func:`resolve_dtype`: fp16 on CUDA; on CPU fp32, or for ``fastest`` bf16
+            where the CPU has bf16 dot-product instructions).
         device: ``"cpu"``/``"cuda"``; None picks CUDA when available.
 
     Returns:

@@ -207,7 +207,7 @@ def main() -> int:
     env, gen = None, {}
     env_name = "the main job's env"
     env_desc = ("drgym/SearchQA-v0, drgym rollout defaults: wiki-default hybrid, top_k 3, max_turns 4, max_searches 3, "
-                "max_fetches 2, max_obs_tokens 500; hf policies greedy, max_new_tokens 64, dtype auto (bf16 on CPU)")
+                "max_fetches 2, max_obs_tokens 500; hf policies greedy, max_new_tokens 64, dtype auto (float32 on CPU)")
     if a.config:
         from drgym.training.config import load_config
 
@@ -218,7 +218,7 @@ def main() -> int:
         env_name = f"the env of training config `{cfg.name}`"
         env_desc = (f"{cfg.env['id']} over {cfg.search}, env options {kw}, max_turns {cfg.eval.max_turns} (the training "
                     f"config {cfg.name}'s env); hf policies greedy, max_new_tokens {gen['max_new_tokens']}, "
-                    f"dtype {a.dtype or 'auto (bf16 on a CPU with bf16 instructions)'}")
+                    f"dtype {a.dtype or 'auto (float32 on CPU)'}")
     dt = {"dtype": a.dtype} if a.dtype else {}
     if a.start:
         policies = {

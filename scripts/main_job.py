@@ -3,7 +3,8 @@
 Each policy runs as the README shows it (`drgym rollout`, `--policy rag:smollm2`,
 `--policy scripted`: the first 20 `hotpotqa-dev` questions over wiki-default; and the
 first again with torch held to AVX2 kernels) into a fresh `runs/main_job/NAME/`. Its `metrics.json` and `config.json` are copied to
-`scripts/results/main_job/NAME/`, next to a `run.json` with the command, its wall time,
+`scripts/results/main_job/NAME/`, with a `per_question.jsonl` (each question's answer and
+scores) and a `run.json` with the command, its wall time,
 the load average before and after, and the CPU (model, cores, torch's CPU capability:
 bfloat16 results differ between CPUs with and without AVX512-BF16). Then
 `python scripts/readme_tables.py --write` puts them in the README's main-job table.
@@ -39,10 +40,9 @@ POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
     "scripted": (["--policy", "scripted"], {}),
     # the bundled agent trained in drgym (issue 2.5); the main job's questions are not in its train slice
     "hf_smollm2_drgym": (["--policy", "hf:smollm2-drgym"], {}),
-    # The main job as a CPU without AVX512-BF16 runs it: torch and oneDNN held to AVX2
-    # kernels. bfloat16 rounds differently there, and the model's outputs change.
-    "hf_smollm2_avx2": (["--policy", "hf:smollm2", "-p", "dtype=bfloat16"],
-                        {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+    # The main job as a CPU without AVX-512 runs it: torch and oneDNN held to AVX2 kernels.
+    # In float32 (the CPU default) every answer must be the one of hf_smollm2.
+    "hf_smollm2_avx2": ([], {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
 }
 
 
@@ -74,6 +74,23 @@ def _commit() -> str | None:
     return head + ("+dirty" if dirty else "")
 
 
+def write_per_question(trajectories: Path, dest: Path) -> int:
+    """One line per question of a run (task order): ``task_id``, ``final_answer`` and its
+    ``em``, ``f1``, ``cover_em``, so a rerun on another CPU can be diffed question by question.
+
+    Returns:
+        The number of lines written.
+    """
+    rows = []
+    for line in trajectories.read_text(encoding="utf-8").splitlines():
+        t = json.loads(line)
+        comps = t.get("reward_components") or {}
+        rows.append({"task_id": t["task_id"], "final_answer": t.get("final_answer"),
+                     **{k: comps.get(k) for k in ("em", "f1", "cover_em")}})
+    dest.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return len(rows)
+
+
 def run(name: str, args: list[str], env: dict[str, str], runs_dir: Path) -> dict:
     out = runs_dir / name
     if out.exists():
@@ -90,6 +107,7 @@ def run(name: str, args: list[str], env: dict[str, str], runs_dir: Path) -> dict
     dest.mkdir(parents=True, exist_ok=True)
     for f in ("metrics.json", "config.json"):
         shutil.copyfile(out / f, dest / f)
+    write_per_question(out / "trajectories.jsonl", dest / "per_question.jsonl")
     (dest / "run.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 

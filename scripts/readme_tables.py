@@ -57,7 +57,7 @@ MAIN_JOB_ROWS: list[tuple[str, str]] = [
     ("rag_smollm2", "`rag:smollm2`"),
     ("scripted", "`scripted`"),
     ("hf_smollm2_drgym", "`hf:smollm2-drgym` (SmolLM2 + LoRA, SFT + GRPO in drgym)"),
-    ("hf_smollm2_avx2", "`hf:smollm2`, bfloat16 on AVX2 kernels only (`ATEN_CPU_CAPABILITY=avx2`)"),
+    ("hf_smollm2_avx2", "`hf:smollm2` on AVX2 kernels only (`ATEN_CPU_CAPABILITY=avx2`)"),
 ]
 
 

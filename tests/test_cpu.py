@@ -146,10 +146,14 @@ def test_resolve_dtype():
 
     assert resolve_dtype("float32", "cpu") == ("float32", "set by the user")
     assert resolve_dtype("auto", "cuda:0") == ("float16", "auto: float16 on CUDA")
+    # auto is float32 on every CPU (scores reproduce across kernels); fastest is the CPU's pick
     name, why = resolve_dtype("auto", "cpu")
-    assert (name, why) == (cpu.auto_cpu_dtype()[0], "auto: " + cpu.auto_cpu_dtype()[1])
+    assert name == "float32" and why.startswith("auto: float32 on CPU, the same scores on every x86-64 CPU")
+    assert ("faster on this CPU" in why) == (cpu.auto_cpu_dtype()[0] == "bfloat16")
+    assert resolve_dtype("fastest", "cpu") == (cpu.auto_cpu_dtype()[0], "fastest: " + cpu.auto_cpu_dtype()[1])
+    assert resolve_dtype("fastest", "cuda") == ("float16", "fastest: float16 on CUDA")
     for bad in ("float33", "int8", "cpu"):
-        with pytest.raises(ConfigError, match=f"dtype must be 'auto' or a torch floating dtype.*{bad!r}"):
+        with pytest.raises(ConfigError, match=f"dtype must be 'auto', 'fastest' or a torch floating dtype.*{bad!r}"):
             resolve_dtype(bad, "cpu")
 
 

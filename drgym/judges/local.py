@@ -35,7 +35,7 @@ class HFJudge(Judge):
         dtype: passed to :func:`drgym.models.load_causal_lm`; default fp32, because judge
             prompts are long and prompt processing is compute-bound (bf16 matmuls are
             slow on CPUs without bf16 instructions); ``"auto"`` picks as
-            :func:`drgym.models.resolve_dtype` (fp16 on CUDA, bf16 or fp32 by the CPU).
+            :func:`drgym.models.resolve_dtype` (fp16 on CUDA, fp32 on CPU; ``"fastest"``: bf16 on a CPU with bf16 instructions).
         max_input_tokens: prompts longer than this are cut from the middle of the user
             message's text (keeping the instructions at both ends); SmolLM2 has 8k context.
         prefill: text the assistant turn starts with; ``"auto"`` (default) uses the

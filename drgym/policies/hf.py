@@ -51,9 +51,10 @@ class HFPolicy(Policy):
             when ``model`` is a name.
         name: the policy name recorded in run configs (default ``"hf:<model>"``, or
             ``"hf:<config._name_or_path>"`` for a loaded model).
-        dtype: ``"auto"`` (fp16 on CUDA; on CPU bf16 where the CPU has bf16
-            dot-product instructions, else fp32: :func:`drgym.models.resolve_dtype`),
-            ``"float32"``, ``"bfloat16"``... The dtype used and why are in :meth:`describe`.
+        dtype: ``"auto"`` (fp16 on CUDA, fp32 on CPU, so scores reproduce on every CPU:
+            :func:`drgym.models.resolve_dtype`), ``"fastest"`` (bf16 on a CPU with bf16
+            dot-product instructions), ``"float32"``, ``"bfloat16"``... The dtype used and
+            why are in :meth:`describe`.
         device: ``"cpu"``/``"cuda"``; None picks CUDA when available.
         max_new_tokens: token budget of one turn (>= 1).
         batch_size: rows per ``generate`` call (>= 1).
