@@ -25,6 +25,7 @@ def build(
     max_tokens: int = typer.Option(None, "--max-tokens", help="Passage window in encoder tokens (default: encoder window - 32; 0 = no split)."),
     overlap: int = typer.Option(32, "--overlap", help="Tokens shared by consecutive windows."),
     no_bm25: bool = typer.Option(False, "--no-bm25", help="Skip the BM25 index."),
+    bm25_engine: str = typer.Option("bm25s", "--bm25-engine", help="bm25s (in memory, fastest) or fts5 (SQLite FTS5 on disk: bounded memory at any size, e.g. wiki-18)."),
     name: str = typer.Option(None, "--name", help="Index folder name (default: derived from corpus, encoder, factory)."),
     root: Path = typer.Option(None, "--root", help="Folder of index folders (default: $DRGYM_HOME/indexes)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if an identical index exists."),
@@ -50,7 +51,7 @@ def build(
     corpus = corpus_arg or corpus or "wiki-default"
     spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
                      shard_size=shard_size or DEFAULT_SHARD_SIZE, max_tokens=max_tokens, overlap=overlap,
-                     bm25=not no_bm25, name=name, chunk_docs=chunk_docs or CHUNK_DOCS)
+                     bm25=not no_bm25, name=name, chunk_docs=chunk_docs or CHUNK_DOCS, bm25_engine=bm25_engine)
     runner = None
     try:
         if ray:
@@ -91,6 +92,7 @@ def import_cmd(
     factory: str = typer.Option("auto", "--factory", help="FAISS factory for --embeddings (default auto); an imported --faiss index is kept as is."),
     shard_size: int = typer.Option(None, "--shard-size", help="Rows per dense shard for --embeddings (default 25,000,000)."),
     no_bm25: bool = typer.Option(False, "--no-bm25", help="Skip the BM25 index."),
+    bm25_engine: str = typer.Option("bm25s", "--bm25-engine", help="bm25s (in memory, fastest) or fts5 (SQLite FTS5 on disk: bounded memory at any size, e.g. wiki-18)."),
     name: str = typer.Option(None, "--name", help="Index folder name (default: derived from corpus, encoder, factory)."),
     root: Path = typer.Option(None, "--root", help="Folder of index folders (default: $DRGYM_HOME/indexes)."),
     link: str = typer.Option("auto", "--link", help="How the FAISS file enters the index: auto (hard link, else copy), hardlink, copy, symlink."),
@@ -115,7 +117,7 @@ def import_cmd(
         res = import_index(corpus, encoder=encoder, faiss_index=faiss_index, embeddings=files, format=format,
                            factory=factory, shard_size=shard_size or DEFAULT_SHARD_SIZE, bm25=not no_bm25, name=name,
                            root=root, link=link, force=force, resume=not no_resume, progress=True,
-                           id_prefix=id_prefix)
+                           id_prefix=id_prefix, bm25_engine=bm25_engine)
     except DrgymError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from e

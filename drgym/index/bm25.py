@@ -338,7 +338,8 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
             raise ConfigError(
                 f"BM25 over {len(lengths):,} passages ({pairs:,} passage-term pairs, {len(vocab):,} terms) needs about "
                 f"{need / 2**30:.1f} GiB of memory, more than the {max_memory / 2**30:.1f} GiB available; "
-                "build without BM25 (--no-bm25, dense search only) or on a machine with more memory."
+                "build it on disk with SQLite FTS5 (--bm25-engine fts5; bounded memory at any size), without BM25 "
+                "(--no-bm25, dense search only), or on a machine with more memory."
             )
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from drgym.errors import ConfigError, CorpusError, CorruptIndexError, IndexNotFoundError
+from drgym.errors import ConfigError, CorpusError, CorruptIndexError, IndexNotFoundError, unknown_name
 from drgym.index.manifest import IndexManifest, ShardInfo, record_checksums, record_files
 from drgym.index.units import CHUNK_DOCS, EncodedUnit, Unit, encode_unit, plan_units
 from drgym.types import Document
@@ -127,6 +127,10 @@ class IndexSpec:
         bm25_tokenizer: BM25 tokens: :data:`drgym.index.bm25.TOKENIZER` (CJK bigrams,
             default) or ``"bm25s"`` (bm25s's own, to reproduce rankings measured with it;
             the folder name then ends in ``--bm25s``).
+        bm25_engine: ``"bm25s"`` (default: the score matrix in memory, fastest, about
+            2.4 GB of build memory per million passages) or ``"fts5"`` (SQLite FTS5 on
+            disk, built streaming with bounded memory at any size:
+            :mod:`drgym.index.fts5`; the folder name then ends in ``--fts5``).
         name: index folder name; None derives one from corpus, encoder and factory.
         chunk_docs: documents per build unit (resumption granularity; does not change
             the index).
@@ -143,6 +147,7 @@ class IndexSpec:
     name: str | None = None
     chunk_docs: int = CHUNK_DOCS
     bm25_tokenizer: str | None = None
+    bm25_engine: str = "bm25s"
 
     def index_name(self, encoder_name: str) -> str:
         """The folder name: given, or ``<corpus>--<encoder>--<factory>[--s<shard_size>]``."""
@@ -157,6 +162,8 @@ class IndexSpec:
 
         if self.bm25 and self.bm25_tokenizer == LEGACY_TOKENIZER:
             parts.append(LEGACY_TOKENIZER)
+        if self.bm25 and self.bm25_engine != "bm25s":
+            parts.append(self.bm25_engine)
         return "--".join(re.sub(r"[^A-Za-z0-9._-]+", "_", p) for p in parts)
 
 
@@ -262,20 +269,34 @@ def planned_manifest(spec: IndexSpec, label: str, fingerprint: str, sources: lis
                   "encoder_max_length": encoder.max_length},
         shard_size=int(spec.shard_size),
         shards=[],
-        bm25=_planned_bm25(spec.bm25_tokenizer) if spec.bm25 else None,
+        bm25=_planned_bm25(spec.bm25_tokenizer, spec.bm25_engine) if spec.bm25 else None,
         drgym_version=__version__,
         sources=sources,
     )
 
 
-def _planned_bm25(tokenizer: str | None = None) -> dict:
+BM25_ENGINES = ("bm25s", "fts5")
+"""BM25 engines: bm25s's in-memory score matrix, or SQLite FTS5 on disk (:mod:`drgym.index.fts5`)."""
+
+
+def _planned_bm25(tokenizer: str | None = None, engine: str = "bm25s") -> dict:
     from drgym.errors import ConfigError
     from drgym.index.bm25 import TOKENIZER, TOKENIZERS
 
     tokenizer = tokenizer or TOKENIZER
     if tokenizer not in TOKENIZERS:
         raise ConfigError(f"bm25_tokenizer must be one of {list(TOKENIZERS)}, got {tokenizer!r}.")
-    return {"enabled": True, "tokenizer": tokenizer}
+    if engine not in BM25_ENGINES:
+        raise unknown_name("bm25 engine", str(engine), set(BM25_ENGINES))
+    planned = {"enabled": True, "tokenizer": tokenizer}
+    if engine != "bm25s":  # a bm25s index's manifest stays as it was
+        planned["engine"] = engine
+    return planned
+
+
+def bm25_engine_of(bm25: dict | None) -> str:
+    """The engine of a manifest's ``bm25`` entry (``"bm25s"`` when it names none)."""
+    return str((bm25 or {}).get("engine") or "bm25s")
 
 
 def source_key(sources: list[dict]) -> list[tuple]:
@@ -294,7 +315,8 @@ def same_identity(existing: IndexManifest, planned: IndexManifest) -> bool:
     if existing.bm25 is not None and planned.bm25 is not None:
         # BM25 settings are fixed by the drgym version, but for the tokeniser (an index
         # whose BM25 tokens were made otherwise is rebuilt; None: before CJK bigrams)
-        a["bm25"], b["bm25"] = existing.bm25.get("tokenizer"), planned.bm25.get("tokenizer")
+        a["bm25"] = (existing.bm25.get("tokenizer"), bm25_engine_of(existing.bm25))
+        b["bm25"] = (planned.bm25.get("tokenizer"), bm25_engine_of(planned.bm25))
     if a != b:
         return False
     if planned.corpus_fingerprint:
@@ -708,8 +730,13 @@ def finalize(build_dir: Path, m: IndexManifest, writer, runner, timings: dict, *
     timings["faiss"] = time.perf_counter() - t
     if bm25:
         t = time.perf_counter()
-        m.bm25 = write_bm25(build_dir, writer.iter_embed_texts(),
-                            tokenizer=(m.bm25 or {}).get("tokenizer") or _planned_bm25()["tokenizer"])
+        tokenizer = (m.bm25 or {}).get("tokenizer") or _planned_bm25()["tokenizer"]
+        if bm25_engine_of(m.bm25) == "fts5":
+            from drgym.index.fts5 import write_fts5
+
+            m.bm25 = write_fts5(build_dir, writer.iter_embed_texts(), tokenizer=tokenizer)
+        else:
+            m.bm25 = write_bm25(build_dir, writer.iter_embed_texts(), tokenizer=tokenizer)
         timings["bm25"] = time.perf_counter() - t
     writer.finish()
     writer.close()

@@ -191,6 +191,7 @@ def import_index(
     chunk_docs: int = CHUNK_DOCS,
     progress: bool = False,
     id_prefix: str = "",
+    bm25_engine: str = "bm25s",
 ) -> BuildResult:
     """Import a corpus and its vectors as a drgym index (see the module docstring).
 
@@ -216,6 +217,8 @@ def import_index(
         id_prefix: put in front of every row id to make the doc_id (``""``, the default:
             the corpus's ids as they are). Only ``wiki18`` and ``web`` rows carry ids of
             their own; other formats keep drgym's doc_ids and refuse a prefix.
+        bm25_engine: ``"bm25s"`` (in memory) or ``"fts5"`` (SQLite FTS5 on disk, bounded
+            build memory: the one that fits wiki-18 on a 24-64 GB machine).
 
     Returns:
         A :class:`~drgym.index.build.BuildResult`.
@@ -296,7 +299,7 @@ def import_index(
                     "not cosines", float(norms.min()), float(norms.max()))
 
     spec = IndexSpec(corpus=str(corpus), format=format, encoder=encoder, factory=factory, shard_size=shard_size,
-                     max_tokens=0, overlap=0, bm25=bm25, name=name, chunk_docs=chunk_docs)
+                     max_tokens=0, overlap=0, bm25=bm25, name=name, chunk_docs=chunk_docs, bm25_engine=bm25_engine)
     planned = planned_manifest(spec, label, "", sources + vec_sources, _EncoderView(enc, dim))
     planned.normalized = normalized
     planned.chunking = {"max_tokens": 0, "overlap": 0, "tokenizer": "", "encoder_max_length": enc.max_length,

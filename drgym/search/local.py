@@ -9,7 +9,8 @@ Three methods share one index folder:
 
 * ``"dense"``: the query embedding (same encoder as the passages) against the FAISS
   shards; score = inner product of unit vectors (cosine).
-* ``"bm25"``: bm25s lexical scores (:mod:`drgym.index.bm25`).
+* ``"bm25"``: BM25 lexical scores: bm25s in memory (:mod:`drgym.index.bm25`), or
+  SQLite FTS5 on disk for an index built with ``bm25_engine="fts5"`` (:mod:`drgym.index.fts5`).
 * ``"hybrid"``: reciprocal rank fusion (k=60) of the dense and BM25 top-100.
 
 Results are collapsed to documents by default (``collapse="document"``): the k best
@@ -137,8 +138,11 @@ class _Shared:
                 if self.manifest.bm25 is None:
                     raise ConfigError(f"Index {self.folder} has no BM25 index; rebuild it with BM25 to use method 'bm25' or 'hybrid'.")
                 from drgym.index.bm25 import BM25Index
+                from drgym.index.build import bm25_engine_of
+                from drgym.index.fts5 import FTS5BM25Index
 
-                self._bm25 = BM25Index(self.folder, self.manifest.n_passages, self.manifest.bm25.get("tokenizer"))
+                cls = FTS5BM25Index if bm25_engine_of(self.manifest.bm25) == "fts5" else BM25Index
+                self._bm25 = cls(self.folder, self.manifest.n_passages, self.manifest.bm25.get("tokenizer"))
             return self._bm25
 
     def close(self) -> None:
@@ -291,6 +295,7 @@ class LocalSearchEngine(SearchBackend):
         collapse: str = DEFAULT_COLLAPSE,
         verify: bool | str = False,
         bm25_tokenizer: str | None = None,
+        bm25_engine: str = "bm25s",
         gpu_shard: bool = False,
         gpu_float16: bool = False,
     ) -> "LocalSearchEngine":
@@ -307,6 +312,8 @@ class LocalSearchEngine(SearchBackend):
             progress: show progress bars while building.
             bm25_tokenizer: BM25 tokens (:class:`drgym.index.build.IndexSpec`): None
                 (CJK bigrams) or ``"bm25s"`` to reproduce rankings measured with bm25s's own.
+            bm25_engine: ``"bm25s"`` (in memory) or ``"fts5"`` (SQLite FTS5 on disk, for
+                corpora whose BM25 does not fit in memory; :mod:`drgym.index.fts5`).
             Other arguments as for :class:`LocalSearchEngine`.
 
         Raises:
@@ -316,7 +323,8 @@ class LocalSearchEngine(SearchBackend):
 
         enc = get_encoder(encoder, device)
         spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
-                         shard_size=shard_size or DEFAULT_SHARD_SIZE, name=name, bm25_tokenizer=bm25_tokenizer)
+                         shard_size=shard_size or DEFAULT_SHARD_SIZE, name=name, bm25_tokenizer=bm25_tokenizer,
+                         bm25_engine=bm25_engine)
         res = build_index(spec, root=root, encoder=enc, force=rebuild, progress=progress)
         # build_index has just checked the sizes and sampled checksums (of the index it
         # reused, or of the one it built): loading checks sizes again, the full hashes if asked
