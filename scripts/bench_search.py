@@ -41,6 +41,13 @@ FAISS file, against ``drgym serve --method dense``::
 
     nice -n 10 python scripts/bench_search.py --background-load 2 --out scripts/results/bench_search_load.json
 
+``--profile N`` measures only where the server's CPU goes for one ``POST /retrieve``,
+stage by stage (HTTP parsing, validation, tokenisation, MiniLM forward, FAISS, BM25,
+fusion, docstore, serialisation, the framework), over N real questions, beside the
+encoder's batched forward alone (the floor)::
+
+    nice -n 10 python scripts/bench_search.py --profile 300 --out scripts/results/bench_search_profile.json
+
 ``--recall-only`` measures only the
 retrieval quality and repeated URLs, on the wiki-default index under ``$DRGYM_HOME``
 (built when missing), in about 3 minutes.
@@ -638,6 +645,143 @@ def cache_rss(args) -> None:
 # -- main -----------------------------------------------------------------------------------
 
 
+def profile(args) -> None:
+    """``--profile N``: where the server's CPU goes for one ``POST /retrieve`` (one real
+    question, topk 5, hybrid, result cache off), stage by stage, in this process.
+
+    The app is ``drgym serve``'s (``create_app``), driven through its ASGI interface one
+    request at a time on one torch and FAISS thread; each stage's CPU time is the thread
+    CPU time (``time.thread_time``) spent inside it, summed over the N requests, whichever
+    thread ran it: the query's tokenisation and MiniLM forward (sentence-transformers'
+    ``preprocess`` / ``forward``), FAISS, BM25, the fusion, the docstore and collapse
+    (``search_batch`` minus ranking), the response's serialisation (FastAPI's
+    ``serialize_response``, which also writes the JSON with pydantic-core on FastAPI >= 0.115)
+    and any JSON encoding after it (``JSONResponse.render``). The body's validation (the non-finite
+    check and pydantic) and HTTP/1.1 parsing (h11, what uvicorn runs per request) are
+    timed on the same requests beside it. ``other`` is the whole request's process CPU
+    minus the stages: routing, dependencies, asyncio and the micro-batcher. The floor is
+    the encoder's forward alone, 64 queries per call, per query.
+    """
+    import asyncio
+    from collections import defaultdict
+
+    import faiss
+    import fastapi.responses
+    import fastapi.routing
+    import h11
+    import httpx
+    import torch
+
+    from drgym.atomic import atomic_write_json
+    from drgym.index import bm25 as bm25_module
+    from drgym.search.local import LocalSearchEngine
+    from drgym.search.wire import RetrieveRequest, ServerSettings
+    from drgym.server.app import create_app
+
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    engine = LocalSearchEngine.from_corpus("wiki-default", method="hybrid", device="cpu")
+    queries = real_questions()[: args.profile]
+    sh = engine._shared
+    st = engine.encoder.model
+    cpu: dict[str, float] = defaultdict(float)
+
+    def timed(obj, attr: str, stage: str, *, is_async: bool = False) -> None:
+        orig = getattr(obj, attr)
+        if is_async:
+            async def wrapper(*a, **kw):
+                t = time.thread_time()
+                try:
+                    return await orig(*a, **kw)
+                finally:
+                    cpu[stage] += time.thread_time() - t
+        else:
+            def wrapper(*a, **kw):
+                t = time.thread_time()
+                try:
+                    return orig(*a, **kw)
+                finally:
+                    cpu[stage] += time.thread_time() - t
+        setattr(obj, attr, wrapper)
+
+    timed(st, "preprocess", "tokenize")  # sentence-transformers >= 6: tokenisation is preprocess()
+    timed(st, "forward", "encoder_forward")
+    timed(sh.dense, "search", "faiss")
+    timed(sh.bm25, "search", "bm25")
+    timed(bm25_module, "rrf_fuse", "fusion")
+    timed(engine, "search_rows", "_ranking")
+    timed(engine, "search_batch", "_search_batch")
+    timed(fastapi.routing, "serialize_response", "serialize_response", is_async=True)
+    timed(fastapi.responses.JSONResponse, "render", "json_encode")
+    app = create_app(engine, ServerSettings(cache_size=0))
+    bodies = [json.dumps({"queries": [q], "topk": 5}).encode() for q in queries]
+
+    async def drive() -> float:
+        transport = httpx.ASGITransport(app=app)
+        async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://x") as c:
+            for b in bodies[:5]:  # warm-up, not counted
+                (await c.post("/retrieve", content=b, headers={"content-type": "application/json"})).raise_for_status()
+            cpu.clear()
+            t = time.process_time()
+            for b in bodies:
+                (await c.post("/retrieve", content=b, headers={"content-type": "application/json"})).raise_for_status()
+            return time.process_time() - t
+
+    total = asyncio.run(drive())
+    stages = dict(cpu)
+    n = len(bodies)
+    # beside it, on the same requests: the body checks and HTTP/1.1 parsing
+    t = time.thread_time()
+    for b in bodies:
+        json.loads(b)  # the non-finite check parses the body once
+        RetrieveRequest.model_validate_json(b)
+    stages["validation"] = time.thread_time() - t
+    t = time.thread_time()
+    for b in bodies:
+        conn = h11.Connection(h11.SERVER)
+        conn.receive_data(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          + f"Content-Length: {len(b)}\r\n\r\n".encode() + b)
+        while not isinstance(conn.next_event(), h11.EndOfMessage):
+            pass
+        conn.send(h11.Response(status_code=200, headers=[("content-type", "application/json"), ("content-length", "2")]))
+        conn.send(h11.Data(data=b"{}"))
+        conn.send(h11.EndOfMessage())
+    stages["http_parse"] = time.thread_time() - t
+    ranking, batch = stages.pop("_ranking"), stages.pop("_search_batch")
+    stages["docstore_collapse"] = batch - ranking
+    inside = ranking - sum(stages.get(k, 0.0) for k in ("tokenize", "encoder_forward", "faiss", "bm25", "fusion"))
+    stages["ranking_other"] = inside
+    stages.setdefault("json_encode", 0.0)  # FastAPI >= 0.115 encodes in serialize_response (pydantic-core's JSON)
+    measured_in_app = batch + stages["serialize_response"] + stages["json_encode"]
+    stages["framework_other"] = total - measured_in_app  # routing, dependencies, asyncio, micro-batcher
+    per_ms = {k: round(1000 * v / n, 3) for k, v in stages.items()}
+    order = ["http_parse", "validation", "tokenize", "encoder_forward", "faiss", "bm25", "fusion", "ranking_other",
+             "docstore_collapse", "serialize_response", "json_encode", "framework_other"]
+    # the floor: the encoder's forward alone, batched
+    batch_q = queries[:64]
+    engine.encode_queries(batch_q)
+    cpu.clear()
+    t = time.thread_time()
+    reps = max(1, n // len(batch_q))
+    for _ in range(reps):
+        engine.encode_queries(batch_q)
+    floor_ms = 1000 * (time.thread_time() - t) / (reps * len(batch_q))
+    res = {
+        "benchmark": "search_profile", "command": "python scripts/bench_search.py " + " ".join(sys.argv[1:]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "requests": n,
+        "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "torch_threads": 1,
+        "request": "POST /retrieve, one real question, topk 5, hybrid over wiki-default, result cache off",
+        "cpu_ms_per_request": {k: per_ms[k] for k in order},
+        "cpu_ms_per_request_total_in_app": round(1000 * total / n, 3),
+        "cpu_ms_per_request_total_with_http_parse": round(1000 * (total + stages["http_parse"] + stages["validation"]) / n, 3),
+        "encoder_forward_floor_ms_per_query_batched_64": round(floor_ms, 3),
+        "note": ("validation and http_parse are timed beside the app on the same bodies (the app's own validation is "
+                 "inside framework_other); framework_other = the request's process CPU minus the stages timed in it"),
+    }
+    atomic_write_json(args.out, res)
+    print(json.dumps(res, indent=1))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench_search.json", help="JSON output file.")
@@ -662,10 +806,15 @@ def main() -> None:
                          "POST /retrieve with drgym serve --method dense (with --background-load)")
     ap.add_argument("--recall-only", action="store_true",
                     help="Only retrieval quality (passages vs documents) and repeated URLs, on the cached index.")
+    ap.add_argument("--profile", type=int, default=0, metavar="N",
+                    help="only where the server's CPU goes for one POST /retrieve, stage by stage, over N real "
+                         "questions (see profile())")
     ap.add_argument("--cache-rss", type=int, default=0, metavar="N",
                     help="only the server's cache memory: RSS of drgym serve --method bm25 every 100 of N distinct "
                          "topk=100 queries, with the cache's accounted bytes")
     args = ap.parse_args()
+    if args.profile:
+        return profile(args)
     if args.cache_rss:
         return cache_rss(args)
     if args.background_load:

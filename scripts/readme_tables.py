@@ -448,6 +448,41 @@ def policy_options() -> str:
         "the class's docstring (API reference).")
 
 
+def bm25_engines() -> str:
+    d = _load("scripts/results/bench_bm25_engines.json")
+    rows = []
+    for name, c in d["corpora"].items():
+        a = c["agreement"]
+        for eng in ("bm25s", "fts5"):
+            e = c["engines"][eng]
+            rows.append([f"{name} ({c['passages']:,} passages)", eng, f"{e['build_s']:.1f}", f"{e['build_rss_added_mb']:.0f}",
+                         f"{e['index_bytes'] / 2**20:.0f}", f"{e['query_p50_ms']:.2f}", f"{e['query_p90_ms']:.2f}",
+                         f"{a['overlap_at_10_mean']:.2f} / {a['top1_same']:.2f}" if eng == "fts5" else "-"])
+    head = ["corpus", "engine", "build s", "build memory MB", "index MB", "query p50 ms", "query p90 ms",
+            "overlap@10 / top-1 with bm25s"]
+    load = d["load_avg_1_5_15_at_start"][0]
+    return (_table(head, rows) + f"\n\nOne run, {d['started'][:10]}, {d['cpu_count']} cores, load {load:.1f} at the start; "
+            "build memory: the building process's peak resident memory above its size before the build (VmHWM); "
+            f"queries one at a time on one thread ({next(iter(d['corpora'].values()))['queries']} per corpus). "
+            f"`{d['command']}`.")
+
+
+def search_profile() -> str:
+    d = _load("scripts/results/bench_search_profile.json")
+    labels = {"http_parse": "HTTP/1.1 parsing and response head (h11)", "validation": "body checks (non-finite, pydantic)",
+              "tokenize": "query tokenisation", "encoder_forward": "MiniLM forward", "faiss": "FAISS (Flat)",
+              "bm25": "BM25 (bm25s)", "fusion": "rank fusion", "ranking_other": "rest of ranking (encode call, arrays)",
+              "docstore_collapse": "docstore reads and collapse", "serialize_response": "response model and JSON (pydantic-core)",
+              "json_encode": "further JSON encoding", "framework_other": "FastAPI, asyncio, micro-batcher (the rest)"}
+    total = d["cpu_ms_per_request_total_with_http_parse"]
+    rows = [[labels[k], f"{v:.2f}", _pct(v / total)] for k, v in d["cpu_ms_per_request"].items()]
+    rows.append(["**total**", f"**{total:.2f}**", "100 %"])
+    rows.append(["floor: MiniLM forward alone, 64 queries a call", f"{d['encoder_forward_floor_ms_per_query_batched_64']:.2f}", "-"])
+    return (_table(["stage", "CPU ms / request", "share"], rows)
+            + f"\n\n{d['request']}; {d['requests']} requests, one torch thread, load {d['load_avg_1_5_15'][0]:.1f} "
+            f"on {d['cpus']} cores, {d['started'][:10]}. `{d['command']}`.")
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "policy_options": policy_options,
     "answerable_pool": answerable_pool,
@@ -465,6 +500,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "bench_search": bench_search,
     "retrieval": retrieval,
     "bench_train": bench_train,
+    "bm25_engines": bm25_engines,
+    "search_profile": search_profile,
 }
 
 
@@ -479,6 +516,8 @@ TABLE_PAGES: dict[str, str] = {
     "scale": "docs/benchmarks/scale.md",
     "scale_paper": "docs/benchmarks/scale.md",
     "bench_train": "docs/benchmarks/training.md",
+    "bm25_engines": "docs/benchmarks/scale.md",
+    "search_profile": "docs/benchmarks/search.md",
     "grpo_summary": "docs/training.md",
     "test_table": "docs/training.md",
     "answerable_pool": "docs/training.md",
