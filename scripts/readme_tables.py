@@ -478,6 +478,11 @@ def search_profile() -> str:
     rows = [[labels[k], f"{v:.2f}", _pct(v / total)] for k, v in d["cpu_ms_per_request"].items()]
     rows.append(["**total**", f"**{total:.2f}**", "100 %"])
     rows.append(["floor: MiniLM forward alone, 64 queries a call", f"{d['encoder_forward_floor_ms_per_query_batched_64']:.2f}", "-"])
+    q8 = d.get("int8_dynamic_query_encoder")
+    if q8:
+        rows.append([f"query encoding, int8 dynamic quantisation (float32: {q8['encode_ms_per_query_fp32']:.2f}); "
+                     f"dense top-10 overlap with float32 {q8['dense_overlap_at_10']:.2f}",
+                     f"{q8['encode_ms_per_query_int8']:.2f}", "-"])
     return (_table(["stage", "CPU ms / request", "share"], rows)
             + f"\n\n{d['request']}; {d['requests']} requests, one torch thread, load {d['load_avg_1_5_15'][0]:.1f} "
             f"on {d['cpus']} cores, {d['started'][:10]}. `{d['command']}`.")
