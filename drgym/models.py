@@ -14,8 +14,10 @@ import importlib.util
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from drgym.errors import DependencyNotInstalled
 from drgym.paths import models_dir
@@ -312,6 +314,31 @@ DTYPES = ("auto", "fastest", "float32", "bfloat16", "float16")
 """The usual ``dtype`` values (any torch floating dtype name is accepted)."""
 
 
+_FLOAT_DTYPES = frozenset({"float32", "float", "bfloat16", "float16", "half", "float64", "double", "float8_e4m3fn",
+                           "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu"})
+"""torch's floating dtype names, known without importing torch."""
+
+
+def check_dtype(dtype: Any) -> None:
+    """Refuse a ``dtype`` that is not ``auto``, ``fastest`` or a torch floating dtype name.
+
+    torch's floating dtype names are known without importing it (a second or more of
+    start-up), so a typo is refused before anything loads.
+
+    Raises:
+        ConfigError: naming the value and the usual ones (:data:`DTYPES`).
+    """
+    from drgym.errors import ConfigError
+
+    if dtype in ("auto", "fastest") or dtype in _FLOAT_DTYPES:
+        return
+    torch = sys.modules.get("torch")  # another floating dtype of a torch already loaded (never imported for this)
+    if torch is None or not (isinstance(getattr(torch, str(dtype), None), torch.dtype)
+                             and getattr(torch, str(dtype)).is_floating_point):
+        raise ConfigError(f"dtype must be 'auto', 'fastest' or a torch floating dtype ({', '.join(DTYPES[2:])}...); "
+                          f"got {dtype!r}.")
+
+
 def resolve_dtype(dtype: str, device: str) -> tuple[str, str]:
     """The weight dtype ``dtype="auto"`` means on ``device``, and why.
 
@@ -330,14 +357,7 @@ def resolve_dtype(dtype: str, device: str) -> tuple[str, str]:
     Raises:
         ConfigError: a name that is not ``auto`` or a torch floating dtype.
     """
-    import torch
-
-    from drgym.errors import ConfigError
-
-    if dtype not in ("auto", "fastest") and not (isinstance(getattr(torch, str(dtype), None), torch.dtype)
-                                                 and getattr(torch, dtype).is_floating_point):
-        raise ConfigError(f"dtype must be 'auto', 'fastest' or a torch floating dtype ({', '.join(DTYPES[2:])}...); "
-                          f"got {dtype!r}.")
+    check_dtype(dtype)
     if dtype not in ("auto", "fastest"):
         return dtype, "set by the user"
     if str(device).startswith("cuda"):

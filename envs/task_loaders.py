@@ -597,12 +597,17 @@ def load_tasks(name: str, *, limit: int | None = None) -> list[Task]:
         limit: keep the first ``limit`` tasks.
 
     Raises:
-        ConfigError: unknown name (with a "Did you mean" hint).
+        ConfigError: unknown name (with a "Did you mean" hint), or a task file path that
+            does not exist.
         CorpusError: the set is not shipped and ``shared/data`` is absent.
     """
     if name not in TASK_SETS:
-        if Path(name).suffix in (".json", ".jsonl", ".csv", ".parquet", ".tsv") and Path(name).exists():
+        looks_like_file = Path(name).suffix in (".json", ".jsonl", ".csv", ".parquet", ".tsv")
+        if looks_like_file and Path(name).exists():
             return load_hf_tasks(name)[:limit]
+        if looks_like_file or "/" in name:
+            raise ConfigError(f"Task file {name!r} does not exist (a task set is a shipped name, e.g. hotpotqa-dev, "
+                              "or an existing .json/.jsonl/.csv/.parquet/.tsv file).")
         raise unknown_name("task set", name, TASK_SETS)
     if name not in _CACHE:
         _CACHE[name] = TASK_SETS[name]()

@@ -162,3 +162,17 @@ def test_hf_policy_refuses_a_bad_dtype_before_loading():
 
     with pytest.raises(ConfigError, match="dtype must be"):
         HFPolicy("no-such-model", dtype="bf16")
+
+
+def test_dtype_names_are_known_without_torch():
+    """The dtype check runs before torch loads: its name list must be torch's floating dtypes."""
+    import torch
+
+    from drgym.models import _FLOAT_DTYPES, check_dtype
+
+    names = {n for n in dir(torch) if isinstance(getattr(torch, n), torch.dtype) and getattr(torch, n).is_floating_point}
+    assert _FLOAT_DTYPES == names - {"float4_e2m1fn_x2"}  # a packed pair of 4-bit floats: no weight dtype
+    for ok in ("auto", "fastest", "bfloat16", "half"):
+        check_dtype(ok)
+    with pytest.raises(ConfigError, match="got 'int8'"):
+        check_dtype("int8")

@@ -84,6 +84,19 @@ def test_bad_policy_kind_fails_fast(tmp_path):
     assert "Unknown policy kind 'bogus'" in _error_line(res.stderr)
 
 
+@pytest.mark.parametrize("args, message", [
+    (["-p", "dtype=float33"], "dtype must be 'auto', 'fastest' or a torch floating dtype (float32, bfloat16, float16...); "
+                              "got 'float33'."),
+    (["--backend", "local:nope"], "Unknown corpus or index for local:NAME"),
+    (["--tasks", "nowhere/tasks.jsonl"], "Task file 'nowhere/tasks.jsonl' does not exist"),
+])
+def test_bad_dtype_local_name_and_task_file_fail_fast_leaving_nothing(tmp_path, args, message):
+    res, wall = _drgym(["rollout", *args, "--n", "2", "--out", "r", "--no-progress"], tmp_path)
+    assert res.returncode == 2 and wall < FAST_S, (wall, res.stderr[-2000:])
+    assert message in _error_line(res.stderr)
+    assert not (tmp_path / "r").exists() and not list((tmp_path / "home").rglob("manifest.json"))
+
+
 def test_dead_openai_endpoint_fails_fast_naming_the_url(tmp_path):
     """Used to load the local index first (a minute), then fail on the first request."""
     url = f"http://127.0.0.1:{free_port()}/v1"

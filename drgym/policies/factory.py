@@ -96,8 +96,8 @@ def check_policy(spec: str, options: dict[str, Any] | None = None) -> None:
     """Check a policy spec and its options without building the policy (no model load,
     no connection), so that ``drgym rollout`` refuses a typo before loading anything.
 
-    Checks the kind, the option names (against the policy's constructor), the
-    ``openai:`` URL, for ``hf:`` (and a ``rag:`` reader) that a model folder exists
+    Checks the kind, the option names (against the policy's constructor), a ``dtype``
+    option's value, the ``openai:`` URL, for ``hf:`` (and a ``rag:`` reader) that a model folder exists
     and, offline, that a hub name is in the local Hugging Face cache
     (:func:`drgym.models.check_lm`), and for ``vllm:`` that vLLM is installed and a CUDA
     GPU is visible. Whether an ``openai:`` server answers is
@@ -119,6 +119,10 @@ def check_policy(spec: str, options: dict[str, Any] | None = None) -> None:
         check_policy(_lm_spec(arg), options)
         return
     _accepts(_policy_class(kind), options)
+    if "dtype" in options and kind in ("hf", "vllm"):
+        from drgym.models import check_dtype
+
+        check_dtype(options["dtype"])
     if kind == "openai":
         from drgym.policies.openai import parse_spec
 

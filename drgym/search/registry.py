@@ -156,8 +156,9 @@ def check_spec(spec: str) -> None:
     """Check a backend spec without building the backend (no index load, no connection).
 
     Raises:
-        ConfigError: unknown spec, a mode prefix without its file or backend, or a
-            ``replay:`` recording that does not exist.
+        ConfigError: unknown spec, a mode prefix without its file or backend, a
+            ``replay:`` recording that does not exist, or a ``local:NAME`` that is no
+            named corpus, index name or existing path.
     """
     from urllib.parse import urlparse
 
@@ -166,6 +167,16 @@ def check_spec(spec: str) -> None:
         raise ConfigError(f"replay: no recording at {store}.")
     if inner is None:
         return
+    if _kind(inner) == "local" and ":" in inner:
+        from drgym.corpus.named import NAMED
+        from drgym.errors import unknown_name
+        from drgym.paths import indexes_dir
+
+        target = inner.split(":", 1)[1]
+        folder = Path(target).expanduser()
+        if not (target in NAMED or folder.exists() or (indexes_dir() / target / "manifest.json").exists()):
+            raise unknown_name("corpus or index for local:NAME (a named corpus, an index under "
+                               f"{indexes_dir()}, or an existing path)", target, [*NAMED, *_index_names()])
     if _kind(inner) == "mcp":
         from drgym.search.mcp import parse_spec
 
@@ -174,6 +185,14 @@ def check_spec(spec: str) -> None:
         u = urlparse(inner.strip())
         if not u.netloc:
             raise ConfigError(f"backend URL {inner!r} has no host; give e.g. 'http://127.0.0.1:8000'.")
+
+
+def _index_names() -> list[str]:
+    """Index folders under ``$DRGYM_HOME/indexes`` (for a "Did you mean" hint)."""
+    from drgym.paths import indexes_dir
+
+    root = indexes_dir()
+    return sorted(p.name for p in root.iterdir() if (p / "manifest.json").exists()) if root.is_dir() else []
 
 
 def _replay_max_k(kind: str) -> int:
