@@ -28,8 +28,10 @@ own, read from ``getrusage``):
 4. ``search`` per factory and search setting: single queries and batches of 64 at
    k=10 through :class:`drgym.index.dense.DenseIndex` (shard merge and tie-break
    included; FAISS files memory-mapped for flat codes), p50/p99 latency, recall@10 vs
-   exact. drgym's defaults (efSearch 64; nprobe ``max(16, nlist/16)``; exact re-rank of
+   exact. drgym's defaults (efSearch 64; nprobe ``max(16, nlist/4)``; exact re-rank of
    100 IVF-PQ candidates), and for IVF-PQ also nprobe 16 and no re-rank.
+   With ``--curve``, IVF-PQ alone over the grid nprobe x re-rank depth
+   (:data:`CURVE_NPROBE` x :data:`CURVE_RERANK`): the recall/latency curve.
 5. ``bm25`` for N <= ``--bm25-max``: drgym's streamed BM25 over the docstore: time,
    peak RSS, passage-term pairs (calibrates the memory check of
    :func:`drgym.index.bm25.write_bm25`).
@@ -58,6 +60,9 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 DIM = 384
+CURVE_NPROBE = (16, 32, 64, 128, 256)
+CURVE_RERANK = (100, 300, 1000)
+"""The ``--curve`` grid: IVF lists probed x IVF-PQ candidates re-scored exactly."""
 N_QUERIES = 200
 K = 10
 SEED = 0
@@ -375,6 +380,9 @@ def main() -> None:
     ap.add_argument("--bm25-max", type=int, default=1_000_000, help="largest N for the BM25 stage")
     ap.add_argument("--budget", type=float, default=90.0, help="seconds per latency measurement (min 20 singles, 3 batches)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder of each size")
+    ap.add_argument("--curve", action="store_true",
+                    help="IVF-PQ only: recall@10 and latency over a grid of nprobe x exact re-rank depth "
+                         "(CURVE_NPROBE x CURVE_RERANK), the curve the search defaults are chosen from")
     ap.add_argument("--table", type=Path, help="print the README table of a result JSON and exit")
     ap.add_argument("--paper", type=Path, help="print the README's extrapolation to wiki-18 and ClueWeb22-B and exit")
     a = ap.parse_args()
@@ -396,7 +404,7 @@ def main() -> None:
         "settings": {"dim": DIM, "queries": N_QUERIES, "k": K, "shard_size": a.shard_size, "hnsw_max": a.hnsw_max,
                      "words_per_passage": WORDS, "vocab": VOCAB, "seed": SEED,
                      "vectors": "topic mixture fitted to drgym's 21,123 shipped MiniLM vectors (see docstring)",
-                     "search_defaults": "drgym's DEFAULT_SEARCH_PARAMS: efSearch 64, nprobe 0 = max(16, nlist/16), rerank 100",
+                     "search_defaults": "drgym's DEFAULT_SEARCH_PARAMS: efSearch 64, nprobe 0 = auto_nprobe(nlist), rerank 100",
                      "flat_search": "FAISS files memory-mapped (IO_FLAG_MMAP_IFC): RSS counts the page cache"},
         "started": res.get("started") or now(),
         "code_commit": os.environ.get("DRGYM_BENCH_COMMIT") or subprocess.run(
@@ -422,6 +430,8 @@ def main() -> None:
         families = {"Flat": "Flat", "IVF-PQ": ivfpq(n, a.shard_size)}
         if n <= a.hnsw_max:
             families["HNSW32"] = "HNSW32"
+        if a.curve:
+            families = {"IVF-PQ": ivfpq(n, a.shard_size)}
         r.setdefault("dense", {})
         r.setdefault("search", {})
         for fam, factory in families.items():
@@ -429,7 +439,10 @@ def main() -> None:
                 r["dense"][fam] = run_stage(["dense", str(work), factory], log)
                 write(res, a.out)
             settings = [(fam, {})]  # drgym defaults
-            if fam == "IVF-PQ":
+            if fam == "IVF-PQ" and a.curve:
+                settings = [(f"IVF-PQ nprobe {p} rerank {r}", {"nprobe": p, "rerank": r})
+                            for p in CURVE_NPROBE for r in CURVE_RERANK]
+            elif fam == "IVF-PQ":
                 settings += [("IVF-PQ nprobe 16", {"nprobe": 16}), ("IVF-PQ rerank 0", {"rerank": 0})]
             for label, params in settings:
                 if label not in r["search"] or "error" in r["search"][label]:

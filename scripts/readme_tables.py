@@ -488,6 +488,25 @@ def search_profile() -> str:
             f"on {d['cpus']} cores, {d['started'][:10]}. `{d['command']}`.")
 
 
+def ann_curve() -> str:
+    d = _load("scripts/results/bench_ann_curve.json")
+    rows = []
+    for key in sorted(d["sizes"], key=int):
+        r = d["sizes"][key]
+        factory = r.get("dense", {}).get("IVF-PQ", {}).get("factory", "IVF-PQ")
+        for label, s in r.get("search", {}).items():
+            p = s.get("params", {})
+            if "error" in s:
+                continue
+            rows.append([f"{int(key):,}", factory, str(p.get("nprobe")), str(p.get("rerank")), f"{s['recall@10']:.3f}",
+                         f"{s['single_ms_p50']:.1f}", f"{s['batch64_ms_p50']:.0f}"])
+    load = max(s.get("load_avg", [0])[0] for r in d["sizes"].values() for s in r.get("search", {}).values())
+    return (_table(["N", "index", "nprobe", "re-rank", "recall@10", "1 query p50 ms", "64 queries p50 ms"], rows)
+            + f"\n\nRecall@10 against exact search of 200 queries; synthetic topic-clustered vectors fitted to MiniLM "
+            f"(as in the table above); one run, {d['started'][:10]}, {d['machine']['cpus']} cores shared with a "
+            f"training job (load up to {load:.1f}), so latencies are high and noisy. `{d['command']}`.")
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "policy_options": policy_options,
     "answerable_pool": answerable_pool,
@@ -506,6 +525,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "retrieval": retrieval,
     "bench_train": bench_train,
     "bm25_engines": bm25_engines,
+    "ann_curve": ann_curve,
     "search_profile": search_profile,
 }
 
@@ -522,6 +542,7 @@ TABLE_PAGES: dict[str, str] = {
     "scale_paper": "docs/benchmarks/scale.md",
     "bench_train": "docs/benchmarks/training.md",
     "bm25_engines": "docs/benchmarks/scale.md",
+    "ann_curve": "docs/benchmarks/scale.md",
     "search_profile": "docs/benchmarks/search.md",
     "grpo_summary": "docs/training.md",
     "test_table": "docs/training.md",

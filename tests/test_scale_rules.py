@@ -154,7 +154,7 @@ def ivf_index(tmp_path):
 def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder):
     """The library engine, the engine ``drgym serve`` loads and the ``drgym serve-ray``
     router over its ShardServer code (default config) give the same rankings, all with
-    nprobe max(16, 512/16) = 32. (Before: the Ray shards probed 16.)"""
+    nprobe max(16, 512/4) = 128."""
     from drgym.cli.serve import load_backend
     from drgym.distributed.serve import ShardedSearchEngine, ShardServer, load_config
     from drgym.index.dense import DenseIndex
@@ -167,8 +167,8 @@ def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder):
     cfg = load_config()["shard"]
     shards = [ShardServer(str(folder), i, cfg.get("search_params"), bool(cfg.get("mmap", True))) for i in range(2)]
     ray_engine = ShardedSearchEngine(folder, [LocalHandle(s) for s in shards], method="dense", collapse="passage")
-    assert lib._shared.dense.shard_params == [{"nprobe": 32, "rerank": 100}] * 2
-    assert [s.dense.shard_params[0] for s in shards] == [{"nprobe": 32, "rerank": 100}] * 2
+    assert lib._shared.dense.shard_params == [{"nprobe": 128, "rerank": 100}] * 2
+    assert [s.dense.shard_params[0] for s in shards] == [{"nprobe": 128, "rerank": 100}] * 2
     want = ranking(lib.search_batch(queries, 10))
     assert ranking(served.search_batch(queries, 10)) == want
     assert ranking(ray_engine.search_batch(queries, 10)) == want
@@ -187,7 +187,7 @@ def test_search_params_for_fits_each_index_type():
     from drgym.index.dense import search_params_for
 
     ip = faiss.METRIC_INNER_PRODUCT
-    assert search_params_for(faiss.index_factory(8, "IVF4096,Flat", ip)) == {"nprobe": 256, "rerank": 100}
+    assert search_params_for(faiss.index_factory(8, "IVF4096,Flat", ip)) == {"nprobe": 1024, "rerank": 100}
     assert search_params_for(faiss.index_factory(8, "IVF64,Flat", ip), {"nprobe": 500}) == {"nprobe": 64, "rerank": 100}
     assert search_params_for(faiss.index_factory(8, "HNSW32", ip), {"rerank": 0}) == {"efSearch": 64, "rerank": 0}
     assert search_params_for(faiss.index_factory(8, "Flat", ip)) == {"rerank": 100}
