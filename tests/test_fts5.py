@@ -120,6 +120,8 @@ def test_cli_builds_an_fts5_index_and_refuses_an_unknown_engine(tmp_path, sessio
     [folder] = [p for p in (tmp_path / "idx").iterdir() if p.name.endswith("--fts5")]
     m = json.loads((folder / "manifest.json").read_text())
     assert m["bm25"]["engine"] == "fts5" and FTS5_FILE in m["files"]
+    listed = CliRunner().invoke(app, ["index", "list", "--root", str(tmp_path / "idx")])
+    assert listed.exit_code == 0 and f"{folder.name}\t20 passages\tFlat\tBM25 fts5\t" in listed.output
     con = sqlite3.connect(folder / FTS5_FILE)
     assert dict(con.execute("SELECT key, value FROM meta"))["n_passages"] == "20"
     con.close()

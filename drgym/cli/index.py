@@ -173,15 +173,21 @@ def verify(
 
 
 @index_app.command("list")
-def list_indexes() -> None:
-    """List the indexes under $DRGYM_HOME/indexes."""
+def list_indexes(
+    root: Path = typer.Option(None, "--root", help="Folder of index folders (default: $DRGYM_HOME/indexes)."),
+) -> None:
+    """List the indexes under $DRGYM_HOME/indexes (or --root): passages, FAISS factory, BM25 engine, encoder, date."""
     from drgym.errors import DrgymError
     from drgym.index.manifest import IndexManifest
     from drgym.paths import indexes_dir
 
-    from drgym.index.build import BUILD_PREFIX
+    from drgym.index.build import BUILD_PREFIX, bm25_engine_of
 
-    for p in sorted(indexes_dir().iterdir()):
+    folder = Path(root).expanduser() if root is not None else indexes_dir()
+    if not folder.is_dir():
+        typer.secho(f"error: {folder} is not a folder of indexes.", fg="red", err=True)
+        raise typer.Exit(2)
+    for p in sorted(folder.iterdir()):
         if p.name.startswith(BUILD_PREFIX) and p.is_dir():
             typer.echo(f"{p.name[len(BUILD_PREFIX):]}\tpartial build (killed or running): rerun the same build to resume it")
             continue
@@ -189,7 +195,8 @@ def list_indexes() -> None:
             continue
         try:
             m = IndexManifest.read(p)
-            typer.echo(f"{p.name}\t{m.n_passages} passages\t{m.factory}\t{m.encoder}\t{m.created}")
+            bm25 = f"BM25 {bm25_engine_of(m.bm25)}" if m.bm25 is not None else "no BM25"
+            typer.echo(f"{p.name}\t{m.n_passages} passages\t{m.factory}\t{bm25}\t{m.encoder}\t{m.created}")
         except DrgymError as e:
             typer.echo(f"{p.name}\tunreadable: {e}")
 

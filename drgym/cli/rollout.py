@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         backend: str = typer.Option("local", "--backend", help="Search backend: local (in-process index of wiki-default) or a registry spec."),
         n: int = typer.Option(DEFAULT_N, "--n", help="Number of tasks (the first N of the set); 0 = all."),
         out: Optional[str] = typer.Option(None, "--out", help="Run directory (default runs/<env>-<tasks>-<policy>)."),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = typer.Option(0, "--seed", help="Base seed of the env resets (episode ids) and of sampling policies."),
         batch_size: int = typer.Option(8, "--batch-size", help="Episodes stepped together."),
         max_turns: Optional[int] = typer.Option(None, "--max-turns", help="Turn budget (default: the env's)."),
         max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", help="Tokens per turn for hf/vllm (openai: max_tokens)."),
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
             help="Resume even if the search engine (index, method, encoder, server) differs from the run's; "
                  "config.json records both."),
         no_plots: bool = typer.Option(False, "--no-plots", help="Do not write PNG plots."),
-        progress: bool = typer.Option(True, "--progress/--no-progress"),
+        progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
     ) -> None:
         """Run a policy through a drgym env on real tasks; write config, trajectories, metrics and plots.
 
