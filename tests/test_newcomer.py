@@ -285,3 +285,13 @@ def test_wheel_build_prints_no_warning(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout + proc.stderr
     assert not re.search(r"warn", out, re.IGNORECASE), out[-5000:]
+
+
+def test_version_flag_and_command_agree():
+    from drgym import __version__
+    from drgym.cli import app
+
+    for args in (["--version"], ["version"]):
+        res = CliRunner().invoke(app, args)
+        assert res.exit_code == 0 and res.output.strip() == __version__, (args, res.output)
+

@@ -22,9 +22,19 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from drgym import __version__
+
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at INFO level."),
+    version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                 help="Print the drgym version and exit (as `drgym version`)."),
 ) -> None:
     logging.basicConfig(
         level=logging.INFO if verbose else logging.WARNING,
