@@ -312,8 +312,25 @@ def test_streamed_bm25_equals_one_bm25s_call(tmp_path):
     assert a.retriever.vocab_dict == b.retriever.vocab_dict and settings["vocab_size"] == len(b.retriever.vocab_dict)
     for q in ("If Gallu is a demon Lilu is what?", "river delta", "xyzzy"):
         assert np.array_equal(a.scores(q), b.scores(q))
-    with pytest.raises(ConfigError, match="needs about .* GiB of memory.*--no-bm25"):
-        write_bm25(tmp_path / "c", iter(texts), max_memory=10_000_000)
+    # too large for memory: built streaming, with the same vocabulary and the same scores to the bit
+    import tracemalloc
+
+    tracemalloc.start()
+    streamed = write_bm25(tmp_path / "c", iter(texts), max_memory=10_000_000, chunk=500)
+    _, peak_streamed = tracemalloc.get_traced_memory()
+    tracemalloc.reset_peak()
+    write_bm25(tmp_path / "d", iter(texts), chunk=500, streaming=False)
+    _, peak_in_memory = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert streamed["built"] == "streaming" and settings["built"] == "in memory"
+    assert {k: v for k, v in streamed.items() if k != "built"} == {k: v for k, v in settings.items() if k != "built"}
+    c = BM25Index(tmp_path / "c", len(texts))
+    assert c.retriever.vocab_dict == b.retriever.vocab_dict
+    for q in ("If Gallu is a demon Lilu is what?", "river delta", "xyzzy", "the of and"):
+        assert np.array_equal(c.scores(q), b.scores(q))
+    assert c.search(["river delta"], 10, np.arange(len(texts)))[0][1].tolist() == \
+        a.search(["river delta"], 10, np.arange(len(texts)))[0][1].tolist()
+    assert peak_streamed < peak_in_memory, (peak_streamed, peak_in_memory)
 
 
 def test_auto_factory_by_size():

@@ -278,32 +278,38 @@ class _TokenIds:
 
 
 def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int = 10_000,
-               tokenizer: str = TOKENIZER) -> dict:
+               tokenizer: str = TOKENIZER, streaming: bool | None = None) -> dict:
     """Build and save the BM25 index of ``texts`` (one per passage row) in ``folder/bm25``.
 
-    The texts are streamed: tokenised ``chunk`` at a time with ``bm25s.tokenize``
-    (the same tokens as one call over the whole corpus) into a flat token-id file on disk,
-    then indexed by bm25s, whose score matrix is built in memory. That last step needs
-    about :data:`BM25_BYTES_PER_PAIR` bytes per (passage, distinct token) pair plus
-    :data:`BM25_BYTES_PER_TERM` per vocabulary term: about 2.4 GB per million 100-word
-    passages. Before it starts, the need is estimated and compared with ``max_memory``.
+    The texts are streamed: tokenised ``chunk`` at a time (the same tokens as one call
+    over the whole corpus) into a flat token-id file on disk, counting each term's
+    document frequency. Then the score matrix is made one of two ways, with the same
+    scores and the same files (bm25s's format, loaded memory-mapped by :class:`BM25Index`):
+
+    - in memory, by bm25s, which needs about :data:`BM25_BYTES_PER_PAIR` bytes per
+      (passage, distinct token) pair plus :data:`BM25_BYTES_PER_TERM` per vocabulary term
+      (about 2.4 GB per million 100-word passages): the fastest way when it fits;
+    - streaming (:func:`_write_csc_streaming`), when that estimate exceeds ``max_memory``
+      (or ``streaming=True``): passages ``chunk`` at a time, each scored with bm25s's own
+      per-document functions, written into the column-major arrays on disk, so memory
+      stays bounded by the chunk whatever the corpus size (disk: 8 bytes per pair).
 
     Args:
         folder: the index build folder.
         texts: iterable of passage texts in row order (a list, or
             :meth:`drgym.docstore.DocStoreWriter.iter_embed_texts`).
-        max_memory: bytes the build may use; None is :data:`BM25_MEMORY_FRACTION` of the
-            memory available now.
-        chunk: texts tokenised per bm25s call.
+        max_memory: bytes an in-memory build may use; None is :data:`BM25_MEMORY_FRACTION`
+            of the memory available now.
+        chunk: texts tokenised per batch, and passages scored per streaming step.
         tokenizer: :data:`TOKENIZER` (default) or :data:`LEGACY_TOKENIZER`.
+        streaming: True or False to choose the way; None (default) by ``max_memory``.
 
     Returns:
         Settings recorded in the manifest (``k1``, ``b``, ``method``, ``stopwords``,
-        ``vocab_size``, ``passage_term_pairs``).
+        ``vocab_size``, ``passage_term_pairs``, ``built``: ``"in memory"`` or ``"streaming"``).
 
     Raises:
-        ConfigError: the estimated memory exceeds ``max_memory`` (the message gives both
-            and the way out: build without BM25).
+        ConfigError: an unknown ``tokenizer``.
     """
     import itertools
     import shutil
@@ -319,6 +325,7 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
     tmp.mkdir(parents=True, exist_ok=True)
     vocab: dict[str, int] = {}
     lengths: list[int] = []
+    df = np.zeros(1024, dtype=np.int64)  # documents per term id (grown as the vocabulary grows)
     pairs = 0
     try:
         with open(tmp / "ids.bin", "wb") as f:
@@ -328,26 +335,33 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
                     ids = np.fromiter((vocab.setdefault(t, len(vocab)) for t in doc), dtype=np.int32, count=len(doc))
                     f.write(ids.tobytes())
                     lengths.append(len(ids))
-                    pairs += len(np.unique(ids))
+                    u = np.unique(ids)
+                    if len(vocab) > len(df):
+                        df = np.concatenate([df, np.zeros(max(len(df), len(vocab) - len(df)), dtype=np.int64)])
+                    df[u] += 1
+                    pairs += len(u)
         need = BM25_BYTES_PER_PAIR * pairs + BM25_BYTES_PER_TERM * len(vocab)
         if max_memory is None:
             import psutil
 
             max_memory = int(BM25_MEMORY_FRACTION * psutil.virtual_memory().available)
-        if need > max_memory:
-            raise ConfigError(
-                f"BM25 over {len(lengths):,} passages ({pairs:,} passage-term pairs, {len(vocab):,} terms) needs about "
-                f"{need / 2**30:.1f} GiB of memory, more than the {max_memory / 2**30:.1f} GiB available; "
-                "build it on disk with SQLite FTS5 (--bm25-engine fts5; bounded memory at any size), without BM25 "
-                "(--no-bm25, dense search only), or on a machine with more memory."
-            )
+        if streaming is None:
+            streaming = need > max_memory
+            if streaming:
+                log.info("BM25 over %d passages (%d passage-term pairs) needs about %.1f GiB in memory, more than the "
+                         "%.1f GiB available: building it streaming, with the same scores", len(lengths), pairs,
+                         need / 2**30, max_memory / 2**30)
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         np.cumsum(np.asarray(lengths, dtype=np.int64), out=offsets[1:])
         flat = np.memmap(tmp / "ids.bin", dtype=np.int32, mode="r") if offsets[-1] else np.zeros(0, np.int32)
         retriever = bm25s.BM25()
-        retriever.index(_TokenIds(flat, offsets, vocab), show_progress=False)
+        n_terms = len(vocab)  # bm25s adds its empty token "" to the dict it is given
+        if streaming:
+            _write_csc_streaming(out_dir, retriever, flat, offsets, vocab, df[: len(vocab)], chunk=chunk)
+        else:
+            retriever.index(_TokenIds(flat, offsets, vocab), show_progress=False)
+            retriever.save(str(out_dir))
         del flat
-        retriever.save(str(out_dir))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {
@@ -357,9 +371,84 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
         "b": retriever.b,
         "stopwords": STOPWORDS,
         "tokenizer": tokenizer,
-        "vocab_size": len(retriever.vocab_dict),
+        "vocab_size": n_terms + 1,  # bm25s's empty token "" included
         "passage_term_pairs": int(pairs),
+        "built": "streaming" if streaming else "in memory",
     }
+
+
+def _write_csc_streaming(out_dir: Path, retriever, flat: np.ndarray, offsets: np.ndarray, vocab: dict[str, int],
+                         df: np.ndarray, *, chunk: int) -> None:
+    """bm25s's index files for ``retriever``'s settings, written with bounded memory.
+
+    Scores are bm25s's to the bit: the IDF of each document frequency by bm25s's own
+    function (stored as float32, as ``_build_idf_array`` does), and each passage's
+    term-frequency component by bm25s's ``_get_counts_from_token_ids`` and its tfc
+    function, with the corpus's mean passage length. The column-major arrays are
+    written in place on disk (``np.lib.format.open_memmap``): the column pointers come
+    from the document frequencies, and each chunk of passages is sorted by term and
+    written at each term's cursor, so every column lists its passages in row order.
+    Then the vocabulary (bm25s's empty token ``""`` last, without a column) and the
+    parameters are written as ``BM25.save`` writes them.
+    """
+    import json
+
+    import bm25s
+    from bm25s import scoring
+
+    n, v = len(offsets) - 1, len(vocab)
+    dtype, int_dtype = np.dtype(retriever.dtype), np.dtype(retriever.int_dtype)
+    idf_fn = scoring._select_idf_scorer(retriever.idf_method)
+    tfc_fn = scoring._select_tfc_scorer(retriever.method)
+    idf = np.zeros(v, dtype=dtype)
+    for d in np.unique(df[df > 0]):  # the IDF depends only on the document frequency
+        idf[df == d] = idf_fn(int(d), N=n)
+    avg_len = np.diff(offsets).mean() if n else 0.0
+    indptr = np.zeros(v + 1, dtype=np.int64)
+    np.cumsum(df, out=indptr[1:])
+    nnz = int(indptr[-1])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if nnz == 0:  # no passage has a token (an empty file cannot be memory-mapped)
+        np.save(out_dir / "data.csc.index.npy", np.zeros(0, dtype=dtype))
+        np.save(out_dir / "indices.csc.index.npy", np.zeros(0, dtype=int_dtype))
+        data = indices = None
+    else:
+        data = np.lib.format.open_memmap(out_dir / "data.csc.index.npy", mode="w+", dtype=dtype, shape=(nnz,))
+        indices = np.lib.format.open_memmap(out_dir / "indices.csc.index.npy", mode="w+", dtype=int_dtype, shape=(nnz,))
+    cursor = indptr[:-1].copy()
+    for start in range(0, n, chunk):
+        terms, docs, scores = [], [], []
+        for doc in range(start, min(n, start + chunk)):
+            ids = flat[offsets[doc]: offsets[doc + 1]].tolist()
+            voc, tf = scoring._get_counts_from_token_ids(ids, dtype=dtype, int_dtype=int_dtype)
+            tfc = tfc_fn(tf_array=tf, l_d=len(ids), l_avg=avg_len, k1=retriever.k1, b=retriever.b, delta=retriever.delta)
+            terms.append(voc)
+            scores.append(idf[voc] * tfc)
+            docs.append(np.full(len(voc), doc, dtype=int_dtype))
+        if data is None or not terms:
+            continue
+        t, d_, s_ = np.concatenate(terms), np.concatenate(docs), np.concatenate(scores).astype(dtype)
+        order = np.argsort(t, kind="stable")  # by term; rows stay ascending within a term
+        t, d_, s_ = t[order], d_[order], s_[order]
+        uniq, first, counts = np.unique(t, return_index=True, return_counts=True)
+        pos = cursor[t] + (np.arange(len(t)) - np.repeat(first, counts))
+        data[pos] = s_
+        indices[pos] = d_
+        cursor[uniq] += counts
+    if not np.array_equal(cursor, indptr[1:]):
+        raise RuntimeError("streaming BM25 build: the columns written disagree with the document frequencies")
+    if data is not None:
+        data.flush()
+        indices.flush()
+    del data, indices
+    np.save(out_dir / "indptr.csc.index.npy", indptr)
+    with open(out_dir / "vocab.index.json", "w", encoding="utf-8") as f:
+        f.write(json.dumps({**vocab, "": v}, ensure_ascii=False))
+    params = dict(k1=retriever.k1, b=retriever.b, delta=retriever.delta, method=retriever.method,
+                  idf_method=retriever.idf_method, dtype=retriever.dtype, int_dtype=retriever.int_dtype, num_docs=n,
+                  version=bm25s.__version__, backend=retriever.backend)
+    with open(out_dir / "params.index.json", "w") as f:
+        json.dump(params, f, indent=4)
 
 
 def rrf_fuse(
