@@ -241,3 +241,26 @@ def test_unknown_env_option_and_unreadable_tasks_are_named(default_engine, tmp_p
     cfg = RolloutConfig(policy="scripted", n=1, out=str(tmp_path / "b"), tasks=str(junk))
     with pytest.raises(CorpusError, match=r"t\.jsonl:1 is not valid JSON \(Expecting value: column 1\)"):
         run_rollout(cfg, backend=default_engine, progress=False)
+
+
+def test_rollout_reads_a_run_file_and_the_command_line_wins(tmp_path, monkeypatch, session_drgym_home, default_engine):
+    """``drgym rollout --config run.yaml``: the file's fields are the run; options given on
+    the command line override them, and -p adds to its policy_options."""
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    run = tmp_path / "run.yaml"
+    run.write_text("policy: scripted\ntasks: hotpotqa-dev\nn: 3\nseed: 7\nplots: false\n"
+                   f"out: {tmp_path / 'r'}\npolicy_options: {{fetch: false}}\nenv_options: {{top_k: 2}}\n")
+    res = CliRunner().invoke(app, ["rollout", "--config", str(run), "--n", "2", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    cfg = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert cfg["policy"]["name"] == "scripted" and cfg["config"]["n"] == 2 and cfg["config"]["seed"] == 7
+    assert cfg["config"]["env_options"] == {"top_k": 2} and cfg["config"]["policy_options"] == {"fetch": False}
+    assert not list((tmp_path / "r").glob("*.png"))
+    run.write_text("polcy: scripted\n")
+    res = CliRunner().invoke(app, ["rollout", "--config", str(run), "--no-progress"])
+    assert res.exit_code == 2 and "Did you mean 'policy'" in res.output
+    res = CliRunner().invoke(app, ["rollout", "--config", str(tmp_path / "none.yaml"), "--no-progress"])
+    assert res.exit_code == 2 and "cannot be read" in res.output

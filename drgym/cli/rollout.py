@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def rollout(
+        ctx: typer.Context,
         env: str = typer.Option("drgym/SearchQA-v0", "--env", help="Gymnasium id: drgym/SearchQA-v0 or drgym/DeepResearch-v0."),
         tasks: Optional[str] = typer.Option(None, "--tasks", help="Task set (default hotpotqa-dev for SearchQA, drb-en for DeepResearch) or a file."),
         policy: str = typer.Option("hf:smollm2", "--policy", help="hf:MODEL | openai:MODEL@URL | vllm:MODEL | rag:LLM | scripted."),
@@ -44,6 +45,11 @@ def register(app: typer.Typer) -> None:
                  "config.json records both."),
         no_plots: bool = typer.Option(False, "--no-plots", help="Do not write PNG plots."),
         progress: bool = typer.Option(True, "--progress/--no-progress", help="Show a progress bar."),
+        config: Optional[str] = typer.Option(
+            None, "--config",
+            help="A run file (YAML or JSON) of run options: env, tasks, policy, backend, n, out, seed, batch_size, "
+                 "max_turns, judge, rewards, policy_options, env_options, plots. Options given on the command line "
+                 "win; -p and -e add to its policy_options and env_options."),
     ) -> None:
         """Run a policy through a drgym env on real tasks; write config, trajectories, metrics and plots.
 
@@ -65,7 +71,29 @@ def register(app: typer.Typer) -> None:
         # markup=False: run names, specs and messages are printed as they are ('drgym[gpu]')
         console = Console(markup=False)
         try:
-            popts = parse_options(policy_opt)
+            if config is not None:
+                from drgym.evaluation.run_config import read_run_file
+
+                given = read_run_file(config)
+
+                def defaulted(name: str) -> bool:  # the user did not give this option (typer's click: by name)
+                    return getattr(ctx.get_parameter_source(name), "name", "DEFAULT") == "DEFAULT"
+
+                def pick(name: str, value):
+                    # a command-line option the user gave wins over the file
+                    return given[name] if name in given and defaulted(name) else value
+
+                env, tasks, policy, backend = pick("env", env), pick("tasks", tasks), pick("policy", policy), pick("backend", backend)
+                n = pick("n", n) if pick("n", n) is not None else 0
+                out, seed, batch_size = pick("out", out), pick("seed", seed), pick("batch_size", batch_size)
+                max_turns, judge = pick("max_turns", max_turns), pick("judge", judge)
+                if "rewards" in given and defaulted("reward"):
+                    reward = ",".join(given["rewards"] or []) if isinstance(given["rewards"], list) else given["rewards"]
+                if "plots" in given and defaulted("no_plots"):
+                    no_plots = not bool(given["plots"])
+            else:
+                given = {}
+            popts = {**dict(given.get("policy_options") or {}), **parse_options(policy_opt)}
             if max_new_tokens is not None:
                 popts["max_tokens" if policy.startswith("openai:") else "max_new_tokens"] = max_new_tokens
             if tasks is None:
@@ -76,7 +104,8 @@ def register(app: typer.Typer) -> None:
                 env=env, tasks=tasks_name, policy=policy, backend=backend, n=n or None, out=out, seed=seed,
                 batch_size=batch_size, max_turns=max_turns, judge=judge,
                 rewards=[r.strip() for r in reward.split(",") if r.strip()] if reward else None,
-                policy_options=popts, env_options=parse_options(env_opt), plots=not no_plots,
+                policy_options=popts, env_options={**dict(given.get("env_options") or {}), **parse_options(env_opt)},
+                plots=not no_plots,
             )
             check_backend_keys(backend)
             if judge:

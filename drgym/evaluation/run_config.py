@@ -105,6 +105,42 @@ class RolloutConfig:
             )
 
 
+def read_run_file(path: str | Path) -> dict[str, Any]:
+    """The :class:`RolloutConfig` fields of a run file (YAML or JSON), for ``drgym rollout
+    --config FILE``: a mapping of field names (``policy``, ``tasks``, ``backend``, ``n``,
+    ``policy_options``...) to values, checked when the config is made.
+
+    Raises:
+        ConfigError: the file is missing or unreadable, is not a mapping, or names a field
+            that does not exist (with a "Did you mean" hint).
+    """
+    import yaml
+
+    from drgym.errors import unknown_name
+
+    p = Path(path).expanduser()
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ConfigError(f"Run file {p} cannot be read: {e.strerror or e}.") from e
+    except yaml.YAMLError as e:
+        raise ConfigError(f"Run file {p} is not valid YAML or JSON: {e}") from e
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"Run file {p} must be a mapping of run options, got {type(data).__name__}.")
+    known = [f.name for f in dataclasses.fields(RolloutConfig)]
+    for key in data:
+        if key not in known:
+            raise unknown_name(f"run option in {p}", str(key), known)
+    for key in ("policy_options", "env_options"):
+        if key in data and not isinstance(data[key], (dict, type(None))):
+            raise ConfigError(f"Run file {p}: {key} must be a mapping of KEY: VALUE, got {data[key]!r}.")
+    if "rewards" in data and not isinstance(data["rewards"], (list, str, type(None))):
+        raise ConfigError(f"Run file {p}: rewards must be a list of reward names, got {data['rewards']!r}.")
+    return dict(data)
+
+
 def check_options(config: RolloutConfig, tasks: Sequence[Any] | None = None, *,
                   policy: bool = True, backend: bool = True) -> None:
     """Check a run's options before anything heavy is loaded (index, model, judge).
