@@ -453,11 +453,13 @@ def bm25_engines() -> str:
     rows = []
     for name, c in d["corpora"].items():
         a = c["agreement"]
-        for eng in ("bm25s", "fts5"):
+        for eng in [e for e in ("bm25s", "bm25s-streaming", "fts5") if e in c["engines"]]:
             e = c["engines"][eng]
             rows.append([f"{name} ({c['passages']:,} passages)", eng, f"{e['build_s']:.1f}", f"{e['build_rss_added_mb']:.0f}",
                          f"{e['index_bytes'] / 2**20:.0f}", f"{e['query_p50_ms']:.2f}", f"{e['query_p90_ms']:.2f}",
-                         f"{a['overlap_at_10_mean']:.2f} / {a['top1_same']:.2f}" if eng == "fts5" else "-"])
+                         f"{a['overlap_at_10_mean']:.2f} / {a['top1_same']:.2f}" if eng == "fts5" else
+                         ("1.00 / 1.00 (same rankings)" if c.get("streaming_same_rankings_as_bm25s") else "differs!")
+                         if eng == "bm25s-streaming" else "-"])
     head = ["corpus", "engine", "build s", "build memory MB", "index MB", "query p50 ms", "query p90 ms",
             "overlap@10 / top-1 with bm25s"]
     load = d["load_avg_1_5_15_at_start"][0]
