@@ -96,7 +96,7 @@ def _iter_jsonl(path: Path, span: Span | None = None) -> Iterator[tuple[int, dic
             except json.JSONDecodeError as e:
                 raise CorpusError(f"{path}:{lineno}: not valid JSON ({e.msg}: column {e.colno}). Corpus files are "
                                   "JSONL (one JSON object a line), JSON or parquet, in one of the formats "
-                                  f"{', '.join(FORMATS)} (docs/search.md, "Corpora").") from e
+                                  f"{', '.join(FORMATS)} (docs/search.md, section Corpora).") from e
             if not isinstance(row, dict):
                 raise CorpusError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}.")
             yield lineno, row
