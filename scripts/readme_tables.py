@@ -258,6 +258,7 @@ SERVER_LOAD_CELL_WORDS: list[tuple[str, str]] = [
 SERVER_LOAD_COMMAND_PATHS: list[tuple[str, str]] = [
     (r"--before-src \S+", "--before-src DIR"),
     (r"--search-r1 \S+", "--search-r1 RETRIEVAL_SERVER_PY"),
+    (r"--work \S+", "--work WORK"),
 ]
 
 
@@ -505,8 +506,8 @@ def ann_curve() -> str:
     load = max(s.get("load_avg", [0])[0] for r in d["sizes"].values() for s in r.get("search", {}).values())
     return (_table(["N", "index", "nprobe", "re-rank", "recall@10", "1 query p50 ms", "64 queries p50 ms"], rows)
             + f"\n\nRecall@10 against exact search of 200 queries; synthetic topic-clustered vectors fitted to MiniLM "
-            f"(as in the table above); one run, {d['started'][:10]}, {d['machine']['cpus']} cores shared with a "
-            f"training job (load up to {load:.1f}), so latencies are high and noisy. `{d['command']}`.")
+            f"(as in the table above); one run, {d['started'][:10]}, on {d['machine']['cpus']} cores shared with another "
+            f"CPU-bound process (load up to {load:.1f}), so latencies are high and noisy. `{_command(d['command'])}`.")
 
 
 TABLES: dict[str, Callable[[], str]] = {
