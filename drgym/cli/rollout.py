@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
                     return given[name] if name in given and defaulted(name) else value
 
                 env, tasks, policy, backend = pick("env", env), pick("tasks", tasks), pick("policy", policy), pick("backend", backend)
-                n = pick("n", n) if pick("n", n) is not None else 0
+                n = pick("n", n) or 0  # the file's null (all tasks) is the command line's 0
                 out, seed, batch_size = pick("out", out), pick("seed", seed), pick("batch_size", batch_size)
                 max_turns, judge = pick("max_turns", max_turns), pick("judge", judge)
                 if "rewards" in given and defaulted("reward"):

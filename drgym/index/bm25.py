@@ -400,9 +400,10 @@ def _write_csc_streaming(out_dir: Path, retriever, flat: np.ndarray, offsets: np
     dtype, int_dtype = np.dtype(retriever.dtype), np.dtype(retriever.int_dtype)
     idf_fn = scoring._select_idf_scorer(retriever.idf_method)
     tfc_fn = scoring._select_tfc_scorer(retriever.method)
-    idf = np.zeros(v, dtype=dtype)
-    for d in np.unique(df[df > 0]):  # the IDF depends only on the document frequency
-        idf[df == d] = idf_fn(int(d), N=n)
+    # the IDF depends only on the document frequency: bm25s's function once per distinct one
+    # (0 for a term in no passage, as _build_idf_array leaves it), cast to float32 as it stores it
+    freqs, which = np.unique(df, return_inverse=True)
+    idf = np.asarray([idf_fn(int(d), N=n) if d else 0.0 for d in freqs], dtype=dtype)[which]
     avg_len = np.diff(offsets).mean() if n else 0.0
     indptr = np.zeros(v + 1, dtype=np.int64)
     np.cumsum(df, out=indptr[1:])
