@@ -104,6 +104,10 @@ def unknown_name(kind: str, name: str, known: Iterable[str]) -> ConfigError:
         A ConfigError whose message lists the valid names and the closest match.
     """
     known = sorted(known)
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"Unknown {kind} {name!r}.{hint} Known: {', '.join(known)}.")
+    return ConfigError(f"Unknown {kind} {name!r}.{did_you_mean(name, known)} Known: {', '.join(known)}.")
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """``" Did you mean 'max_turns'?"`` for the known name closest to ``name``, else ``""``."""
+    close = difflib.get_close_matches(name, sorted(known), n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""

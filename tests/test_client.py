@@ -143,7 +143,7 @@ def test_api_key_from_env_and_batch_through_thread_pool(fake, monkeypatch):
 
 def test_401_raises_auth_error_with_server_detail_and_no_retry(fake):
     srv = fake(err(401, "Invalid or missing API Key. Request one at deepresearchgym@cmu.edu"))
-    c = HTTPSearchClient(srv.url, drgym=False, attempts=4, backoff_s=0.01)
+    c = HTTPSearchClient(srv.url, drgym=False, retry={"attempts": 4, "backoff_s": 0.01})
     with pytest.raises(AuthError, match="Invalid or missing API Key") as ei:
         c.search("q")
     assert "401" in str(ei.value)
@@ -152,7 +152,7 @@ def test_401_raises_auth_error_with_server_detail_and_no_retry(fake):
 
 def test_429_retry_after_is_honoured(fake):
     srv = fake(err(429, "slow down", {"Retry-After": "1"}), ok(search_body))
-    c = HTTPSearchClient(srv.url, drgym=False, attempts=3, backoff_s=0.01)
+    c = HTTPSearchClient(srv.url, drgym=False, retry={"attempts": 3, "backoff_s": 0.01})
     t = time.monotonic()
     hits = c.search("q", k=2)
     took = time.monotonic() - t
@@ -162,14 +162,14 @@ def test_429_retry_after_is_honoured(fake):
 
 def test_500_then_200_recovers(fake):
     srv = fake(err(500, "boom"), ok(search_body))
-    c = HTTPSearchClient(srv.url, drgym=False, attempts=3, backoff_s=0.01)
+    c = HTTPSearchClient(srv.url, drgym=False, retry={"attempts": 3, "backoff_s": 0.01})
     assert [h.rank for h in c.search("q")] == [1, 2]
     assert len(srv.requests) == 2
 
 
 def test_persistent_500_becomes_backend_unavailable_after_all_attempts(fake):
     srv = fake(err(503, "index reloading"))
-    c = HTTPSearchClient(srv.url, drgym=False, attempts=3, backoff_s=0.01, max_backoff_s=0.02)
+    c = HTTPSearchClient(srv.url, drgym=False, retry={"attempts": 3, "backoff_s": 0.01, "max_backoff_s": 0.02})
     with pytest.raises(BackendUnavailableError, match=r"HTTP 503.*index reloading.*3 attempt"):
         c.search("q")
     assert len(srv.requests) == 3
@@ -177,7 +177,7 @@ def test_persistent_500_becomes_backend_unavailable_after_all_attempts(fake):
 
 def test_malformed_json_is_a_clear_error(fake):
     srv = fake((200, {"Content-Type": "application/json"}, b"<html>not json", 0.0))
-    c = HTTPSearchClient(srv.url, drgym=False, attempts=2, backoff_s=0.01)
+    c = HTTPSearchClient(srv.url, drgym=False, retry={"attempts": 2, "backoff_s": 0.01})
     with pytest.raises(BackendUnavailableError, match="malformed JSON.*<html>not json"):
         c.search("q")
     srv2 = fake(ok({"items": []}))
@@ -187,7 +187,7 @@ def test_malformed_json_is_a_clear_error(fake):
 
 def test_timeout_is_retried_then_reported(fake):
     srv = fake(ok(search_body, delay=3.0))
-    c = HTTPSearchClient(srv.url, drgym=False, timeout=0.3, attempts=2, backoff_s=0.01)
+    c = HTTPSearchClient(srv.url, drgym=False, retry={"timeout_s": 0.3, "attempts": 2, "backoff_s": 0.01})
     t = time.monotonic()
     with pytest.raises(BackendUnavailableError, match="timed out.*2 attempt"):
         c.search("q")
@@ -199,7 +199,7 @@ def test_connection_refused_is_backend_unavailable():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    c = HTTPSearchClient(f"http://127.0.0.1:{port}", drgym=False, attempts=2, backoff_s=0.01)
+    c = HTTPSearchClient(f"http://127.0.0.1:{port}", drgym=False, retry={"attempts": 2, "backoff_s": 0.01})
     with pytest.raises(BackendUnavailableError, match="could not reach"):
         c.search("q")
 

@@ -159,12 +159,12 @@ def test_backend_failures_are_recorded_not_fatal(hotpot_web, tmp_path, monkeypat
     monkeypatch.setenv("SERPER_BASE_URL", f"{hotpot_web.base}/serper")
     try:
         res = run_compare(policies=["scripted"], tasks="hotpotqa-dev", backends=["serper"], n=4, out=tmp_path / "live",
-                          backend_options={"serper": {"attempts": 1}}, run_options={"batch_size": 2})
+                          backend_options={"serper": {"retry": {"attempts": 1}}}, run_options={"batch_size": 2})
     finally:
         hotpot_web._plans.clear()
     (row,) = res["rows"]
     assert row["metrics"]["episodes"] == 4 and row["metrics"]["errors"] == 4 and row["metrics"]["answer_rate"] == 1.0
-    # every request failed (attempts=1: one request per query) and each was counted; a failed
+    # every request failed (retry.attempts 1: one request per query) and each was counted; a failed
     # batch counts all its queries, and its other queries' requests may or may not have been
     # sent before the first failure came back (they run on worker threads), so the server can
     # see fewer requests than the errors counted

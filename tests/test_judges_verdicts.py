@@ -111,7 +111,7 @@ def test_issue_replies_through_a_judge_score_one_without_failures(chat_server, t
         '<think>First guess {"score": 0}; but the prediction does name Paris.</think>\n{"score": 1, "justification": "Paris"}',
     ])
     chat_server.responder = lambda body: next(replies)
-    judge = OpenAIJudge("j", chat_server.url, cache=False, backoff_s=0.0, max_attempts=1, max_concurrency=1)
+    judge = OpenAIJudge("j", chat_server.url, cache=False, retry={"backoff_s": 0.0, "attempts": 1}, max_concurrency=1)
     eps = [Episode(Task("a", "Capital of France?", ["Paris"]), "the city of Paris"),
            Episode(Task("b", "Capital of France?", ["Paris"]), "Paris, the French capital")]
     out = SoftMatch(judge).score(eps)
@@ -154,7 +154,7 @@ def test_cached_verdicts_are_reparsed_from_their_raw_text(tmp_path):
             return '<think>{"score": 0}</think>{"score": 1}'
 
     cache = VerdictCache(tmp_path / "c.sqlite")
-    j = Fixed(cache=cache, backoff_s=0.0)
+    j = Fixed(cache=cache, retry={"backoff_s": 0.0})
     inputs = {"question": "q", "golds": "Paris", "prediction": "the city of Paris", "scale": ""}
     assert j.judge(SOFT_MATCH, **inputs).verdict.score == 1.0
     # a verdict an older parser stored (the first guess) is corrected from the stored raw text

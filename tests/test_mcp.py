@@ -249,7 +249,7 @@ def test_backend_over_stdio_ranks_as_local(hotpotqa_engine):
 
 def test_unreachable_server_is_service_unavailable_after_retries():
     url = f"http://127.0.0.1:{free_port()}/mcp"
-    with MCPSearchBackend(url, attempts=2, backoff_s=0.01) as b:
+    with MCPSearchBackend(url, retry={"attempts": 2, "backoff_s": 0.01}) as b:
         t0 = time.monotonic()
         with pytest.raises(ServiceUnavailableError, match=r"could not connect .*after 2 attempt\(s\)"):
             b.search(GOOD_QUERY, 3)
@@ -260,7 +260,7 @@ def test_restarted_server_is_reconnected(hotpotqa_engine):
     """The server goes away mid-run and comes back on the same port: the call waits and succeeds."""
     port = free_port()
     with serve_mcp(hotpotqa_engine, port) as url:
-        b = MCPSearchBackend(url, backoff_s=0.2, max_backoff_s=0.5, reconnect_s=30)
+        b = MCPSearchBackend(url, retry={"backoff_s": 0.2, "max_backoff_s": 0.5, "reconnect_s": 30})
         assert b.search(GOOD_QUERY, 3) == hotpotqa_engine.search(GOOD_QUERY, 3)
     result: dict[str, Any] = {}
 

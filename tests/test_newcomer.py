@@ -147,14 +147,14 @@ def test_policy_endpoints_and_reachability():
     dead = f"http://127.0.0.1:{free_port()}/v1"
     t = time.perf_counter()
     with pytest.raises(ServiceUnavailableError, match=re.escape(f"GET {dead}/models failed 2 attempt(s)")):
-        check_policy_reachable(f"rtr:openai:m@{dead}", attempts=2, pause_s=0.1)
+        check_policy_reachable(f"rtr:openai:m@{dead}", retry={"attempts": 2, "backoff_s": 0.1})
     assert time.perf_counter() - t < 2.0
 
 
 def test_an_openai_server_that_answers_anything_is_reachable(chat_server):
     from drgym.policies.factory import check_policy_reachable
 
-    check_policy_reachable(f"openai:fake@{chat_server.url}", attempts=1)  # its /models is a 404: it answered
+    check_policy_reachable(f"openai:fake@{chat_server.url}", retry={"attempts": 1})  # its /models is a 404: it answered
 
 
 # -- 3. corpora ---------------------------------------------------------------------------

@@ -205,7 +205,7 @@ def test_openai_policy_retries_5xx_and_falls_back_to_text_tags(fake_openai):
         return 200, _completion({"content": "<think>look it up</think> <search> Ed Wood nationality "})
 
     srv.handler = handler
-    pol = make_policy(f"openai:fake@{url}", retries=3, concurrency=1)
+    pol = make_policy(f"openai:fake@{url}", retry={"attempts": 3}, concurrency=1)
     conv = [{"role": "user", "content": "Question: Were Scott Derrickson and Ed Wood of the same nationality?"}]
     out = pol.act([conv], [{"episode_id": "e1"}])
     assert out == ["<think>look it up</think> <search> Ed Wood nationality </search>"]
@@ -221,7 +221,7 @@ def test_openai_policy_retries_5xx_and_falls_back_to_text_tags(fake_openai):
 def test_openai_policy_refused_request_is_an_empty_action_not_a_crash(fake_openai):
     srv, url = fake_openai
     srv.handler = lambda body, n: (400, {"error": "prompt is longer than the context"})
-    pol = make_policy(f"openai:fake@{url}", retries=2, tools=False)
+    pol = make_policy(f"openai:fake@{url}", retry={"attempts": 2}, tools=False)
     assert pol.act([[{"role": "user", "content": "hi"}]]) == [""]
     assert len(srv.requests) == 1 and pol.last_usage[0].finish == "error" and pol.n_errors == 1
     assert "HTTP 400" in pol.last_usage[0].extra["error"]
@@ -233,13 +233,13 @@ def test_openai_policy_endpoint_down_raises_service_unavailable(fake_openai):
 
     srv, url = fake_openai
     srv.handler = lambda body, n: (500, {"error": "boom"})
-    pol = make_policy(f"openai:fake@{url}", retries=2, tools=False, concurrency=4)
+    pol = make_policy(f"openai:fake@{url}", retry={"attempts": 2}, tools=False, concurrency=4)
     with pytest.raises(ServiceUnavailableError, match=r"policy endpoint .*/v1/chat/completions failed 2 attempt\(s\).*HTTP 500"):
         pol.act([[{"role": "user", "content": f"q{i}"}] for i in range(4)])
     # one request gives up after 2 tries; the others of the batch stop at once instead of retrying
     assert 2 <= len(srv.requests) <= 2 + 3 * 2
     pol.close()
-    dead = make_policy("openai:fake@http://127.0.0.1:9/v1", retries=1, tools=False)  # nothing listens on port 9
+    dead = make_policy("openai:fake@http://127.0.0.1:9/v1", retry={"attempts": 1}, tools=False)  # nothing listens on port 9
     with pytest.raises(ServiceUnavailableError, match="ConnectError"):
         dead.act([[{"role": "user", "content": "hi"}]])
     dead.close()
@@ -250,7 +250,7 @@ def test_openai_policy_waits_for_a_server_that_answered_before(fake_openai):
     # the server answers, then fails 3 times (a restart), then answers again: with 2 attempts
     # alone the second call would give up; reconnect_s keeps it trying
     srv.handler = lambda body, n: (503, {"error": "restarting"}) if 2 <= n <= 4 else (200, _completion({"content": "<answer> x </answer>"}))
-    pol = make_policy(f"openai:fake@{url}", retries=2, tools=False, reconnect_s=30)
+    pol = make_policy(f"openai:fake@{url}", retry={"attempts": 2, "reconnect_s": 30}, tools=False)
     assert pol.act([[{"role": "user", "content": "a"}]]) == ["<answer> x </answer>"]
     assert pol.act([[{"role": "user", "content": "b"}]]) == ["<answer> x </answer>"]
     assert len(srv.requests) == 5 and pol.n_errors == 0

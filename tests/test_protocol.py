@@ -207,7 +207,7 @@ def test_adversarial_episodes_through_the_policy_send_only_valid_requests(chat_s
         return 200, _as_reply(episodes[i][turn])
 
     chat_server.handler = handler
-    pol = OpenAIPolicy("fake", chat_server.url, concurrency=2, retries=1)
+    pol = OpenAIPolicy("fake", chat_server.url, concurrency=2, retry={"attempts": 1})
     envs = [gym.make("drgym/SearchQA-v0", backend=bm25_backend, tasks=tasks, reward="f1", protocol="json",
                      max_turns=per_episode + 1, max_searches=10, top_k=1, max_obs_tokens=60).unwrapped for _ in range(2)]
     with BatchedDriver(envs) as driver:
@@ -244,7 +244,7 @@ def test_a_400_switches_only_its_own_episode_to_text_tags(chat_server, bm25_back
                                _native(("a1", "answer", {"answer": "Paris"}))][turn])
 
     chat_server.handler = handler
-    pol = OpenAIPolicy("fake", chat_server.url, concurrency=2, retries=1)
+    pol = OpenAIPolicy("fake", chat_server.url, concurrency=2, retry={"attempts": 1})
     envs = [gym.make("drgym/SearchQA-v0", backend=bm25_backend, tasks=[GERMANY, FRANCE], reward="f1",
                      max_turns=3, top_k=1, max_obs_tokens=60).unwrapped for _ in range(2)]
     with BatchedDriver(envs) as driver:
@@ -263,7 +263,7 @@ def test_a_400_that_is_not_about_tools_fails_the_turn_and_switches_nothing(chat_
     from drgym.policies.openai import OpenAIPolicy
 
     chat_server.handler = lambda body, n: (400, {"error": {"message": "This model's maximum context length is 8192 tokens"}})
-    pol = OpenAIPolicy("fake", chat_server.url, retries=1)
+    pol = OpenAIPolicy("fake", chat_server.url, retry={"attempts": 1})
     out = pol.act([[{"role": "user", "content": "Q"}]], [{"episode_id": "e1"}])
     pol.close()
     assert out == [""] and pol.last_usage[0].finish == "error" and pol.n_errors == 1
@@ -276,7 +276,7 @@ def test_to_api_messages_repairs_any_conversation_and_counts_it(chat_server):
     from drgym.policies.openai import OpenAIPolicy
 
     chat_server.handler = lambda body, n: (200, _completion({"content": "<answer>Berlin</answer>"}))
-    pol = OpenAIPolicy("fake", chat_server.url, retries=1, concurrency=1)
+    pol = OpenAIPolicy("fake", chat_server.url, retry={"attempts": 1}, concurrency=1)
     head = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
     broken = [
         head + [{"role": "assistant", "content": ISSUE_NATIVE},  # JSON content, two replies to one id

@@ -33,8 +33,8 @@ def fp():
 
 def recorder(fp, store, provider="serper", mode="record", **kw):
     kw.setdefault("fetch_allow_loopback", True)  # the fake's pages are on 127.0.0.1
-    return make_backend(provider, mode=mode, store=store, api_key=API_KEY, base_url=f"{fp.base}/{provider}",
-                        backoff_s=0.01, **kw)
+    kw["retry"] = {"backoff_s": 0.01, **kw.get("retry", {})}
+    return make_backend(provider, mode=mode, store=store, api_key=API_KEY, base_url=f"{fp.base}/{provider}", **kw)
 
 
 def test_normalize_query():
@@ -72,7 +72,7 @@ def test_record_then_replay_offline(fp, tmp_path, monkeypatch):
 
 def test_failures_are_recorded_and_replayed(fp, tmp_path):
     db = tmp_path / "web.sqlite"
-    rec = recorder(fp, db, "serper", attempts=2, fetch_any_url=True)  # fetches a URL no search returned
+    rec = recorder(fp, db, "serper", retry={"attempts": 2}, fetch_any_url=True)  # fetches a URL no search returned
     fp.plan("/serper/search", (500, {}, "upstream down"), (500, {}, "upstream down"))
     with pytest.raises(BackendUnavailableError) as live_err:
         rec.search("capital of France", k=2)
@@ -213,7 +213,7 @@ def _rollout(backend, base):
 
 def test_recorded_rollout_replays_identically_offline(fp, tmp_path, monkeypatch):
     db = tmp_path / "rollout.sqlite"
-    rec = recorder(fp, db, "serper", attempts=2)
+    rec = recorder(fp, db, "serper", retry={"attempts": 2})
     fp.plan("/serper/search", (500, {}, "boom"), (500, {}, "boom"))  # the first search fails twice
     recorded = _rollout(rec, fp.base)
     rec.close()
@@ -234,7 +234,7 @@ def test_deepresearchgym_record_and_replay(fp, tmp_path, monkeypatch):
     monkeypatch.setenv("DEEPRESEARCHGYM_API_KEY", API_KEY)
     monkeypatch.setenv("DEEPRESEARCHGYM_BASE_URL", f"{fp.base}/drg")
     db = tmp_path / "drg.sqlite"
-    rec = make_backend("deepresearchgym", mode="record", store=db, attempts=1)
+    rec = make_backend("deepresearchgym", mode="record", store=db, retry={"attempts": 1})
     live = rec.search("Danube river Vienna", k=2)
     rec.close()
     assert [r.url.rsplit("/", 1)[1] for r in live] == ["danube", "nile"]
@@ -247,7 +247,7 @@ def test_deepresearchgym_record_and_replay(fp, tmp_path, monkeypatch):
     monkeypatch.setenv("DEEPRESEARCHGYM_API_KEY", "wrong")
     monkeypatch.setenv("DEEPRESEARCHGYM_BASE_URL", f"{fp.base}/drg")
     with pytest.raises(AuthError, match="Invalid or missing API Key"):
-        make_backend("deepresearchgym", attempts=1).search("Danube", k=1)
+        make_backend("deepresearchgym", retry={"attempts": 1}).search("Danube", k=1)
 
 
 def test_recording_command(fp, tmp_path):

@@ -193,7 +193,7 @@ def test_loopback_and_private_urls_are_refused_before_connecting(web):
         "https://192.168.1.1/": "private address",
         "http://[::ffff:10.0.0.1]/": "private address",
     }
-    f = PageFetcher(backoff_s=0.01)
+    f = PageFetcher(retry={"backoff_s": 0.01})
     with guarded() as connects:
         for url, why in cases.items():
             with pytest.raises(FetchRefusedError, match="fetch refused") as e:
@@ -205,7 +205,7 @@ def test_loopback_and_private_urls_are_refused_before_connecting(web):
 
 
 def test_redirect_is_followed_and_checked_at_every_hop(web, monkeypatch):
-    f = PageFetcher(backoff_s=0.01, allow_loopback=True)
+    f = PageFetcher(retry={"backoff_s": 0.01}, allow_loopback=True)
     with guarded() as connects:
         # a loopback page that 302-redirects to another loopback path: followed
         doc = f.fetch(web.url(f"/redirect?to={web.url('/page/b')}"))
@@ -255,7 +255,7 @@ def test_dns_answer_that_changes_after_the_check_is_refused_at_connect(monkeypat
         return real_getaddrinfo(host, port, *a, **k)
 
     monkeypatch.setattr(socket, "getaddrinfo", rebinding)
-    f = PageFetcher(backoff_s=0.01, attempts=1)
+    f = PageFetcher(retry={"backoff_s": 0.01, "attempts": 1})
     with guarded() as connects:
         with pytest.raises(FetchRefusedError, match=r"rebind.example \(127.0.0.1\) \(loopback address\)"):
             f.fetch("http://rebind.example/")
@@ -264,7 +264,7 @@ def test_dns_answer_that_changes_after_the_check_is_refused_at_connect(monkeypat
 
 
 def test_redirect_cap(web):
-    f = PageFetcher(backoff_s=0.01, allow_loopback=True, max_redirects=3)
+    f = PageFetcher(retry={"backoff_s": 0.01}, allow_loopback=True, max_redirects=3)
     with pytest.raises(FetchRefusedError, match=r"redirected more than max_redirects=3 times \(last to .*/loop/4\)") as e:
         f.fetch(web.url("/loop/0"))
     assert e.value.reason == "redirects"
@@ -273,7 +273,7 @@ def test_redirect_cap(web):
 
 
 def test_size_cap_on_an_endless_body(web):
-    f = PageFetcher(backoff_s=0.01, allow_loopback=True, max_bytes=200_000)
+    f = PageFetcher(retry={"backoff_s": 0.01}, allow_loopback=True, max_bytes=200_000)
     t0 = time.monotonic()
     doc = f.fetch(web.url("/endless"))
     assert time.monotonic() - t0 < 10
@@ -285,7 +285,7 @@ def test_size_cap_on_an_endless_body(web):
 
 def test_time_cap_on_a_body_that_drips(web):
     """Each chunk comes well within the read timeout, so only a whole-fetch deadline ends it."""
-    f = PageFetcher(backoff_s=0.01, allow_loopback=True, timeout_s=2.0, max_time_s=1.5)
+    f = PageFetcher(retry={"backoff_s": 0.01, "timeout_s": 2.0}, allow_loopback=True, max_time_s=1.5)
     t0 = time.monotonic()
     doc = f.fetch(web.url("/drip"))
     took = time.monotonic() - t0
@@ -306,7 +306,7 @@ def test_page_fetcher_rejects_a_client_that_follows_redirects():
 
 
 def test_web_backend_fetches_only_urls_from_its_search_results(fp):
-    b = SerperSearch(API_KEY, base_url=f"{fp.base}/serper", backoff_s=0.01, fetch_allow_loopback=True)
+    b = SerperSearch(API_KEY, base_url=f"{fp.base}/serper", retry={"backoff_s": 0.01}, fetch_allow_loopback=True)
     paris = f"{fp.base}/pages/paris"
     with pytest.raises(FetchRefusedError, match="was not in any search result") as e:
         b.fetch(paris)
@@ -338,7 +338,7 @@ def test_tavily_raw_content_follows_the_same_rule(fp):
 def test_web_backend_default_refuses_loopback_result_pages(fp):
     """The reported case: a search result pointing at a loopback page. By default the
     page is not fetched, and the agent's observation says why."""
-    b = SerperSearch(API_KEY, base_url=f"{fp.base}/serper", backoff_s=0.01)
+    b = SerperSearch(API_KEY, base_url=f"{fp.base}/serper", retry={"backoff_s": 0.01})
     env = SearchQAEnv(backend=b, tasks=[Task("q1", "What is the capital of France?", ["Paris"])],
                       reward="f1", max_turns=5, max_searches=2, max_fetches=3)
     env.reset(seed=0)
@@ -359,7 +359,7 @@ def test_web_backend_default_refuses_loopback_result_pages(fp):
 def test_fetch_is_limited_to_this_episodes_results(fp):
     """A URL that an earlier episode's search returned is not fetched in a later episode
     that never searched it (the backend alone would allow it), and ``fetch_any_url`` lifts the rule."""
-    b = SerperSearch(API_KEY, base_url=f"{fp.base}/serper", backoff_s=0.01, fetch_allow_loopback=True)
+    b = SerperSearch(API_KEY, base_url=f"{fp.base}/serper", retry={"backoff_s": 0.01}, fetch_allow_loopback=True)
     env = SearchQAEnv(backend=b, tasks=[Task("q1", "What is the capital of France?", ["Paris"])],
                       reward="f1", max_turns=5, max_searches=2, max_fetches=3)
     paris = f"{fp.base}/pages/paris"
@@ -383,7 +383,7 @@ def test_fetch_is_limited_to_this_episodes_results(fp):
 
 def test_cache_mode_lets_the_backend_fetch_urls_of_cached_searches(fp, tmp_path):
     db = tmp_path / "web.sqlite"
-    kw = dict(api_key=API_KEY, base_url=f"{fp.base}/brave", backoff_s=0.01, fetch_allow_loopback=True)
+    kw = dict(api_key=API_KEY, base_url=f"{fp.base}/brave", retry={"backoff_s": 0.01}, fetch_allow_loopback=True)
     first = make_backend("brave", mode="cache", store=db, **kw)
     url = first.search("Eiffel Tower", k=1)[0].url
     first.close()

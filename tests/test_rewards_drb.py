@@ -33,7 +33,7 @@ SAMPLE = Path(__file__).parent / "data" / "drb" / "claude-3-7-sonnet-latest_raw_
 
 
 def judge_for(server, **kw):
-    kw.setdefault("backoff_s", 0.0)
+    kw["retry"] = {"backoff_s": 0.0, **kw.get("retry", {})}
     return OpenAIJudge("j", server.url, cache=False, **kw)
 
 
@@ -272,7 +272,7 @@ def test_fact_reward_end_to_end(chat_server):
     eps = [Episode(Task("drb-1", "q", kind="research"), "report with [1] inline cites"),
            Episode(Task("drb-2", "q", kind="research"), "bibliography only\n[1] https://a.org"),
            Episode(Task("drb-3", "q", kind="research"), "")]
-    r = FactReward(judge_for(chat_server, max_attempts=2), backend)
+    r = FactReward(judge_for(chat_server, retry={"attempts": 2}), backend)
     tasks = r.evaluate(eps)
     t = tasks[0]
     assert t.n_extracted == 6 and t.supported == 2 and t.judged == 3 and t.unknown == 1

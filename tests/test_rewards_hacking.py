@@ -328,7 +328,7 @@ def test_soft_match_guard_skips_the_judge(chat_server, tmp_path):
     from drgym.judges.openai import OpenAIJudge
 
     chat_server.responder = lambda body: '{"score": 1, "justification": "lenient"}'
-    judge = OpenAIJudge("j", chat_server.url, cache=tmp_path / "c.sqlite", backoff_s=0.0, max_attempts=1)
+    judge = OpenAIJudge("j", chat_server.url, cache=tmp_path / "c.sqlite", retry={"backoff_s": 0.0, "attempts": 1})
     eps = [ep("Paris, London, Berlin, Rome", ["Paris"]), ep("Paris " + "and more words " * 10, ["Paris"]), ep("the city of Paris", ["Paris"])]
     assert SoftMatch(judge).score(eps).scores == [1.0, 1.0, 1.0]          # a lenient judge pays every hack
     n = len(chat_server.requests)

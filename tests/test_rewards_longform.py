@@ -40,7 +40,7 @@ MINI_SYSTEMS = {
 
 
 def judge_for(server, tmp_path=None, **kw):
-    kw.setdefault("backoff_s", 0.0)
+    kw["retry"] = {"backoff_s": 0.0, **kw.get("retry", {})}
     kw.setdefault("max_concurrency", 8)
     return OpenAIJudge("j", server.url, cache=(tmp_path / "c.sqlite") if tmp_path else False, **kw)
 
@@ -137,7 +137,7 @@ def test_kpr_reward_edge_cases(chat_server):
         Episode(Task("t3", "q", kind="research", key_points=kp), ""),
         Episode(Task("t4", "q", kind="research", key_points=[{"point": "A"}, {"point": "Z"}]), "r"),
     ]
-    out = KeyPointRecall(judge_for(chat_server, max_attempts=2), contradiction_weight=1.0).score(eps)
+    out = KeyPointRecall(judge_for(chat_server, retry={"attempts": 2}), contradiction_weight=1.0).score(eps)
     # t1: 2 Supported, 1 Contradicted, 1 Omitted of 4 -> KPR 0.5, KPC 0.25, score 0.5 - 0.25
     assert out.components["kpr"][0] == 0.5 and out.components["kpc"][0] == 0.25 and out.scores[0] == 0.25
     # t2: no key points -> KPR undefined: None, flagged, not a judge failure (failures stays 1 below)
@@ -251,7 +251,7 @@ def test_citation_precision_recall_hand_checked(chat_server):
 
 def test_citation_extraction_failure_is_counted(chat_server):
     chat_server.responder = lambda body: "I cannot extract claims."
-    out = CitationReward(judge_for(chat_server, max_attempts=2), DictBackend({})).score([Episode(Task("t", "q"), REPORT)])
+    out = CitationReward(judge_for(chat_server, retry={"attempts": 2}), DictBackend({})).score([Episode(Task("t", "q"), REPORT)])
     assert out.scores == [None] and out.failures == 1 and out.components["citation_recall"] == [None]
 
 

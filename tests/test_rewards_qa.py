@@ -132,7 +132,7 @@ def test_soft_match_via_loopback_judge(chat_server, tmp_path):
         return '{"score": 1, "justification": "same"}' if "Predicted answer: G. Eiffel" in user else '{"score": 0}'
 
     chat_server.responder = responder
-    judge = OpenAIJudge("j", chat_server.url, cache=tmp_path / "c.sqlite", backoff_s=0.0, max_attempts=2)
+    judge = OpenAIJudge("j", chat_server.url, cache=tmp_path / "c.sqlite", retry={"backoff_s": 0.0, "attempts": 2})
     r = SoftMatch(judge)
     out = r.score([ep("G. Eiffel", ["Gustave Eiffel"]), ep("Gustave Eiffel", ["Gustave Eiffel"]), ep("Rome", ["Paris"]),
                    ep("broken", ["x"]), ep("", ["x"]), ep("y", [])])

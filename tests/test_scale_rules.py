@@ -54,7 +54,8 @@ def fake_encoder(monkeypatch):
 
     enc = TableEncoder(unit_rows(64, seed=7))
     real = build.get_encoder
-    monkeypatch.setattr(build, "get_encoder", lambda name="", device=None: enc if name == ENCODER else real(name, device))
+    monkeypatch.setattr(build, "get_encoder", lambda name="", device=None, backend="torch":
+                        enc if name == ENCODER else real(name, device, backend))
     return enc
 
 

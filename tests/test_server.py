@@ -425,7 +425,7 @@ def test_overload_answers_429_and_the_client_retries(hotpotqa_engine):
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert "3 queries are waiting" in r.json()["detail"]
         t = time.monotonic()
-        hits = HTTPSearchClient(srv.url, attempts=6).search("one more", 1)  # retried until served
+        hits = HTTPSearchClient(srv.url, retry={"attempts": 6}).search("one more", 1)  # retried until served
         assert len(hits) == 1 and time.monotonic() - t >= 0.9
         assert first.result().status_code == 200 and many.result().status_code == 200
         assert httpx.get(f"{srv.url}/health").json()["stats"]["rejected_overloaded"] >= 2

@@ -286,7 +286,7 @@ def test_recordings_and_errors_hold_no_key(tmp_path, monkeypatch, caplog):
     messages = []
     with FakeProviders() as fp:
         rec = make_backend("serper", mode="record", store=db, api_key=API_KEY, base_url=f"{fp.base}/serper",
-                           backoff_s=0.01, attempts=2)
+                           retry={"backoff_s": 0.01, "attempts": 2})
         echo = f'{{"message": "quota exceeded for key {API_KEY}"}}'
         fp.plan("/serper/search", (500, {}, echo), (500, {}, echo))  # retried, then recorded as a failure
         with pytest.raises(SearchError) as e:
@@ -298,7 +298,7 @@ def test_recordings_and_errors_hold_no_key(tmp_path, monkeypatch, caplog):
         messages.append(str(e.value))
         assert [r.title for r in rec.search("Paris", k=2)]  # a good search is recorded too
         rec.close()
-        bad = make_backend("serper", api_key="wrong-key-4e7a1d", base_url=f"{fp.base}/serper", attempts=1)
+        bad = make_backend("serper", api_key="wrong-key-4e7a1d", base_url=f"{fp.base}/serper", retry={"attempts": 1})
         fp.plan("/serper/search", (401, {}, '{"message": "Unauthorized: wrong-key-4e7a1d"}'))
         with pytest.raises(AuthError) as e:
             bad.search("Paris", k=1)

@@ -27,8 +27,7 @@ def fp():
 
 
 def make(fp, provider, **kw):
-    kw.setdefault("backoff_s", 0.01)
-    kw.setdefault("timeout_s", 2.0)
+    kw["retry"] = {"backoff_s": 0.01, "timeout_s": 2.0, **kw.get("retry", {})}
     kw.setdefault("fetch_allow_loopback", True)  # the fake's pages are on 127.0.0.1
     return CLASSES[provider](kw.pop("api_key", API_KEY), base_url=f"{fp.base}/{provider}", **kw)
 
@@ -107,7 +106,7 @@ def test_429_retry_after_is_honoured(fp):
 
 def test_retry_after_beyond_cap_fails_fast(fp):
     fp.plan(ROUTES["brave"], (429, {"Retry-After": "3600"}, {"error": "rate limited"}))
-    with make(fp, "brave", max_retry_after_s=5) as b:
+    with make(fp, "brave", retry={"max_retry_after_s": 5}) as b:
         with pytest.raises(BackendUnavailableError, match="Retry-After 3600"):
             b.search("Paris", k=2)
     assert fp.count(ROUTES["brave"]) == 1
@@ -115,7 +114,7 @@ def test_retry_after_beyond_cap_fails_fast(fp):
 
 def test_5xx_retried_then_succeeds_or_gives_up(fp):
     fp.plan(ROUTES["tavily"], (500, {}, "oops"), (502, {}, "bad gateway"))
-    with make(fp, "tavily", attempts=3) as b:
+    with make(fp, "tavily", retry={"attempts": 3}) as b:
         assert [r.url.rsplit("/", 1)[1] for r in b.search("capital city", k=2)] == ["berlin", "paris"]
         assert fp.count(ROUTES["tavily"]) == 3
         fp.plan(ROUTES["tavily"], *[(503, {}, "down")] * 3)
@@ -126,7 +125,7 @@ def test_5xx_retried_then_succeeds_or_gives_up(fp):
 
 def test_timeout_retried_then_clear_error(fp):
     fp.plan(ROUTES["serper"], (200, {}, {"organic": []}, 1.0), (200, {}, {"organic": []}, 1.0))
-    with make(fp, "serper", timeout_s=0.2, attempts=2) as b:
+    with make(fp, "serper", retry={"timeout_s": 0.2, "attempts": 2}) as b:
         with pytest.raises(BackendUnavailableError, match="timed out"):
             b.search("Paris", k=2)
     assert fp.count(ROUTES["serper"]) == 2
@@ -136,7 +135,7 @@ def test_unreachable_host_is_backend_unavailable():
     with socket.socket() as s:  # a port with nobody listening
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    b = SerperSearch(API_KEY, base_url=f"http://127.0.0.1:{port}", attempts=2, backoff_s=0.01)
+    b = SerperSearch(API_KEY, base_url=f"http://127.0.0.1:{port}", retry={"attempts": 2, "backoff_s": 0.01})
     with pytest.raises(BackendUnavailableError, match="could not reach"):
         b.search("Paris", k=1)
     b.close()
@@ -184,7 +183,7 @@ def test_fetch_extracts_main_text_without_boilerplate(fp):
 
 
 def test_fetch_limits_and_errors(fp):
-    f = PageFetcher(max_bytes=50_000, backoff_s=0.01, allow_loopback=True)
+    f = PageFetcher(max_bytes=50_000, retry={"backoff_s": 0.01}, allow_loopback=True)
     big = f.fetch(f"{fp.base}/pages/huge")  # ~1.5 MB page
     assert big.metadata["truncated"] is True and big.metadata["bytes"] == 50_000
     assert big.text.startswith("Paragraph 0 of a very long page") and "Paragraph 19999" not in big.text
@@ -213,7 +212,7 @@ def test_tavily_raw_content_serves_fetch_without_download(fp):
 
 
 def test_metered_backend_counts_cost_and_errors(fp):
-    b = MeteredBackend(make(fp, "serper", attempts=1))
+    b = MeteredBackend(make(fp, "serper", retry={"attempts": 1}))
     assert b.usage.price_per_search == 0.001 and b.deterministic is False
     b.search_batch(["Paris", "Berlin"], k=2)
     b.search("Nile", k=2)

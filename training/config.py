@@ -21,8 +21,11 @@ A config file has these top-level keys (all but ``name`` optional)::
     zero_variance: {filter_groups: true}   # GRPO: drop groups whose rewards are all equal
     entropy_brake: {floor: 0.3, window: 5, factor: 0.5, min_scale: 0.125}   # GRPO: lr cut on entropy collapse
 
-Unknown keys raise :class:`~drgym.errors.ConfigError` with a "did you mean" hint, and
-so does any GRPOConfig/SFTConfig argument TRL rejects.
+The sections are validated by the models of :mod:`drgym.config`
+(:class:`~drgym.config.TrainingConfig` and its sections). Unknown keys raise
+:class:`~drgym.errors.ConfigError` naming the section and the closest known key
+(``rollout.max_turn: unknown rollout key. Did you mean 'max_turns'?``), and so does any
+GRPOConfig/SFTConfig argument TRL rejects.
 """
 
 from __future__ import annotations
@@ -33,52 +36,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from drgym.config import EvalSettings, RolloutSection, TaskSlice, TrainingConfig, parse_section
 from drgym.errors import ConfigError, unknown_name
 from drgym.training.rollout import RolloutSettings
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
-TOP_KEYS = {
-    "name", "output_dir", "model", "trainable_layers", "env", "search", "tasks", "rollout", "rewards",
-    "protocol", "eval", "grpo", "sft", "launch", "seed", "torch_threads", "enable_thinking", "peft", "zero_variance",
-    "entropy_brake",
-}
-
-#: Keys of the ``launch:`` section (:mod:`drgym.training.launch` runs it).
-LAUNCH_KEYS = {"accelerate_config", "num_processes"}
-ZERO_VARIANCE_KEYS = {"filter_groups"}
-ENTROPY_BRAKE_KEYS = {"floor", "window", "factor", "min_scale"}
-
-
-@dataclass
-class TaskSlice:
-    """A slice of a task set: ``load_tasks(set)[start:start+limit]``."""
-
-    set: str
-    start: int = 0
-    limit: int | None = None
-
-
-@dataclass
-class EvalSettings:
-    """Held-out evaluation during training.
-
-    Attributes:
-        every_steps: run every N optimizer steps (0: never).
-        num_tasks: held-out tasks per evaluation.
-        max_turns: turn budget of eval episodes.
-        greedy: greedy decoding (otherwise sampling at the rollout temperature).
-    """
-
-    every_steps: int = 0
-    num_tasks: int = 8
-    max_turns: int = 2
-    greedy: bool = True
-
 
 @dataclass
 class RunConfig:
-    """A parsed training config (see the module docstring for the YAML layout)."""
+    """A parsed training config (see the module docstring for the YAML layout).
+
+    Its fields are :class:`~drgym.config.TrainingConfig`'s, validated by it: ``tasks`` holds
+    :class:`~drgym.config.TaskSlice` and ``eval`` an :class:`~drgym.config.EvalSettings`;
+    the other sections are kept as the mappings written (``rollout``, ``search``,
+    ``launch``...), so that callers may adjust them; :meth:`rollout_settings` validates
+    ``rollout`` again.
+    """
 
     name: str
     output_dir: str
@@ -123,115 +97,64 @@ class RunConfig:
         Raises:
             ConfigError: unknown key or bad value.
         """
-        known = {f.name for f in dataclasses.fields(RolloutSettings)} - {"enable_thinking", "protocol"}
-        if "enable_thinking" in self.rollout:
-            raise ConfigError(f"{self.source}: enable_thinking is a top-level key (it applies to training, evaluation "
-                              "and SFT prompts alike), not a rollout setting.")
-        for k in self.rollout:
-            if k not in known:
-                raise unknown_name("rollout setting", k, known)
-        kw = dict(self.rollout)
-        kw["enable_thinking"] = self.enable_thinking
-        kw["protocol"] = self.protocol
+        _check_not_thinking(self.rollout, self.source)
+        section = parse_section(RolloutSection, self.rollout, source=self.source)
         grpo_t = self.grpo.get("temperature", 1.0)
-        if "temperature" in kw and float(kw["temperature"]) != float(grpo_t):
+        if "temperature" in self.rollout and float(section.temperature) != float(grpo_t):
             raise ConfigError(
-                f"rollout.temperature ({kw['temperature']}) differs from grpo.temperature ({grpo_t}); TRL recomputes "
-                "log-probs at grpo.temperature, so sample at the same one (set only grpo.temperature).")
-        kw["temperature"] = float(grpo_t)
-        return RolloutSettings(**kw)
+                f"rollout.temperature ({self.rollout['temperature']}) differs from grpo.temperature ({grpo_t}); TRL "
+                "recomputes log-probs at grpo.temperature, so sample at the same one (set only grpo.temperature).")
+        return RolloutSettings(**{**section.model_dump(), "temperature": float(grpo_t),
+                                  "enable_thinking": self.enable_thinking, "protocol": self.protocol})
 
 
-def _check_keys(d: dict, known: set[str], kind: str) -> None:
-    for k in d:
-        if k not in known:
-            raise unknown_name(kind, k, known)
-
-
-def _task_slice(v: Any, where: str) -> TaskSlice:
-    if isinstance(v, str):
-        return TaskSlice(set=v)
-    if not isinstance(v, dict) or "set" not in v:
-        raise ConfigError(f"{where} must be a task-set name or {{set:, start:, limit:}}, got {v!r}.")
-    _check_keys(v, {"set", "start", "limit"}, f"key of {where}")
-    try:
-        ts = TaskSlice(set=str(v["set"]), start=int(v.get("start") or 0),
-                       limit=None if v.get("limit") is None else int(v["limit"]))
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: start and limit must be integers, got {v!r}.") from None
-    if ts.start < 0:
-        raise ConfigError(f"{where}.start must be >= 0 (a position in the task set), got {ts.start}.")
-    return ts
+def _check_not_thinking(rollout: Any, source: str) -> None:
+    if isinstance(rollout, dict) and "enable_thinking" in rollout:
+        raise ConfigError(f"{source}: enable_thinking is a top-level key (it applies to training, evaluation "
+                          "and SFT prompts alike), not a rollout setting.")
 
 
 def parse_config(data: dict[str, Any], *, source: str = "<dict>") -> RunConfig:
-    """Validate a config mapping and return a :class:`RunConfig`.
+    """Validate a config mapping (:class:`~drgym.config.TrainingConfig`) and return a
+    :class:`RunConfig`.
 
     Raises:
-        ConfigError: a key is unknown, a value has the wrong type, or ``name`` is missing.
+        ConfigError: a key is unknown (with a "Did you mean" hint), a value has the wrong
+            type or is out of range, or ``name`` is missing.
     """
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a YAML mapping at the top level, got {type(data).__name__}.")
-    _check_keys(data, TOP_KEYS, "top-level config key")
-    name = data.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise ConfigError(f"{source}: 'name' must be a non-empty string (the run name), got {name!r}.")
-    env = dict(data.get("env") or {"id": "drgym/SearchQA-v0"})
-    _check_keys(env, {"id", "kwargs"}, "env key")
-    env.setdefault("id", "drgym/SearchQA-v0")
-    env.setdefault("kwargs", {})
-    tasks = {}
-    for split, v in (data.get("tasks") or {}).items():
-        if split not in ("train", "eval"):
-            raise unknown_name("task split", split, {"train", "eval"})
-        tasks[split] = _task_slice(v, f"tasks.{split}")
-    rewards = data.get("rewards") or [{"name": "f1", "weight": 1.0}]
-    if not isinstance(rewards, list) or not all(isinstance(r, dict) and "name" in r for r in rewards):
-        raise ConfigError(f"{source}: 'rewards' must be a list of {{name:, weight:}} mappings, got {rewards!r}.")
-    for r in rewards:
-        _check_keys(r, {"name", "weight", "kwargs"}, "reward key")
-    protocol = data.get("protocol", "tags")
-    if protocol not in ("tags", "json"):
-        raise unknown_name("protocol", str(protocol), {"tags", "json"})
-    ev = dict(data.get("eval") or {})
-    _check_keys(ev, {f.name for f in dataclasses.fields(EvalSettings)}, "eval key")
-    tl = data.get("trainable_layers")
-    if tl is not None and (not isinstance(tl, int) or tl < 0):
-        raise ConfigError(f"{source}: trainable_layers must be a non-negative integer or null, got {tl!r}.")
-    for sec in ("grpo", "sft", "search", "rollout", "launch", "peft", "zero_variance", "entropy_brake"):
-        if data.get(sec) is not None and not isinstance(data[sec], dict):
-            raise ConfigError(f"{source}: '{sec}' must be a mapping, got {type(data[sec]).__name__}.")
-    _check_keys(data.get("launch") or {}, LAUNCH_KEYS, "launch key")
-    thinking = data.get("enable_thinking")
-    if thinking is not None and not isinstance(thinking, bool):
-        raise ConfigError(f"{source}: enable_thinking must be true, false or null (the chat template's default), "
-                          f"got {thinking!r}.")
+    _check_not_thinking(data.get("rollout"), source)
+    m = parse_section(TrainingConfig, data, source=source)
+
+    def written(section: str) -> dict[str, Any]:  # a section as the file gives it (validated above)
+        return dict(data.get(section) or {})
+
     cfg = RunConfig(
-        name=name.strip(),
-        output_dir=str(data.get("output_dir") or Path("runs") / name.strip()),
-        model=str(data.get("model") or "smollm2"),
-        trainable_layers=tl,
-        env=env,
-        search=dict(data.get("search") or {}),
-        tasks=tasks,
-        rollout=dict(data.get("rollout") or {}),
-        rewards=[dict(r) for r in rewards],
-        protocol=protocol,
-        eval=EvalSettings(**ev),
-        grpo=dict(data.get("grpo") or {}),
-        sft=dict(data.get("sft") or {}),
-        launch=dict(data.get("launch") or {}),
-        peft=dict(data.get("peft") or {}),
-        zero_variance=dict(data.get("zero_variance") or {}),
-        entropy_brake=dict(data.get("entropy_brake") or {}),
-        seed=int(data.get("seed") or 0),
-        torch_threads=None if data.get("torch_threads") is None else int(data["torch_threads"]),
-        enable_thinking=thinking,
+        name=m.name,
+        output_dir=m.output_dir or str(Path("runs") / m.name),
+        model=m.model,
+        trainable_layers=m.trainable_layers,
+        env=m.env.model_dump(),
+        search=written("search"),
+        tasks={k: ts for k in type(m.tasks).model_fields if (ts := getattr(m.tasks, k)) is not None},
+        rollout=written("rollout"),
+        rewards=[dict(r) for r in data["rewards"]] if data.get("rewards") else
+        [r.model_dump(exclude_unset=True) for r in m.rewards],
+        protocol=m.protocol,
+        eval=m.eval,
+        grpo=written("grpo"),
+        sft=written("sft"),
+        launch=written("launch"),
+        peft=written("peft"),
+        zero_variance=written("zero_variance"),
+        entropy_brake=written("entropy_brake"),
+        seed=m.seed,
+        torch_threads=m.torch_threads,
+        enable_thinking=m.enable_thinking,
         source=source,
     )
-    cfg.rollout_settings()  # validates the rollout section early
-    _check_keys(cfg.zero_variance, ZERO_VARIANCE_KEYS, "zero_variance key")
-    _check_keys(cfg.entropy_brake, ENTROPY_BRAKE_KEYS, "entropy_brake key")
+    cfg.rollout_settings()  # the rollout section against grpo.temperature
     if cfg.entropy_brake:
         from drgym.training.callbacks import EntropyBrake
 

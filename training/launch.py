@@ -40,8 +40,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from drgym.errors import ConfigError, unknown_name
-from drgym.training.config import CONFIG_DIR, LAUNCH_KEYS, build_grpo_args, build_sft_args
+from drgym.config import LaunchSection, parse_section
+from drgym.errors import ConfigError
+from drgym.training.config import CONFIG_DIR, build_grpo_args, build_sft_args
 
 
 def accelerate_config_path(cfg) -> Path:
@@ -53,10 +54,7 @@ def accelerate_config_path(cfg) -> Path:
     launch = dict(cfg.launch or {})
     if not launch:
         raise ConfigError(f"{cfg.source}: no launch: section (launch: {{accelerate_config: ..., num_processes: N}}).")
-    bad = sorted(set(launch) - LAUNCH_KEYS)
-    if bad:
-        raise unknown_name("launch key", bad[0], LAUNCH_KEYS)
-    name = launch.get("accelerate_config")
+    name = parse_section(LaunchSection, launch, source=cfg.source).accelerate_config
     if not name:
         raise ConfigError(f"{cfg.source}: launch.accelerate_config is required (e.g. accelerate_zero2.yaml).")
     for p in (Path(str(name)), Path(cfg.source).parent / str(name), CONFIG_DIR / Path(str(name)).name):

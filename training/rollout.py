@@ -25,10 +25,13 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import StrictBool
 
 from drgym.training.ranks import gather_rows, world
 
+from drgym.config import RolloutSection
 from drgym.errors import ConfigError
 from drgym.policies.generation import cut_ids_at_stop, opened_reasoning, render_chat
 
@@ -278,52 +281,34 @@ def sampled_logprob(lp: Any) -> float | None:
 
 
 # -- episodes -------------------------------------------------------------------------------
-@dataclass
-class RolloutSettings:
-    """Budgets of one rollout (collapse guards).
+class RolloutSettings(RolloutSection):
+    """Budgets of one rollout (collapse guards): the ``rollout:`` section
+    (:class:`~drgym.config.RolloutSection`, whose fields it has) plus two top-level keys of
+    the run config.
 
     Attributes:
-        max_turns: model turns per episode; a search on the last turn ends the episode
-            unanswered (the env marks it truncated).
-        max_new_tokens: tokens per model turn.
-        max_completion_tokens: cap on the whole completion (model + observation tokens);
-            TRL does not enforce ``max_completion_length`` on ``rollout_func`` output.
-        temperature: sampling temperature (same as ``GRPOConfig.temperature``).
-        gen_batch_size: rows per ``generate`` call on the HF backend.
-        greedy: greedy decoding (evaluation); training samples.
-        reuse_cache: on the HF backend, when a rollout batch fits one ``generate`` call
-            (at most ``gen_batch_size`` episodes), keep the KV cache between turns so a
-            turn encodes only the new observation (:func:`hf_generate_turn`); False
-            re-encodes every context each turn.
         enable_thinking: the chat template's thinking switch for the prompts (the run
             config's top-level ``enable_thinking``; None: the template's default).
         protocol: the env's action protocol (the run config's top-level ``protocol``):
             ``"tags"`` turns stop at ``</search>`` / ``</answer>``, ``"json"`` turns at
             ``</tool_call>``.
+
+    With ``reuse_cache`` (:class:`~drgym.config.RolloutSection`), the HF backend keeps the
+    KV cache between turns when a rollout batch fits one ``generate`` call (at most
+    ``gen_batch_size`` episodes), so a turn encodes only the new observation
+    (:func:`hf_generate_turn`); False re-encodes every context each turn.
+
+    Raises:
+        ConfigError: an unknown field or a bad value (``rollout.max_turns`` below 1...).
     """
 
-    max_turns: int = 2
-    max_new_tokens: int = 64
-    max_completion_tokens: int = 768
-    temperature: float = 1.0
-    gen_batch_size: int = 16
-    greedy: bool = False
-    reuse_cache: bool = True
-    enable_thinking: bool | None = None
-    protocol: str = "tags"
+    enable_thinking: StrictBool | None = None
+    protocol: Literal["tags", "json"] = "tags"
 
     @property
     def stops(self) -> tuple[str, ...]:
         """The stop strings of a turn (:func:`stop_strings`)."""
         return stop_strings(self.protocol)
-
-    def __post_init__(self) -> None:
-        for name in ("max_turns", "max_new_tokens", "max_completion_tokens", "gen_batch_size"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ConfigError(f"rollout.{name} must be a positive integer, got {v!r}.")
-        if not self.temperature > 0:
-            raise ConfigError(f"rollout.temperature must be > 0, got {self.temperature!r}.")
 
 
 @dataclass

@@ -313,7 +313,7 @@ def make_scripted_trajectories(cfg, out_path: str | Path, *, split: str = "train
         The trajectories.
     """
     ts = cfg.tasks[split]
-    ts = TaskSlice(ts.set, ts.start if start is None else start, ts.limit if limit is None else limit)
+    ts = TaskSlice(set=ts.set, start=ts.start if start is None else start, limit=ts.limit if limit is None else limit)
     tasks = load_task_slice(ts)
     factory = make_env_factory(cfg, tasks, max_turns=max_turns, backend=backend)
     envs = [factory() for _ in range(min(8, len(tasks)))]

@@ -183,6 +183,7 @@ def register(app: typer.Typer) -> None:
         from rich.table import Table
 
         from drgym.atomic import atomic_write_json, atomic_write_text
+        from drgym.config import RetryPolicy
         from drgym.errors import ConfigError, ServiceUnavailableError
         from drgym.judges.base import judge_validity
         from drgym.judges.factory import make_judge
@@ -206,11 +207,11 @@ def register(app: typer.Typer) -> None:
             items = items[:limit]
         if not items:
             raise typer.BadParameter(f"{reports} holds no reports", param_hint="--reports")
-        jkw: dict[str, Any] = {"n_samples": n_samples, "max_concurrency": concurrency, "max_attempts": max_attempts}
+        # --max-attempts and --timeout are the judge's retry policy (the timeout only reaches an endpoint)
+        retry = RetryPolicy(attempts=max_attempts, **({"timeout_s": timeout_s} if judge.startswith("openai") else {}))
+        jkw: dict[str, Any] = {"n_samples": n_samples, "max_concurrency": concurrency, "retry": retry}
         if cache is not None:
             jkw["cache"] = cache
-        if judge.startswith("openai"):
-            jkw["timeout_s"] = timeout_s
         j = make_judge(judge, **jkw)
         valid, note = judge_validity(j)
         if not valid:

@@ -4,7 +4,7 @@ The rule (used by :func:`drgym.evaluation.runner.run_rollout`):
 
 - every client retries with exponential backoff first (tenacity: the HTTP search client,
   the ``openai:`` policy and the OpenAI-compatible judge), and once a server has answered
-  it is waited for (``reconnect_s``, 60 s by default) so that a server killed and
+  it is waited for (``retry.reconnect_s``, 60 s by default) so that a server killed and
   restarted mid-run costs nothing;
 - if it is still down, the client raises :class:`~drgym.errors.ServiceUnavailableError`
   and the run **stops**: the episodes finished before are in ``trajectories.jsonl``

@@ -12,7 +12,6 @@ that saw the failure is written, so a rerun redoes it (:mod:`drgym.evaluation.fa
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import sys
@@ -206,7 +205,7 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
     setup_s = time.perf_counter() - t_start
     record = {
         "identity": config.identity(),
-        "config": redact(dataclasses.asdict(config)),
+        "config": redact(config.model_dump()),
         "command": redact(sys.argv),
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": versions(),
@@ -360,7 +359,7 @@ def _finish(config: RolloutConfig, run: RunDirectory, tasks: list[Any], *, sessi
         except Exception:  # plots are a convenience; never fail a run on them
             log.exception("could not write plots")
     if not run.config.exists():
-        atomic_write_json(run.config, {"identity": config.identity(), "config": dataclasses.asdict(config), "versions": versions()})
+        atomic_write_json(run.config, {"identity": config.identity(), "config": config.model_dump(), "versions": versions()})
     return trajectories, metrics
 
 

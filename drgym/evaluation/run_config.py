@@ -8,68 +8,32 @@ Options are checked before the index, the model or the judge is loaded
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
+from drgym.config import DEFAULT_N, RolloutRun, parse_section  # noqa: F401 (DEFAULT_N: drgym.evaluation.runner's)
 from drgym.errors import ConfigError
 
-DEFAULT_N = 20
-"""Default number of tasks: the first 20 of the task set (the main job's budget: >= 20
-questions in <= 5 minutes on 2 CPU cores once the model and index are cached)."""
+class RolloutConfig(RolloutRun):
+    """Everything that defines a rollout run: the fields of :class:`~drgym.config.RolloutRun`
+    (a run file's keys), and the checks and names derived from them.
 
-
-@dataclass
-class RolloutConfig:
-    """Everything that defines a rollout run.
-
-    Attributes:
-        env: Gymnasium id (``"drgym/SearchQA-v0"`` or ``"drgym/DeepResearch-v0"``).
-        tasks: task-set name for :func:`drgym.envs.task_loaders.load_tasks` or a file path.
-        policy: policy spec (:func:`drgym.policies.factory.make_policy`).
-        backend: search backend spec: ``"local"`` (in-process index of ``wiki-default``),
-            or anything :func:`drgym.search.registry.make_backend` accepts.
-        n: number of tasks (the first ``n`` of the set, in file order); None = all.
-        out: run directory; None = ``runs/<env>-<tasks>-<policy>``.
-        seed: base seed of env resets (episode ids) and of sampling policies.
-        batch_size: episodes stepped together (one policy batch, one search batch per turn).
-        max_turns: env turn budget; None = the env's default.
-        judge: judge spec (``"hf:smollm2"``, ``"openai:MODEL@URL"``) for the LLM soft
-            match (QA) or the report rewards (research); None = no judge.
-        rewards: extra reward names scored after each episode (research default:
-            ``["citation"]`` without a judge; ``["race", "citation", "quality"]`` with one).
-        policy_options: constructor options of the policy (``max_new_tokens``...).
-        env_options: extra env keyword arguments (``max_searches``, ``top_k``...).
-        plots: write PNG plots.
+    Raises:
+        ConfigError: (when made) an unknown field or a value of the wrong type;
+            :meth:`validate` checks the values.
     """
 
-    env: str = "drgym/SearchQA-v0"
-    tasks: str = "hotpotqa-dev"
-    policy: str = "hf:smollm2"
-    backend: str = "local"
-    n: int | None = DEFAULT_N
-    out: str | None = None
-    seed: int = 0
-    batch_size: int = 8
-    max_turns: int | None = None
-    judge: str | None = None
-    rewards: list[str] | None = None
-    policy_options: dict[str, Any] = field(default_factory=dict)
-    env_options: dict[str, Any] = field(default_factory=dict)
-    plots: bool = True
-
     # fields that may change between a run and its resumption
-    RESUMABLE = ("n", "out", "batch_size", "plots")
+    RESUMABLE: ClassVar[tuple[str, ...]] = ("n", "out", "batch_size", "plots")
 
     def identity(self) -> dict[str, Any]:
         """The fields that must match for a rerun to resume a run directory (API keys in
         options are redacted: a key is never stored, and a new key resumes the run)."""
         from drgym.redact import redact
 
-        d = dataclasses.asdict(self)
+        d = self.model_dump()
         for k in self.RESUMABLE:
             d.pop(k, None)
         return redact(d)
@@ -107,16 +71,15 @@ class RolloutConfig:
 
 def read_run_file(path: str | Path) -> dict[str, Any]:
     """The :class:`RolloutConfig` fields of a run file (YAML or JSON), for ``drgym rollout
-    --config FILE``: a mapping of field names (``policy``, ``tasks``, ``backend``, ``n``,
-    ``policy_options``...) to values, checked when the config is made.
+    --config FILE``: the fields the file gives (``policy``, ``tasks``, ``backend``, ``n``,
+    ``policy_options``...), validated by :class:`~drgym.config.RolloutRun`.
 
     Raises:
-        ConfigError: the file is missing or unreadable, is not a mapping, or names a field
-            that does not exist (with a "Did you mean" hint).
+        ConfigError: the file is missing or unreadable, is not a mapping, names a field
+            that does not exist (with a "Did you mean" hint), or gives a value of the
+            wrong type (naming the field).
     """
     import yaml
-
-    from drgym.errors import unknown_name
 
     p = Path(path).expanduser()
     try:
@@ -129,16 +92,7 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"Run file {p} must be a mapping of run options, got {type(data).__name__}.")
-    known = [f.name for f in dataclasses.fields(RolloutConfig)]
-    for key in data:
-        if key not in known:
-            raise unknown_name(f"run option in {p}", str(key), known)
-    for key in ("policy_options", "env_options"):
-        if key in data and not isinstance(data[key], (dict, type(None))):
-            raise ConfigError(f"Run file {p}: {key} must be a mapping of KEY: VALUE, got {data[key]!r}.")
-    if "rewards" in data and not isinstance(data["rewards"], (list, str, type(None))):
-        raise ConfigError(f"Run file {p}: rewards must be a list of reward names, got {data['rewards']!r}.")
-    return dict(data)
+    return parse_section(RolloutRun, data, source=f"Run file {p}").model_dump(exclude_unset=True)
 
 
 def check_options(config: RolloutConfig, tasks: Sequence[Any] | None = None, *,

@@ -184,12 +184,13 @@ def _is_path(corpus: str) -> bool:
     return corpus not in NAMED and (os.sep in corpus or Path(corpus).exists())
 
 
-_ENCODERS: dict[tuple[str, str | None], object] = {}
+_ENCODERS: dict[tuple[str, str | None, str], object] = {}
 _ENCODERS_LOCK = threading.Lock()
 
 
-def get_encoder(name: str = "all-MiniLM-L6-v2", device: str | None = None):
-    """A process-wide shared :class:`drgym.embedding.Encoder` (loaded once per name/device).
+def get_encoder(name: str = "all-MiniLM-L6-v2", device: str | None = None, backend: str = "torch"):
+    """A process-wide shared :class:`drgym.embedding.Encoder` (loaded once per name, device
+    and query ``backend``: ``"torch"`` or ``"onnx"``, see :data:`drgym.embedding.ENCODER_BACKENDS`).
 
     Encoders are not safe for concurrent ``encode`` calls (fast tokenizers raise
     "Already borrowed"); :class:`~drgym.search.local.LocalSearchEngine` serialises them.
@@ -200,11 +201,11 @@ def get_encoder(name: str = "all-MiniLM-L6-v2", device: str | None = None):
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    key = (name, device)
+    key = (name, device, backend)
     with _ENCODERS_LOCK:
         enc = _ENCODERS.get(key)
         if enc is None:
-            enc = Encoder(name, device=device)
+            enc = Encoder(name, device=device, backend=backend)
             _ENCODERS[key] = enc
         return enc
 

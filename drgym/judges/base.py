@@ -10,15 +10,16 @@ way: ``cxcscmu/deepresearch_benchmarking`` ``eval_kpr_async.py`` and
 ``Ayanami0730/deep_research_bench`` ``deepresearch_bench_race.py``):
 
 - malformed JSON, missing or out-of-range fields, refusals (no JSON at all), timeouts
-  and 429/5xx answers are retried with exponential backoff (tenacity);
+  and 429/5xx answers are retried with exponential backoff (tenacity), as the judge's
+  ``retry`` (:class:`~drgym.config.RetryPolicy`) says;
 - an endpoint that cannot be reached at all (connection refused or reset) is retried
-  the same way, and, once it has answered before, for at least ``reconnect_s`` seconds
+  the same way, and, once it has answered before, for at least ``retry.reconnect_s`` seconds
   (a judge server being restarted); if it is still down, :meth:`Judge.judge_many`
   raises :class:`JudgeUnavailableError` (a
   :class:`~drgym.errors.ServiceUnavailableError`) instead of recording a failure per
   request: ``drgym evaluate`` and ``drgym rollout`` stop, the verdicts so far are in the
   cache, and rerunning the command resumes from there;
-- after ``max_attempts`` the request becomes a *recorded failure*: a
+- after ``retry.attempts`` the request becomes a *recorded failure*: a
   :class:`JudgeResult` with ``ok == False`` and an ``error`` string. Rewards exclude it
   (score ``None``) and count it in ``RewardOutput.failures``; nothing crashes and
   nothing silently becomes 0;
@@ -51,6 +52,7 @@ from tenacity import (
     wait_exponential,
 )
 
+from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.errors import ConfigError, JudgeError, ServiceUnavailableError
 from drgym.reasoning import strip_reasoning  # the one reasoning rule, shared with the action parser
 from drgym.judges.cache import VerdictCache
@@ -69,7 +71,7 @@ class JudgeTransportError(JudgeError):
 
 
 class JudgeUnreachableError(JudgeTransportError):
-    """The judge endpoint refused or dropped the connection (retryable; see ``reconnect_s``)."""
+    """The judge endpoint refused or dropped the connection (retryable; see ``retry.reconnect_s``)."""
 
 
 class JudgeUnavailableError(ServiceUnavailableError, JudgeError):
@@ -301,18 +303,28 @@ class Judge(abc.ABC):
         n_samples: samples per request; numeric verdicts are averaged by the caller
             (:meth:`JudgeResult.mean`). With ``temperature == 0`` all samples are equal.
         temperature: sampling temperature (0 = greedy, the default everywhere).
-        max_attempts: attempts per sample before the request is a recorded failure.
-        backoff_s: base of the exponential backoff between attempts, in seconds.
+        retry: a :class:`~drgym.config.RetryPolicy` or its fields; unset fields keep the
+            class's ``DEFAULT_RETRY``. ``attempts``: tries per sample before the request
+            is a recorded failure (3); ``backoff_s``: first wait between tries, seconds,
+            doubling up to ``max_backoff_s`` (1 s up to 30 s; 0 for the local judge);
+            ``timeout_s``: seconds per request of an endpoint (120); ``reconnect_s``: once
+            the endpoint has answered, an unreachable endpoint is retried for at least
+            this many seconds before :class:`JudgeUnavailableError` (default
+            ``$DRGYM_RECONNECT_S``, else 60).
         max_concurrency: worker threads of :meth:`judge_many`.
         max_tokens: completion length limit, in tokens.
-        reconnect_s: once the endpoint has answered, an unreachable endpoint is retried
-            for at least this many seconds before :class:`JudgeUnavailableError`; None:
-            :func:`drgym.search.retry.default_reconnect_s` (60, or ``$DRGYM_RECONNECT_S``).
 
     Attributes:
         model_id: ``"<backend>:<model>"``, part of the cache key and of every score record.
+        retry: the :class:`~drgym.config.RetryPolicy` in use (every field set).
         stats: counters ``calls``, ``cache_hits``, ``failures``, ``retries``.
+
+    Raises:
+        ConfigError: ``n_samples`` or ``max_concurrency`` below 1, or a bad ``retry``.
     """
+
+    DEFAULT_RETRY = RetryPolicy(attempts=3, timeout_s=120.0, backoff_s=1.0, max_backoff_s=30.0)
+    """A judge's retries when ``retry`` leaves a field unset."""
 
     model_id: str = "judge"
     cache_salt: str = ""
@@ -324,16 +336,12 @@ class Judge(abc.ABC):
         cache: Any = None,
         n_samples: int = 1,
         temperature: float = 0.0,
-        max_attempts: int = 3,
-        backoff_s: float = 1.0,
+        retry: RetryLike = None,
         max_concurrency: int = 8,
         max_tokens: int = 1024,
-        reconnect_s: float | None = None,
     ) -> None:
         if n_samples < 1:
             raise ConfigError(f"n_samples must be >= 1, got {n_samples}.")
-        if max_attempts < 1:
-            raise ConfigError(f"max_attempts must be >= 1, got {max_attempts}.")
         if max_concurrency < 1:
             raise ConfigError(f"max_concurrency must be >= 1, got {max_concurrency}.")
         if cache is False:
@@ -344,18 +352,14 @@ class Judge(abc.ABC):
             self.cache = VerdictCache(cache)
         self.n_samples = int(n_samples)
         self.temperature = float(temperature)
-        self.max_attempts = int(max_attempts)
-        self.backoff_s = float(backoff_s)
+        from drgym.search.retry import with_reconnect
+
+        self.retry = with_reconnect(resolve_retry(retry, self.DEFAULT_RETRY))
         self.max_concurrency = int(max_concurrency)
         self.max_tokens = int(max_tokens)
-        if reconnect_s is None:
-            from drgym.search.retry import default_reconnect_s
-
-            reconnect_s = default_reconnect_s()
-        self.reconnect_s = float(reconnect_s)
         self.stats = {"calls": 0, "cache_hits": 0, "failures": 0, "retries": 0}
         self._stats_lock = threading.Lock()
-        self._answered = False  # the endpoint has answered once (then reconnect_s applies)
+        self._answered = False  # the endpoint has answered once (then retry.reconnect_s applies)
         self._down: JudgeUnavailableError | None = None  # set once the endpoint is given up on
 
     # -- backend ------------------------------------------------------------------------
@@ -478,13 +482,13 @@ class Judge(abc.ABC):
                 with self._stats_lock:
                     if self._down is None:
                         self._down = JudgeUnavailableError(
-                            f"judge {self.model_id} is unreachable: {e} (after {self.max_attempts} attempt(s)"
-                            + (f" and {self.reconnect_s:g} s of retries" if self._answered else "") + ")")
+                            f"judge {self.model_id} is unreachable: {e} (after {self.retry.attempts} attempt(s)"
+                            + (f" and {self.retry.reconnect_s:g} s of retries" if self._answered else "") + ")")
                 raise self._down from e
             except JudgeError as e:
                 self._bump("failures")
-                log.warning("judge %s failed on %s after %d attempts: %s", self.model_id, req.template.tag, self.max_attempts, e)
-                return JudgeResult(error=f"{type(e).__name__}: {e}", attempts=res.attempts + self.max_attempts, cached=res.cached, raw=res.raw)
+                log.warning("judge %s failed on %s after %d attempts: %s", self.model_id, req.template.tag, self.retry.attempts, e)
+                return JudgeResult(error=f"{type(e).__name__}: {e}", attempts=res.attempts + self.retry.attempts, cached=res.cached, raw=res.raw)
             res.attempts += attempts
             res.verdicts.append(verdict)
             res.raw.append(raw)
@@ -499,21 +503,21 @@ class Judge(abc.ABC):
         return res
 
     def _stop(self, state: Any) -> bool:
-        """Tenacity stop rule: ``max_attempts`` tries; an unreachable endpoint that has
-        answered before is retried until ``reconnect_s`` have passed; a judge already
+        """Tenacity stop rule: ``retry.attempts`` tries; an unreachable endpoint that has
+        answered before is retried until ``retry.reconnect_s`` have passed; a judge already
         given up on (another request found it down) stops at once."""
         if self._down is not None:
             return True
-        if state.attempt_number < self.max_attempts:
+        if state.attempt_number < self.retry.attempts:
             return False
         exc = state.outcome.exception() if state.outcome is not None else None
         return not (isinstance(exc, JudgeUnreachableError) and self._answered
-                    and state.seconds_since_start < self.reconnect_s)
+                    and state.seconds_since_start < float(self.retry.reconnect_s or 0.0))
 
     def _sample(self, template: PromptTemplate, messages: Messages, sample: int) -> tuple[BaseModel, str, int]:
         retrying = Retrying(
             stop=self._stop,
-            wait=wait_exponential(multiplier=self.backoff_s, max=30.0),
+            wait=wait_exponential(multiplier=self.retry.backoff_s, max=self.retry.max_backoff_s),
             retry=retry_if_exception_type((JudgeOutputError, JudgeTransportError)),
             reraise=True,
         )

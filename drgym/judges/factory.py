@@ -26,7 +26,7 @@ def make_judge(spec: str | Judge, **kwargs: Any) -> Judge:
         ``openai`` -- model from ``DRGYM_JUDGE_MODEL`` as well.
 
     ``kwargs`` go to the judge constructor (``cache``, ``n_samples``, ``temperature``,
-    ``max_attempts``, ``timeout_s``...).
+    ``retry`` (a :class:`~drgym.config.RetryPolicy` or its fields)...).
 
     Raises:
         ConfigError: unknown backend prefix or empty model.

@@ -41,8 +41,12 @@ class HFJudge(Judge):
         prefill: text the assistant turn starts with; ``"auto"`` (default) uses the
             template's ``prefill`` or ``"{"``; ``""`` for none.
         retry_temperature: sampling temperature of attempts after the first.
-        **kwargs: :class:`~drgym.judges.base.Judge` settings; ``max_tokens`` defaults to 256.
+        **kwargs: :class:`~drgym.judges.base.Judge` settings; ``max_tokens`` defaults to 256
+            and ``retry`` to :attr:`DEFAULT_RETRY` (no wait between tries: a local model
+            has no rate limit; ``timeout_s`` is not used).
     """
+
+    DEFAULT_RETRY = Judge.DEFAULT_RETRY.model_copy(update={"backoff_s": 0.0})
 
     def __init__(
         self,
@@ -57,7 +61,6 @@ class HFJudge(Judge):
     ) -> None:
         kwargs.setdefault("max_tokens", 256)
         kwargs.setdefault("max_concurrency", 1)
-        kwargs.setdefault("backoff_s", 0.0)
         super().__init__(**kwargs)
         self.model_name = model
         self.model_id = f"hf:{model}"

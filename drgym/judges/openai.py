@@ -29,10 +29,11 @@ class OpenAIJudge(Judge):
         model: model name sent to the endpoint.
         base_url: API root ending in ``/v1`` (``http://127.0.0.1:8000/v1`` for vLLM).
         api_key: bearer token; None reads the environment.
-        timeout_s: per-request timeout in seconds; a timeout is retried, then recorded.
         json_mode: send ``response_format={"type": "json_object"}`` (OpenAI and vLLM
             support it; set False for servers that reject the field).
-        **kwargs: :class:`~drgym.judges.base.Judge` settings (cache, n_samples, ...).
+        **kwargs: :class:`~drgym.judges.base.Judge` settings (``cache``, ``n_samples``,
+            ``retry``...); ``retry.timeout_s`` is the per-request timeout in seconds (a
+            timeout is retried, then recorded).
 
     Raises:
         ConfigError: no model name given or found in ``DRGYM_JUDGE_MODEL``.
@@ -46,7 +47,6 @@ class OpenAIJudge(Judge):
         base_url: str | None = None,
         api_key: str | None = None,
         *,
-        timeout_s: float = 120.0,
         json_mode: bool = False,
         **kwargs: Any,
     ) -> None:
@@ -59,7 +59,6 @@ class OpenAIJudge(Judge):
             base_url or os.environ.get("DRGYM_JUDGE_BASE_URL") or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
         ).rstrip("/")
         self.api_key = api_key or os.environ.get("DRGYM_JUDGE_API_KEY") or os.environ.get("OPENAI_API_KEY")
-        self.timeout_s = float(timeout_s)
         self.json_mode = bool(json_mode)
         self.model_id = f"openai:{model}"
         self._client: httpx.Client | None = None
@@ -76,7 +75,7 @@ class OpenAIJudge(Judge):
                 self._client = httpx.Client(
                     base_url=self.base_url,
                     headers=headers,
-                    timeout=self.timeout_s,
+                    timeout=self.retry.timeout_s,
                     limits=httpx.Limits(max_connections=max(self.max_concurrency, 1) * 2),
                 )
             return self._client
@@ -94,7 +93,7 @@ class OpenAIJudge(Judge):
         try:
             r = self.client.post("/chat/completions", json=body)
         except httpx.TimeoutException as e:
-            raise JudgeTransportError(f"timeout after {self.timeout_s} s from {self.base_url}") from e
+            raise JudgeTransportError(f"timeout after {self.retry.timeout_s:g} s from {self.base_url}") from e
         except httpx.HTTPError as e:  # refused, reset, dropped mid-answer: the endpoint is down
             raise JudgeUnreachableError(f"{type(e).__name__} talking to {self.base_url}: {e}") from e
         if r.status_code in (401, 403):

@@ -21,6 +21,7 @@ import logging
 import json
 from typing import Any
 
+from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.errors import ConfigError, DependencyNotInstalled, unknown_name
 from drgym.policies.base import Policy
 
@@ -173,25 +174,29 @@ def policy_endpoints(spec: str) -> list[str]:
     return []
 
 
-def check_policy_reachable(spec: str, *, timeout_s: float = 2.0, attempts: int = 3, pause_s: float = 0.5) -> None:
+REACHABLE_RETRY = RetryPolicy(attempts=3, timeout_s=2.0, backoff_s=0.5, max_backoff_s=0.5)
+"""The tries of :func:`check_policy_reachable`: 3 of at most 2 s each, half a second apart."""
+
+
+def check_policy_reachable(spec: str, *, retry: RetryLike = None) -> None:
     """Check that the server of an ``openai:`` policy answers, before anything loads.
 
     Sends ``GET BASE_URL/models`` (the OpenAI API's model list, which vLLM, SGLang,
     llama.cpp and OpenAI serve); any HTTP answer, an error status included, counts as
-    reachable. Only a refused connection or a timeout is retried, ``attempts`` times
-    ``pause_s`` seconds apart: a dead endpoint fails in about ``attempts * pause_s``
-    seconds (``attempts * timeout_s`` at most for one that never answers). Policies
-    without an endpoint (``hf:``, ``vllm:``, ``scripted``) pass at once.
+    reachable. Only a refused connection or a timeout is retried: ``retry.attempts``
+    tries of at most ``retry.timeout_s`` seconds each, waiting ``retry.backoff_s`` seconds
+    before the first retry and doubling up to ``retry.max_backoff_s``. With the default
+    (:data:`REACHABLE_RETRY`) a dead endpoint fails in about 1 s, one that never answers
+    in about 7 s. Policies without an endpoint (``hf:``, ``vllm:``, ``scripted``) pass at once.
 
     Args:
         spec: the policy spec.
-        timeout_s: seconds per attempt (connect and read).
-        attempts: tries (>= 1).
-        pause_s: seconds between tries.
+        retry: a :class:`~drgym.config.RetryPolicy` or its fields; unset fields keep
+            :data:`REACHABLE_RETRY`. Its ``reconnect_s`` and ``max_retry_after_s`` are not used.
 
     Raises:
-        ServiceUnavailableError: no answer after ``attempts`` tries; the message names the URL.
-        ConfigError: a bad spec.
+        ServiceUnavailableError: no answer after ``retry.attempts`` tries; the message names the URL.
+        ConfigError: a bad spec or a bad ``retry``.
     """
     import time
 
@@ -199,21 +204,22 @@ def check_policy_reachable(spec: str, *, timeout_s: float = 2.0, attempts: int =
 
     from drgym.errors import ServiceUnavailableError
 
+    policy = resolve_retry(retry, REACHABLE_RETRY)
     for base in policy_endpoints(spec):
         url = f"{base}/models"
         last: Exception | None = None
-        for i in range(max(1, attempts)):
+        for i in range(policy.attempts):
             if i:
-                time.sleep(pause_s)
+                time.sleep(min(policy.backoff_s * 2 ** (i - 1), policy.max_backoff_s))
             try:
-                httpx.get(url, timeout=timeout_s)
+                httpx.get(url, timeout=policy.timeout_s)
                 last = None
                 break
             except httpx.TransportError as e:  # refused, reset, DNS, timeouts
                 last = e
         if last is not None:
             raise ServiceUnavailableError(
-                f"policy endpoint {base} is not reachable: GET {url} failed {max(1, attempts)} attempt(s) "
+                f"policy endpoint {base} is not reachable: GET {url} failed {policy.attempts} attempt(s) "
                 f"({type(last).__name__}: {last}). Start the server, or fix the URL in --policy openai:MODEL@URL.")
 
 

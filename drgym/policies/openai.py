@@ -2,11 +2,12 @@
 
 Works with ``vllm serve``, OpenAI, OpenRouter, llama.cpp's server... Requests of one
 batch run concurrently on a thread pool over one pooled ``httpx.Client``; transport
-errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff (tenacity):
-``retries`` attempts, and once the server has answered, for at least ``reconnect_s``
-seconds (a restarting server). If the endpoint still fails, :meth:`OpenAIPolicy.act`
-raises :class:`~drgym.errors.ServiceUnavailableError`: an unreachable model cannot act,
-so the rollout stops (finished episodes are kept; rerunning resumes) instead of
+errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff (tenacity), as
+the policy's ``retry`` (:class:`~drgym.config.RetryPolicy`) says: ``attempts`` tries, and
+once the server has answered, for at least ``reconnect_s`` seconds (a restarting
+server). If the endpoint still fails, :meth:`OpenAIPolicy.act` raises
+:class:`~drgym.errors.ServiceUnavailableError`: an unreachable model cannot act, so the
+rollout stops (finished episodes are kept; rerunning resumes) instead of
 recording turns the model never wrote. A request the server refuses (HTTP 4xx, e.g. a
 prompt over the context length) or a malformed completion is that turn's failure: an
 empty action with ``finish="error"`` in its usage (the env shows a corrective
@@ -31,6 +32,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.envs.parsing import arguments_json
 from drgym.envs.tools import DEFAULT_TOOLS, tool_schemas
 from drgym.errors import BackendUnavailableError, ConfigError, ServiceUnavailableError
@@ -90,11 +92,12 @@ class OpenAIPolicy(Policy):
         max_tokens: completion budget of one turn.
         temperature: sampling temperature (0 = greedy where the server honours it).
         concurrency: requests in flight at once.
-        timeout: seconds per request.
-        retries: attempts per request (>= 1).
-        reconnect_s: once the server has answered, a request failing for transport
-            reasons (refused, timeout, 429/5xx) is retried for at least this many seconds;
-            None: :func:`drgym.search.retry.default_reconnect_s` (60, or ``$DRGYM_RECONNECT_S``).
+        retry: retries of a request failing for transport reasons (refused, timeout,
+            429/5xx) and the timeout of one attempt, a :class:`~drgym.config.RetryPolicy`
+            or its fields (``-p 'retry={"attempts": 2}'``); unset fields keep
+            :attr:`DEFAULT_RETRY` (4 attempts of 60 s, backoff 0.5 s doubling up to 8 s;
+            once the server has answered, retried for at least ``reconnect_s`` seconds,
+            by default ``$DRGYM_RECONNECT_S`` or 60).
         stops: stop strings in text mode (the server drops them; they are re-appended).
         extra_body: extra JSON fields merged into each request (e.g. vLLM's
             ``{"top_k": 1}``).
@@ -103,13 +106,20 @@ class OpenAIPolicy(Policy):
             nothing (the OpenAI API itself rejects unknown fields).
 
     Attributes:
+        retry: the :class:`~drgym.config.RetryPolicy` in use (every field set).
         last_usage: one :class:`~drgym.policies.generation.TokenUsage` per conversation of the
             latest call (server-reported token counts when given).
         native_tools: whether function calling is in use (``tools`` not False).
         text_episodes: ids of the episodes that went on with text tags after a 400.
         n_repairs: changes :meth:`to_api_messages` had to make to follow the pairing
             rule (0 for the env's own conversations).
+
+    Raises:
+        ConfigError: ``concurrency`` < 1, a bad ``tools`` or a bad ``retry``.
     """
+
+    DEFAULT_RETRY = RetryPolicy(attempts=4, timeout_s=60.0, backoff_s=0.5, max_backoff_s=8.0)
+    """The policy's retries when ``retry`` leaves a field unset."""
 
     def __init__(
         self,
@@ -121,9 +131,7 @@ class OpenAIPolicy(Policy):
         max_tokens: int = 512,
         temperature: float = 0.0,
         concurrency: int = 8,
-        timeout: float = 60.0,
-        retries: int = 4,
-        reconnect_s: float | None = None,
+        retry: RetryLike = None,
         stops: tuple[str, ...] | list[str] = DEFAULT_STOPS,
         extra_body: dict[str, Any] | None = None,
         enable_thinking: bool | None = None,
@@ -132,8 +140,6 @@ class OpenAIPolicy(Policy):
 
         if int(concurrency) < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}.")
-        if int(retries) < 1:
-            raise ConfigError(f"retries must be >= 1, got {retries}.")
         if tools not in ("auto", True, False, "true", "false"):
             raise ConfigError(f"tools must be 'auto', true or false, got {tools!r}.")
         self.name = f"openai:{model}@{base_url}"
@@ -144,14 +150,10 @@ class OpenAIPolicy(Policy):
         self.max_tokens = int(max_tokens)
         self.temperature = float(temperature)
         self.concurrency = int(concurrency)
-        self.timeout = float(timeout)
-        self.retries = int(retries)
-        if reconnect_s is None:
-            from drgym.search.retry import default_reconnect_s
+        from drgym.search.retry import with_reconnect
 
-            reconnect_s = default_reconnect_s()
-        self.reconnect_s = float(reconnect_s)
-        self._answered = False  # the server has answered once (then reconnect_s applies)
+        self.retry = with_reconnect(resolve_retry(retry, self.DEFAULT_RETRY))
+        self._answered = False  # the server has answered once (then retry.reconnect_s applies)
         self._down: ServiceUnavailableError | None = None  # set when the endpoint is given up on
         self.stops = tuple(stops)
         self.extra_body = dict(extra_body or {})
@@ -164,7 +166,7 @@ class OpenAIPolicy(Policy):
         key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY", "")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         self._client = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=self.timeout,
+            base_url=self.base_url, headers=headers, timeout=self.retry.timeout_s,
             limits=httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency),
         )
         self._pool = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="drgym-openai")
@@ -178,7 +180,7 @@ class OpenAIPolicy(Policy):
         """Settings recorded in run configs (never the API key)."""
         return {"kind": "openai", "model": self.model, "base_url": self.base_url, "tools": self.tools_mode,
                 "max_tokens": self.max_tokens, "temperature": self.temperature, "concurrency": self.concurrency,
-                "timeout": self.timeout, "retries": self.retries, "reconnect_s": self.reconnect_s,
+                "retry": self.retry.model_dump(),
                 "stops": list(self.stops), "enable_thinking": self.enable_thinking}
 
     # -- message conversion -----------------------------------------------------------------
@@ -290,8 +292,8 @@ class OpenAIPolicy(Policy):
 
         Raises:
             ServiceUnavailableError: still unreachable, timing out or answering 429/5xx
-                (or invalid JSON) after ``retries`` attempts (and ``reconnect_s`` once the
-                server has answered before).
+                (or invalid JSON) after ``retry.attempts`` attempts (and ``retry.reconnect_s``
+                once the server has answered before).
             BackendUnavailableError: HTTP 4xx (not retried).
         """
         import httpx
@@ -317,15 +319,17 @@ class OpenAIPolicy(Policy):
             except ValueError as e:
                 raise _Retryable(f"invalid JSON from server: {r.text[:200]}") from e
 
-        stop: Any = stop_after_attempt(self.retries)
-        if self._answered and self.reconnect_s > 0:
-            stop = stop & stop_after_delay(self.reconnect_s)
-        retrying = Retrying(stop=stop, wait=wait_exponential(multiplier=0.5, max=8),
+        stop: Any = stop_after_attempt(self.retry.attempts)
+        reconnect = float(self.retry.reconnect_s or 0.0)
+        if self._answered and reconnect > 0:
+            stop = stop & stop_after_delay(reconnect)
+        retrying = Retrying(stop=stop,
+                            wait=wait_exponential(multiplier=self.retry.backoff_s, max=self.retry.max_backoff_s),
                             retry=retry_if_exception_type((httpx.TransportError, _Retryable)), reraise=True)
         try:
             return retrying(go)
         except (httpx.TransportError, _Retryable) as e:
-            made = retrying.statistics.get("attempt_number") or self.retries
+            made = retrying.statistics.get("attempt_number") or self.retry.attempts
             err = ServiceUnavailableError(
                 f"policy endpoint {self.base_url}/chat/completions failed {made} attempt(s): {type(e).__name__}: {e}")
             with self._lock:

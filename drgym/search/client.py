@@ -20,7 +20,8 @@ encoder call; against other servers it runs ``/search`` calls in a thread pool.
 Transient failures (HTTP 429 honouring ``Retry-After``, 5xx, timeouts, connection
 errors) are retried with exponential backoff (:func:`drgym.search.retry.send_with_retries`,
 tenacity), then raised as :class:`~drgym.errors.ServiceUnavailableError` (which ends a
-rollout run: see :mod:`drgym.evaluation.runner`). Before the server has answered once,
+rollout run: see :mod:`drgym.evaluation.runner`). The client's ``retry``
+(:class:`~drgym.config.RetryPolicy`) sets how: before the server has answered once,
 ``attempts`` tries are made (a wrong URL fails in seconds); once it has answered, failures
 are retried for at least ``reconnect_s`` seconds, so a server that is killed and restarted
 mid-run is waited for and the run goes on. 400/422 raise
@@ -49,7 +50,8 @@ from drgym.errors import (
 )
 from drgym.redact import scrub
 from drgym.search.base import COLLAPSE_MODES, SearchBackend, check_collapse
-from drgym.search.retry import default_reconnect_s, send_with_retries
+from drgym.config import RetryLike, RetryPolicy, resolve_retry
+from drgym.search.retry import send_with_retries, with_reconnect
 from drgym.search.wire import decode_b64_json
 from drgym.types import Document, SearchResult
 
@@ -103,15 +105,12 @@ class HTTPSearchClient(SearchBackend):
         base_url: server root, e.g. ``"http://127.0.0.1:8000"`` or :data:`DEEPRESEARCHGYM_URL`.
         api_key: sent as ``x-api-key``; None reads ``DRGYM_API_KEY`` then
             ``DEEPRESEARCHGYM_API_KEY`` (no header when neither is set).
-        timeout: seconds per attempt (connect, read, write, pool).
-        attempts: tries per request (>= 1) for transient failures.
-        backoff_s: first retry delay in seconds (doubles per retry, jittered).
-        max_backoff_s: cap of one retry delay.
-        max_retry_after_s: longest ``Retry-After`` honoured; longer fails at once.
-        reconnect_s: once the server has answered, a failing request is retried for at
-            least this many seconds (a restarting server); 0 keeps ``attempts`` only;
-            None reads :func:`drgym.search.retry.default_reconnect_s` (60 s, or
-            ``$DRGYM_RECONNECT_S``).
+        retry: retries of transient failures and the timeout of one attempt (connect,
+            read, write, pool), a :class:`~drgym.config.RetryPolicy` or its fields;
+            unset fields keep :attr:`DEFAULT_RETRY` (4 attempts of 30 s, backoff 0.5 s
+            doubling up to 8 s, ``Retry-After`` up to 60 s honoured; once the server has
+            answered, a failing request is retried for at least ``reconnect_s`` seconds,
+            by default ``$DRGYM_RECONNECT_S`` or 60).
         route: search route, ``"/search"`` (ClueWeb22) or ``"/fineweb/search"``.
         fetch_url: root of the fetch service when it is not ``base_url`` (the public
             DeepResearchGym runs ``/fetch`` as a separate service).
@@ -128,21 +127,22 @@ class HTTPSearchClient(SearchBackend):
             server and DeepResearchGym search a fixed index (DeepResearchGym's point);
             pass False for a service that may be re-indexed under you.
 
+    Attributes:
+        retry: the :class:`~drgym.config.RetryPolicy` in use (every field set).
+
     Raises:
-        ConfigError: ``base_url`` is not an http(s) URL, or ``attempts`` < 1.
+        ConfigError: ``base_url`` is not an http(s) URL, or a bad ``retry``.
     """
+
+    DEFAULT_RETRY = RetryPolicy(attempts=4, timeout_s=30.0, backoff_s=0.5, max_backoff_s=8.0, max_retry_after_s=60.0)
+    """The client's retries when ``retry`` leaves a field unset."""
 
     def __init__(
         self,
         base_url: str = "http://127.0.0.1:8000",
         *,
         api_key: str | None = None,
-        timeout: float = 30.0,
-        attempts: int = 4,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 8.0,
-        max_retry_after_s: float = 60.0,
-        reconnect_s: float | None = None,
+        retry: RetryLike = None,
         route: str = "/search",
         fetch_url: str | None = None,
         drgym: bool | None = None,
@@ -156,20 +156,14 @@ class HTTPSearchClient(SearchBackend):
         parsed = urlparse(base_url)
         if parsed.scheme not in ("http", "https") or not parsed.netloc:
             raise ConfigError(f"base_url must be an http(s) URL such as 'http://127.0.0.1:8000', got {base_url!r}.")
-        if attempts < 1:
-            raise ConfigError(f"attempts must be >= 1, got {attempts}.")
+        self.retry = with_reconnect(resolve_retry(retry, self.DEFAULT_RETRY))
         self.base_url = base_url.rstrip("/")
         self.fetch_base = (fetch_url or base_url).rstrip("/")
         self.route = "/" + route.strip("/")
         if api_key is None:
             api_key = next((os.environ[v] for v in API_KEY_ENV_VARS if os.environ.get(v)), None)
         self._headers = {"x-api-key": api_key} if api_key else {}
-        self.attempts = attempts
-        self.backoff_s = backoff_s
-        self.max_backoff_s = max_backoff_s
-        self.max_retry_after_s = max_retry_after_s
-        self.reconnect_s = default_reconnect_s() if reconnect_s is None else float(reconnect_s)
-        self._answered = False  # the server has answered once (then reconnect_s applies)
+        self._answered = False  # the server has answered once (then retry.reconnect_s applies)
         self.max_k = max_k
         self.workers = max(1, workers)
         self.retrieve_chunk = max(1, retrieve_chunk)
@@ -180,7 +174,7 @@ class HTTPSearchClient(SearchBackend):
         self._drgym = drgym
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
-        self._client = httpx.Client(timeout=httpx.Timeout(timeout), headers=self._headers,
+        self._client = httpx.Client(timeout=httpx.Timeout(self.retry.timeout_s), headers=self._headers,
                                     limits=httpx.Limits(max_connections=max(64, 2 * self.workers)))
 
     @classmethod
@@ -195,8 +189,7 @@ class HTTPSearchClient(SearchBackend):
         try:
             resp = send_with_retries(
                 self._client, method, url, backend=self.name, env_var=API_KEY_ENV_VARS[0],
-                attempts=self.attempts, backoff_s=self.backoff_s, max_backoff_s=self.max_backoff_s,
-                max_retry_after_s=self.max_retry_after_s, min_elapsed_s=self.reconnect_s if self._answered else 0.0,
+                retry=self.retry, min_elapsed_s=float(self.retry.reconnect_s or 0.0) if self._answered else 0.0,
                 **kw,
             )
         except RuntimeError as e:  # the client was closed

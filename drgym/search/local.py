@@ -83,7 +83,7 @@ class _Shared:
     """Resources of one loaded index, shared by engines that differ only in method."""
 
     def __init__(self, folder: Path, encoder, device, search_params, verify: bool | str = False,
-                 gpu: dict[str, bool] | None = None) -> None:
+                 gpu: dict[str, bool] | None = None, encoder_backend: str = "torch") -> None:
         from drgym.docstore import DocStore
         from drgym.index.dense import load_tie_rank
         from drgym.index.manifest import IndexManifest
@@ -105,6 +105,7 @@ class _Shared:
             self.docstore.close()
             raise
         self._encoder = encoder  # an Encoder, or None to load the manifest's on first use
+        self.encoder_backend = encoder_backend
         self._dense = None
         self._bm25 = None
         self._lock = threading.Lock()
@@ -115,7 +116,7 @@ class _Shared:
             if self._encoder is None:
                 from drgym.index.build import get_encoder
 
-                enc = get_encoder(self.manifest.encoder, self.device)
+                enc = get_encoder(self.manifest.encoder, self.device, self.encoder_backend)
                 self.manifest.check_encoder(enc.name, enc.revision, enc.dim)
                 self._encoder = enc
             return self._encoder
@@ -212,6 +213,9 @@ class LocalSearchEngine(SearchBackend):
         gpu_shard: on GPUs, split each dense shard's rows across all GPUs instead of a
             whole copy per GPU (:func:`drgym.index.dense.gpu_cloner_options`).
         gpu_float16: on GPUs, store the vectors in float16 (half the GPU memory).
+        encoder_backend: runtime of the query encoder when it is loaded here (``encoder``
+            None or a name): ``"torch"`` (default) or ``"onnx"`` (ONNX Runtime on the CPU,
+            the same float32 weights; :data:`drgym.embedding.ENCODER_BACKENDS`).
 
     Raises:
         IndexNotFoundError: no index in ``folder``.
@@ -240,6 +244,7 @@ class LocalSearchEngine(SearchBackend):
         verify: bool | str = False,
         gpu_shard: bool = False,
         gpu_float16: bool = False,
+        encoder_backend: str = "torch",
         _shared: _Shared | None = None,
     ) -> None:
         if method not in METHODS:
@@ -260,9 +265,9 @@ class LocalSearchEngine(SearchBackend):
                 IndexManifest.read(folder).check_encoder(resolve_model(encoder)[0])
                 from drgym.index.build import get_encoder
 
-                enc = get_encoder(encoder, device)
+                enc = get_encoder(encoder, device, encoder_backend)
             _shared = _Shared(folder, enc, device, search_params, verify,
-                              {"gpu_shard": bool(gpu_shard), "gpu_float16": bool(gpu_float16)})
+                              {"gpu_shard": bool(gpu_shard), "gpu_float16": bool(gpu_float16)}, encoder_backend)
             if enc is not None:
                 try:
                     _shared.manifest.check_encoder(enc.name, enc.revision, enc.dim)
@@ -298,6 +303,7 @@ class LocalSearchEngine(SearchBackend):
         bm25_engine: str = "bm25s",
         gpu_shard: bool = False,
         gpu_float16: bool = False,
+        encoder_backend: str = "torch",
     ) -> "LocalSearchEngine":
         """Build the index of ``corpus`` if it is missing or outdated, then load it.
 
@@ -321,7 +327,7 @@ class LocalSearchEngine(SearchBackend):
         """
         from drgym.index.build import DEFAULT_FACTORY, DEFAULT_SHARD_SIZE, IndexSpec, build_index, get_encoder
 
-        enc = get_encoder(encoder, device)
+        enc = get_encoder(encoder, device, encoder_backend)
         spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
                          shard_size=shard_size or DEFAULT_SHARD_SIZE, name=name, bm25_tokenizer=bm25_tokenizer,
                          bm25_engine=bm25_engine)
@@ -331,7 +337,7 @@ class LocalSearchEngine(SearchBackend):
         mode = _verify_mode(verify)
         return cls(res.folder, method=method, encoder=enc, device=device, search_params=search_params, max_k=max_k,
                    collapse=collapse, verify=mode if mode == "full" else "size", gpu_shard=gpu_shard,
-                   gpu_float16=gpu_float16)
+                   gpu_float16=gpu_float16, encoder_backend=encoder_backend)
 
     @classmethod
     def open(cls, name_or_folder: str | Path, **kwargs) -> "LocalSearchEngine":

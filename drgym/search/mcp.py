@@ -29,8 +29,9 @@ the positions, 1..n.
 
 Errors follow :class:`~drgym.search.client.HTTPSearchClient`'s rules: a failed connection,
 a broken session, a timeout or a server-side internal error is retried with exponential
-backoff on a fresh session (``attempts`` tries; once the server has answered, for at
-least ``reconnect_s`` seconds, so a restarted server is waited for), then raised as
+backoff on a fresh session, as the backend's ``retry`` (:class:`~drgym.config.RetryPolicy`)
+says (``attempts`` tries; once the server has answered, for at least ``reconnect_s``
+seconds, so a restarted server is waited for), then raised as
 :class:`~drgym.errors.ServiceUnavailableError`. A tool error (``isError`` result) whose
 text names a drgym error class (``BadQueryError: ...``, what ``drgym mcp`` sends) is
 raised as that class; a search tool's argument-validation error as
@@ -57,6 +58,7 @@ from urllib.parse import urlparse
 import tenacity
 
 from drgym import errors as _errors
+from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.errors import (
     BackendUnavailableError,
     BadQueryError,
@@ -67,7 +69,7 @@ from drgym.errors import (
     ServiceUnavailableError,
 )
 from drgym.search.base import SearchBackend
-from drgym.search.retry import default_reconnect_s
+from drgym.search.retry import with_reconnect
 from drgym.types import Document, SearchResult
 
 log = logging.getLogger(__name__)
@@ -256,12 +258,11 @@ class MCPSearchBackend(SearchBackend):
             argument ``docid``).
         fetch_tool: the tool that returns a document by URL (default ``fetch``, argument
             ``url``); when the server has none, :meth:`fetch` asks ``document_tool``.
-        timeout: seconds for one tool call (and for connecting).
-        attempts: tries per call (>= 1) for transient failures.
-        backoff_s: first retry delay in seconds (doubles per retry, jittered).
-        max_backoff_s: cap of one retry delay.
-        reconnect_s: once the server has answered, a failing call is retried for at least
-            this many seconds; None reads :func:`drgym.search.retry.default_reconnect_s`.
+        retry: retries of transient failures and the timeout of one tool call (and of
+            connecting), a :class:`~drgym.config.RetryPolicy` or its fields; unset fields
+            keep :attr:`DEFAULT_RETRY` (4 attempts of 60 s, backoff 0.5 s with jitter
+            doubling up to 8 s; once the server has answered, a failing call is retried for
+            at least ``reconnect_s`` seconds, by default ``$DRGYM_RECONNECT_S`` or 60).
         max_k: the largest ``k`` accepted before the server is seen; replaced by the
             server's (a drgym server's ``max_k``, or the ``maximum`` of the search tool's
             ``k``) on connecting.
@@ -271,10 +272,16 @@ class MCPSearchBackend(SearchBackend):
         name: backend name in logs and errors (default ``"mcp"``).
         deterministic: whether rankings are repeatable (True: a fixed index).
 
+    Attributes:
+        retry: the :class:`~drgym.config.RetryPolicy` in use (every field set).
+
     Raises:
-        ConfigError: a bad URL, an empty command or one not found on ``PATH``, or
-            ``attempts`` < 1.
+        ConfigError: a bad URL, an empty command or one not found on ``PATH``, or a bad
+            ``retry``.
     """
+
+    DEFAULT_RETRY = RetryPolicy(attempts=4, timeout_s=60.0, backoff_s=0.5, max_backoff_s=8.0)
+    """The backend's retries when ``retry`` leaves a field unset."""
 
     def __init__(
         self,
@@ -284,11 +291,7 @@ class MCPSearchBackend(SearchBackend):
         search_tool: str = "search",
         document_tool: str = "get_document",
         fetch_tool: str | None = "fetch",
-        timeout: float = 60.0,
-        attempts: int = 4,
-        backoff_s: float = 0.5,
-        max_backoff_s: float = 8.0,
-        reconnect_s: float | None = None,
+        retry: RetryLike = None,
         max_k: int = 100,
         workers: int = 8,
         env: dict[str, str] | None = None,
@@ -301,8 +304,7 @@ class MCPSearchBackend(SearchBackend):
                 else "stdio"
         if transport not in ("http", "stdio"):
             raise ConfigError(f"transport must be 'http' or 'stdio', got {transport!r}.")
-        if attempts < 1:
-            raise ConfigError(f"attempts must be >= 1, got {attempts}.")
+        self.retry = with_reconnect(resolve_retry(retry, self.DEFAULT_RETRY))
         if transport == "http":
             url = str(target).strip()
             u = urlparse(url)
@@ -322,11 +324,6 @@ class MCPSearchBackend(SearchBackend):
         self.search_tool = search_tool
         self.document_tool = document_tool
         self.fetch_tool = fetch_tool
-        self.timeout = float(timeout)
-        self.attempts = int(attempts)
-        self.backoff_s = float(backoff_s)
-        self.max_backoff_s = float(max_backoff_s)
-        self.reconnect_s = default_reconnect_s() if reconnect_s is None else float(reconnect_s)
         self.max_k = int(max_k)
         self.workers = max(1, int(workers))
         self.env = dict(os.environ) if env is None else dict(env)
@@ -398,7 +395,7 @@ class MCPSearchBackend(SearchBackend):
 
         async def main() -> None:
             try:
-                async with Client(self._server(), cache=None, read_timeout_seconds=self.timeout) as client:
+                async with Client(self._server(), cache=None, read_timeout_seconds=self.retry.timeout_s) as client:
                     tools: dict[str, Any] = {}
                     cursor = None
                     while True:
@@ -453,7 +450,7 @@ class MCPSearchBackend(SearchBackend):
                 session = self._session
             if session is None or session.task.done():
                 try:
-                    session = self._run(self._open, self.timeout)
+                    session = self._run(self._open, self.retry.timeout_s)
                 except (ConfigError, BackendUnavailableError):
                     raise
                 except Exception as e:
@@ -520,7 +517,7 @@ class MCPSearchBackend(SearchBackend):
         def once() -> Any:
             session = self._connect()
             try:
-                result = self._run(lambda: session.client.call_tool(tool, arguments), self.timeout)
+                result = self._run(lambda: session.client.call_tool(tool, arguments), self.retry.timeout_s)
             except MCPError as e:
                 if e.code in (CONNECTION_CLOSED, INTERNAL_ERROR, REQUEST_TIMEOUT):
                     self._drop(session)
@@ -541,15 +538,15 @@ class MCPSearchBackend(SearchBackend):
         return self._with_retries(once, what)
 
     def _with_retries(self, once: Callable[[], _T], what: str) -> _T:
-        backoff = (tenacity.wait_exponential(multiplier=self.backoff_s, max=self.max_backoff_s)
-                   + tenacity.wait_random(0, self.backoff_s))
+        backoff = (tenacity.wait_exponential(multiplier=self.retry.backoff_s, max=self.retry.max_backoff_s)
+                   + tenacity.wait_random(0, self.retry.backoff_s))
 
         def before_sleep(state: tenacity.RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             log.warning("%s: attempt %d failed (%s); retrying", self.name, state.attempt_number, exc)
 
-        stop: Any = tenacity.stop_after_attempt(self.attempts)
-        reconnect = self.reconnect_s if self._answered else 0.0
+        stop: Any = tenacity.stop_after_attempt(self.retry.attempts)
+        reconnect = float(self.retry.reconnect_s or 0.0) if self._answered else 0.0
         if reconnect > 0:
             stop = stop & tenacity.stop_after_delay(reconnect)
         retrying = tenacity.Retrying(stop=stop, wait=backoff, retry=tenacity.retry_if_exception_type(_Transient),
@@ -557,7 +554,7 @@ class MCPSearchBackend(SearchBackend):
         try:
             return retrying(once)
         except _Transient as e:
-            made = int(retrying.statistics.get("attempt_number") or self.attempts)
+            made = int(retrying.statistics.get("attempt_number") or self.retry.attempts)
             tries = f"{made} attempt(s)"
             if reconnect > 0:
                 tries += f" over {float(retrying.statistics.get('delay_since_first_attempt') or 0.0):.0f} s"
@@ -689,7 +686,7 @@ class MCPSearchBackend(SearchBackend):
         engine = None
         if session.engine is not None:
             try:
-                engine = self._run(lambda: self._read_engine(session.client), self.timeout)
+                engine = self._run(lambda: self._read_engine(session.client), self.retry.timeout_s)
             except Exception as e:
                 log.debug("%s: re-reading the engine failed (%s)", self.name, e)
                 engine = session.engine

@@ -49,6 +49,7 @@ from urllib.parse import urlsplit
 import httpcore
 import httpx
 
+from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.errors import BackendUnavailableError, BadQueryError, DocumentNotFoundError, SearchError
 from drgym.search.retry import send_with_retries
 from drgym.types import Document
@@ -258,11 +259,13 @@ class PageFetcher:
     """Download a web page and return its main text as a :class:`Document`.
 
     Args:
-        timeout_s: per-attempt timeout in seconds (connect and read).
+        retry: retries of 429/5xx/timeouts (:func:`drgym.search.retry.send_with_retries`)
+            and the per-attempt timeout (connect and read), a
+            :class:`~drgym.config.RetryPolicy` or its fields; unset fields keep
+            :attr:`DEFAULT_RETRY` (3 attempts of 20 s, backoff 0.5 s with jitter doubling up
+            to 20 s).
         max_bytes: largest body read, in bytes (default 5 MB).
         max_chars: largest extracted text kept, in characters (default 200k).
-        attempts: tries on 429/5xx/timeouts (see :func:`drgym.search.retry.send_with_retries`).
-        backoff_s: first retry backoff, seconds.
         allowed_types: accepted ``Content-Type`` media types.
         user_agent: the ``User-Agent`` header sent.
         client: an httpx client to use (else one is created and owned). It must not follow
@@ -276,20 +279,25 @@ class PageFetcher:
             default; for tests that serve pages on 127.0.0.1. Private, link-local and the
             other refused categories stay refused.
 
+    Attributes:
+        retry: the :class:`~drgym.config.RetryPolicy` in use (every field set).
+
     Raises:
         ValueError: a limit is not positive, or ``client`` follows redirects.
+        ConfigError: a bad ``retry`` (a ``ValueError`` too).
 
     Thread-safe (httpx clients are).
     """
 
+    DEFAULT_RETRY = RetryPolicy(attempts=3, timeout_s=20.0, backoff_s=0.5, max_backoff_s=20.0)
+    """The fetcher's retries when ``retry`` leaves a field unset."""
+
     def __init__(
         self,
         *,
-        timeout_s: float = 20.0,
+        retry: RetryLike = None,
         max_bytes: int = 5_000_000,
         max_chars: int = 200_000,
-        attempts: int = 3,
-        backoff_s: float = 0.5,
         allowed_types: tuple[str, ...] = TEXT_TYPES,
         user_agent: str = DEFAULT_USER_AGENT,
         client: httpx.Client | None = None,
@@ -300,24 +308,21 @@ class PageFetcher:
     ):
         if max_bytes < 1 or max_chars < 1:
             raise ValueError(f"max_bytes and max_chars must be positive, got {max_bytes}, {max_chars}.")
-        if not (timeout_s > 0 and max_time_s > 0) or max_redirects < 0:
-            raise ValueError(f"timeout_s and max_time_s must be > 0 and max_redirects >= 0, got "
-                             f"{timeout_s}, {max_time_s}, {max_redirects}.")
+        if not max_time_s > 0 or max_redirects < 0:
+            raise ValueError(f"max_time_s must be > 0 and max_redirects >= 0, got {max_time_s}, {max_redirects}.")
         if client is not None and client.follow_redirects:
             raise ValueError("PageFetcher needs a client with follow_redirects=False: it follows and checks redirects itself.")
-        self.timeout_s = float(timeout_s)
+        self.retry = resolve_retry(retry, self.DEFAULT_RETRY)
         self.max_bytes = int(max_bytes)
         self.max_chars = int(max_chars)
         self.max_redirects = int(max_redirects)
         self.max_time_s = float(max_time_s)
         self.allow_loopback = bool(allow_loopback)
-        self.attempts = attempts
-        self.backoff_s = backoff_s
         self.allowed_types = tuple(t.lower() for t in allowed_types)
         self.source = source
         self._own_client = client is None
         self.client = client or httpx.Client(
-            timeout=httpx.Timeout(timeout_s),
+            timeout=httpx.Timeout(self.retry.timeout_s),
             follow_redirects=False,
             transport=_CheckedTransport(self.allow_loopback),
             headers={"User-Agent": user_agent, "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.1"},
@@ -392,8 +397,8 @@ class PageFetcher:
                 raise BackendUnavailableError(f"{url}: no answer within max_time_s={self.max_time_s:g} s "
                                               f"({len(redirects)} redirect(s) followed).")
             resp = send_with_retries(
-                self.client, "GET", current, backend="fetch", attempts=self.attempts, backoff_s=self.backoff_s,
-                stream=True, timeout=httpx.Timeout(min(self.timeout_s, left)),
+                self.client, "GET", current, backend="fetch", retry=self.retry,
+                stream=True, timeout=httpx.Timeout(min(self.retry.timeout_s, left)),
             )
             if not resp.is_redirect:
                 break

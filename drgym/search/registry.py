@@ -45,6 +45,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from drgym.config import SearchSettings, parse_section
 from drgym.errors import AuthError, ConfigError, unknown_name
 from drgym.search.base import SearchBackend
 from drgym.search.record import MODES, RecordReplayBackend
@@ -221,9 +222,11 @@ def make_backend(
         name: the recording key (default :func:`record_name` of ``spec``, or the
             backend's ``name`` when ``spec`` is a backend).
         kwargs: passed to the live backend's constructor (``api_key``, ``base_url``,
-            ``timeout_s``... for web backends; ``method``, ``corpus`` for local;
-            ``timeout``, ``attempts`` for HTTP; ``search_tool``, ``document_tool``,
-            ``timeout`` for MCP). Ignored in replay.
+            ``retry``... for web backends; ``method``, ``corpus`` for local; ``retry``,
+            ``route`` for HTTP; ``search_tool``, ``document_tool``, ``retry`` for MCP).
+            ``retry`` is a :class:`~drgym.config.RetryPolicy` or its fields (``{"attempts":
+            2, "timeout_s": 10}``). A config's ``search:`` section lists them all
+            (:class:`~drgym.config.SearchSettings`). Ignored in replay.
 
     Returns:
         A :class:`SearchBackend`; in replay it has ``deterministic = True``.
@@ -300,16 +303,21 @@ def get_backend(spec: str | SearchBackend, **kwargs: Any) -> SearchBackend:
 
 
 def backend_from_settings(settings: dict[str, Any] | None) -> SearchBackend:
-    """The (cached) backend of a config's ``search:`` section.
+    """The (cached) backend of a config's ``search:`` section
+    (:class:`~drgym.config.SearchSettings`).
 
     ``{backend: SPEC, **kwargs}`` takes any spec of the module docstring (what
     ``drgym rollout --backend`` takes); ``{corpus: NAME, **kwargs}`` is short for
     ``{backend: "local:NAME", ...}``; ``{}`` is ``local`` (``wiki-default``). The other
-    keys are keyword arguments of :func:`make_backend` (``method: bm25``, ``timeout``...).
+    keys are keyword arguments of :func:`make_backend` (``method: bm25``,
+    ``retry: {attempts: 2, timeout_s: 10}``...).
 
     Raises:
-        ConfigError: both ``backend`` and ``corpus``, an unknown spec or a bad argument.
+        ConfigError: an unknown key (with a "Did you mean" hint) or a value of the wrong
+            type, both ``backend`` and ``corpus``, an unknown spec or an argument the
+            backend does not take.
     """
+    parse_section(SearchSettings, settings)
     kw = dict(settings or {})
     if "backend" in kw and "corpus" in kw:
         raise ConfigError(f"search: give 'backend' or 'corpus', not both (got {settings!r}).")

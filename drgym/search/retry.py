@@ -4,9 +4,10 @@ One function, :func:`send_with_retries`, shared by the web backends
 (:mod:`drgym.search.web`) and the page fetcher (:mod:`drgym.search.pages`):
 
 - 429 and 5xx answers, timeouts and connection failures are retried with exponential
-  backoff plus jitter; a 429/503 ``Retry-After`` header (seconds or HTTP date) is
-  honoured instead of the backoff, unless it asks for longer than ``max_retry_after_s``
-  (then the call fails at once rather than stalling a rollout).
+  backoff plus jitter, as a :class:`~drgym.config.RetryPolicy` says; a 429/503
+  ``Retry-After`` header (seconds or HTTP date) is honoured instead of the backoff, unless
+  it asks for longer than the policy's ``max_retry_after_s`` (then the call fails at once
+  rather than stalling a rollout).
 - 401/403 raise :class:`~drgym.errors.AuthError` naming the environment variable that
   holds the key.
 - After the last attempt a :class:`~drgym.errors.BackendUnavailableError` says what
@@ -28,6 +29,7 @@ from typing import Any
 import httpx
 import tenacity
 
+from drgym.config import RetryPolicy
 from drgym.errors import AuthError, BackendUnavailableError, ConfigError
 from drgym.redact import header_secrets, scrub
 
@@ -41,8 +43,8 @@ def default_reconnect_s() -> float:
     """How long a client keeps retrying a service that answered before and then went
     away (a server being restarted), in seconds: ``$DRGYM_RECONNECT_S``, else 60.
 
-    Used by the HTTP search client, the ``openai:`` policy and the OpenAI-compatible
-    judge when their ``reconnect_s`` is not given.
+    Used by the HTTP search client, the MCP backend, the ``openai:`` policy and the
+    judges when their :class:`~drgym.config.RetryPolicy` leaves ``reconnect_s`` unset.
 
     Raises:
         ConfigError: the variable is not a number >= 0.
@@ -111,6 +113,15 @@ def _body_excerpt(resp: httpx.Response, n: int = 200) -> str:
     return text[:n] + ("…" if len(text) > n else "")
 
 
+def with_reconnect(retry: RetryPolicy) -> RetryPolicy:
+    """``retry`` with ``reconnect_s`` filled in from :func:`default_reconnect_s` when unset.
+
+    Raises:
+        ConfigError: ``$DRGYM_RECONNECT_S`` is not a number >= 0.
+    """
+    return retry if retry.reconnect_s is not None else retry.model_copy(update={"reconnect_s": default_reconnect_s()})
+
+
 def send_with_retries(
     client: httpx.Client,
     method: str,
@@ -118,10 +129,7 @@ def send_with_retries(
     *,
     backend: str,
     env_var: str | None = None,
-    attempts: int = 4,
-    backoff_s: float = 0.5,
-    max_backoff_s: float = 20.0,
-    max_retry_after_s: float = 60.0,
+    retry: RetryPolicy | None = None,
     min_elapsed_s: float = 0.0,
     stream: bool = False,
     **request_kwargs: Any,
@@ -129,19 +137,22 @@ def send_with_retries(
     """Send one HTTP request, retrying transient failures.
 
     Args:
-        client: the httpx client (its timeout applies to each attempt).
+        client: the httpx client.
         method, url: the request line.
         backend: backend name used in error messages (``"serper"``).
         env_var: the environment variable holding the key, named in an AuthError.
-        attempts: total tries (>= 1).
-        backoff_s: first backoff in seconds; doubles per retry (plus up to ``backoff_s``
-            of jitter), capped at ``max_backoff_s``.
-        max_retry_after_s: the longest ``Retry-After`` honoured; a longer one fails at once.
+        retry: tries, per-attempt timeout (``timeout_s``, unless ``request_kwargs`` gives
+            a ``timeout``), backoff (``backoff_s``, doubling per retry plus up to
+            ``backoff_s`` of jitter, capped at ``max_backoff_s``) and the longest
+            ``Retry-After`` honoured (``max_retry_after_s``; a longer one fails at once).
+            None: ``RetryPolicy()``. Its ``reconnect_s`` is not used here: callers pass
+            ``min_elapsed_s``.
         min_elapsed_s: keep retrying until at least this many seconds have passed since
-            the first try, even after ``attempts`` tries (e.g. to wait for a server that
-            answered before and is being restarted); 0 stops after ``attempts``.
+            the first try, even after ``retry.attempts`` tries (e.g. to wait for a server
+            that answered before and is being restarted); 0 stops after the attempts.
         stream: return a streaming response (the caller must close it).
-        request_kwargs: passed to ``client.build_request`` (``headers``, ``params``, ``json``).
+        request_kwargs: passed to ``client.build_request`` (``headers``, ``params``, ``json``,
+            ``timeout``).
 
     Returns:
         The response of the first attempt that was not 401/403/429/5xx. Other 4xx
@@ -150,12 +161,13 @@ def send_with_retries(
     Raises:
         AuthError: 401 or 403.
         BackendUnavailableError: still 429/5xx, timing out or unreachable after
-            ``attempts`` tries and ``min_elapsed_s`` seconds (or a Retry-After beyond
-            ``max_retry_after_s``); the message gives the number of tries made.
+            ``retry.attempts`` tries and ``min_elapsed_s`` seconds (or a Retry-After beyond
+            ``retry.max_retry_after_s``); the message gives the number of tries made.
     """
-    if attempts < 1:
-        raise ValueError(f"attempts must be >= 1, got {attempts}.")
-    backoff = tenacity.wait_exponential(multiplier=backoff_s, max=max_backoff_s) + tenacity.wait_random(0, backoff_s)
+    retry = retry or RetryPolicy()
+    attempts, backoff_s, max_retry_after_s = retry.attempts, retry.backoff_s, retry.max_retry_after_s
+    request_kwargs.setdefault("timeout", httpx.Timeout(retry.timeout_s))
+    backoff = tenacity.wait_exponential(multiplier=backoff_s, max=retry.max_backoff_s) + tenacity.wait_random(0, backoff_s)
 
     def wait(state: tenacity.RetryCallState) -> float:
         exc = state.outcome.exception() if state.outcome else None

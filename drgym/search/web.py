@@ -56,6 +56,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.errors import AuthError, BackendUnavailableError, BadQueryError, SearchError
 from drgym.redact import scrub
 from drgym.search.base import SearchBackend
@@ -95,21 +96,29 @@ class WebSearchBackend(SearchBackend):
     Args:
         api_key: the provider key; default: the ``env_var`` environment variable.
         base_url: the API root (default ``default_base_url``; tests point it at loopback).
-        timeout_s: per-attempt HTTP timeout, seconds.
-        attempts: tries per call on 429/5xx/timeouts.
-        backoff_s: first retry backoff, seconds (exponential with jitter).
-        max_retry_after_s: longest ``Retry-After`` honoured, seconds.
+        retry: retries of 429/5xx/timeouts and the per-attempt HTTP timeout, a
+            :class:`~drgym.config.RetryPolicy` or its fields; unset fields keep
+            :attr:`DEFAULT_RETRY` (4 attempts of 15 s, backoff 0.5 s with jitter doubling
+            up to 20 s, ``Retry-After`` up to 60 s honoured).
         max_workers: queries of one batch sent concurrently.
-        page_fetcher: fetcher used by :meth:`fetch` (default: a new :class:`PageFetcher`).
+        page_fetcher: fetcher used by :meth:`fetch` (default: a new :class:`PageFetcher`
+            whose per-attempt timeout is ``retry.timeout_s``, at least 20 s).
         fetch_any_url: let :meth:`fetch` open URLs that no search of this backend returned
             (default False: only URLs seen in search results, as the fetch tool says).
         fetch_allow_loopback: the default page fetcher accepts loopback hosts (tests that
             serve pages on 127.0.0.1; see :class:`PageFetcher`). Ignored with ``page_fetcher``.
         max_seen_urls: search-result URLs remembered for :meth:`fetch` (oldest forgotten first).
 
+    Attributes:
+        retry: the :class:`~drgym.config.RetryPolicy` in use (every field set).
+
     Raises:
         AuthError: no key given and ``env_var`` unset.
+        ConfigError: a bad ``retry``.
     """
+
+    DEFAULT_RETRY = RetryPolicy(attempts=4, timeout_s=15.0, backoff_s=0.5, max_backoff_s=20.0, max_retry_after_s=60.0)
+    """The web backends' retries when ``retry`` leaves a field unset."""
 
     name = "web"
     env_var = ""
@@ -122,10 +131,7 @@ class WebSearchBackend(SearchBackend):
         api_key: str | None = None,
         *,
         base_url: str | None = None,
-        timeout_s: float = 15.0,
-        attempts: int = 4,
-        backoff_s: float = 0.5,
-        max_retry_after_s: float = 60.0,
+        retry: RetryLike = None,
         max_workers: int = 4,
         page_fetcher: PageFetcher | None = None,
         fetch_any_url: bool = False,
@@ -140,14 +146,12 @@ class WebSearchBackend(SearchBackend):
             )
         self._api_key = key.strip()
         self.base_url = (base_url or os.environ.get(f"{self.env_var.removesuffix('_API_KEY')}_BASE_URL") or self.default_base_url).rstrip("/")
-        self.attempts = attempts
-        self.backoff_s = backoff_s
-        self.max_retry_after_s = max_retry_after_s
+        self.retry = resolve_retry(retry, self.DEFAULT_RETRY)
         self.max_workers = max(1, int(max_workers))
-        self.client = httpx.Client(timeout=httpx.Timeout(timeout_s), headers={"Accept": "application/json"})
+        self.client = httpx.Client(timeout=httpx.Timeout(self.retry.timeout_s), headers={"Accept": "application/json"})
         self._own_fetcher = page_fetcher is None
-        self.page_fetcher = page_fetcher or PageFetcher(timeout_s=max(timeout_s, 20.0), source=self.name,
-                                                        allow_loopback=fetch_allow_loopback)
+        self.page_fetcher = page_fetcher or PageFetcher(retry={"timeout_s": max(self.retry.timeout_s, 20.0)},
+                                                        source=self.name, allow_loopback=fetch_allow_loopback)
         self.fetch_any_url = bool(fetch_any_url)
         self.max_seen_urls = max(1, int(max_seen_urls))
         self._seen: OrderedDict[str, str] = OrderedDict()  # url_key -> the URL as the result gave it
@@ -191,9 +195,7 @@ class WebSearchBackend(SearchBackend):
             url,
             backend=self.name,
             env_var=self.env_var,
-            attempts=self.attempts,
-            backoff_s=self.backoff_s,
-            max_retry_after_s=self.max_retry_after_s,
+            retry=self.retry,
             **req,
         )
         keys = self.credentials()  # an answer that echoes the key must not carry it into messages

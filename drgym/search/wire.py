@@ -19,96 +19,27 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, Field, SecretStr, create_model, model_validator
+from pydantic import BaseModel, BeforeValidator, Field, create_model
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from drgym.config import Collapse, ServeSettings  # Collapse: the values of ``collapse`` on the wire
 from drgym.types import Document, SearchResult
 
 
-Collapse = Literal["document", "passage"]
-"""Values of ``collapse`` on the wire (:data:`drgym.search.base.COLLAPSE_MODES`)."""
+class ServerSettings(BaseSettings, ServeSettings):
+    """Settings of ``drgym serve`` (the fields and their meaning:
+    :class:`~drgym.config.ServeSettings`); every field can be set by a ``DRGYM_<FIELD>``
+    env var (e.g. ``DRGYM_PORT=9000``, ``DRGYM_API_KEYS=k1,k2``) or a CLI option of the
+    same name. Other ``DRGYM_*`` variables are ignored.
 
-
-class ServerSettings(BaseSettings):
-    """Settings of ``drgym serve``; every field can be set by a ``DRGYM_<FIELD>`` env var
-    (e.g. ``DRGYM_PORT=9000``, ``DRGYM_API_KEYS=k1,k2``) or a CLI option of the same name.
-
-    Attributes:
-        corpus: named corpus to serve (``wiki-default``, ``hotpotqa``...).
-        method: retrieval method of the local engine (``dense``, ``bm25``, ``hybrid``);
-            None uses the engine's default.
-        encoder: sentence-transformers model name or path; None uses the index's.
-        index_dir: explicit index folder; None uses the cache under ``DRGYM_HOME``.
-        host, port: where uvicorn listens.
-        max_k: largest ``k`` accepted (400 beyond it).
-        default_k: ``k`` of ``/search`` when the request gives none (DeepResearchGym: 10;
-            lowered to ``max_k`` when larger).
-        retrieve_topk: ``topk`` of ``/retrieve`` when the request gives none (Search-R1: 3;
-            lowered to ``max_k`` when larger).
-        max_batch_queries: most queries in one ``/retrieve`` request (400 beyond it).
-        max_query_chars: longer queries are cut to this many characters before search
-            (the encoder truncates to its token window anyway; this bounds BM25 work and
-            cache memory). Never an error.
-        batch_window_ms: how long the micro-batcher waits for more queries after the
-            first one arrives, in milliseconds (0 = take whatever is queued).
-        max_batch_size: most queries in one ``search_batch`` call.
-        cache_mb: byte budget of the LRU result cache in MiB (estimated from the
-            results' text; 0 disables the cache).
-        cache_size: most entries of the LRU result cache, besides ``cache_mb``; None for
-            no entry bound, 0 disables the cache.
-        max_pending: most queries waiting for the batcher; beyond it requests get 429
-            with ``Retry-After`` (the drgym client retries them).
-        max_request_pending: most queries of one request that may wait while other
-            queries wait (429 with ``Retry-After`` beyond it; an idle server takes any
-            request). Large requests are served in ``max_batch_size`` chunks, in turn
-            with the other requests.
-        collapse: what ``/search`` returns by default: ``"document"`` (k distinct
-            documents, each its best passage, as DeepResearchGym) or ``"passage"`` (k best
-            passages); a request's ``collapse`` parameter overrides it.
-        retrieve_collapse: the same for ``POST /retrieve``; default ``"passage"``, as
-            Search-R1's retriever (whose corpus rows are 100-word passages).
-        api_keys: comma-separated keys accepted in the ``x-api-key`` header; empty means
-            no authentication (the default, for loopback use). A secret: never printed
-            (``repr`` shows ``**********``), compared in constant time.
-        log_level: uvicorn log level.
+    Raises:
+        pydantic.ValidationError: a value of the wrong type or out of range (from an
+            argument or a variable); ``drgym serve`` and ``drgym mcp`` print it as one line.
     """
 
     model_config = SettingsConfigDict(env_prefix="DRGYM_", extra="ignore")
-
-    corpus: str = "wiki-default"
-    method: str | None = None
-    encoder: str | None = None
-    index_dir: str | None = None
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
-    max_k: int = Field(100, ge=1, le=10_000)
-    default_k: int = Field(10, ge=1)
-    retrieve_topk: int = Field(3, ge=1)
-    max_batch_queries: int = Field(4096, ge=1)
-    max_query_chars: int = Field(20_000, ge=1)
-    batch_window_ms: float = Field(1.0, ge=0.0, le=1000.0)
-    max_batch_size: int = Field(64, ge=1)
-    cache_mb: float = Field(64.0, ge=0.0, allow_inf_nan=False)
-    cache_size: int | None = Field(None, ge=0)
-    max_pending: int = Field(16384, ge=1)
-    max_request_pending: int = Field(4096, ge=1)
-    collapse: Collapse = "document"
-    retrieve_collapse: Collapse = "passage"
-    api_keys: SecretStr = SecretStr("")
-    log_level: str = "warning"
-
-    @model_validator(mode="after")
-    def _defaults_within_max_k(self) -> "ServerSettings":
-        # a small --max-k lowers the default k instead of refusing to start
-        self.default_k = min(self.default_k, self.max_k)
-        self.retrieve_topk = min(self.retrieve_topk, self.max_k)
-        return self
-
-    def key_set(self) -> frozenset[str]:
-        """The accepted API keys (empty: authentication off)."""
-        return frozenset(k.strip() for k in self.api_keys.get_secret_value().split(",") if k.strip())
 
 
 # -- DeepResearchGym document encoding --------------------------------------------------

@@ -57,6 +57,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader
 
+from drgym.config import ServeTimeouts
 from drgym.cpu import thread_count
 from drgym.errors import BadQueryError, CorruptIndexError, DocumentNotFoundError, DrgymError, SearchError
 from drgym.redact import redact
@@ -91,11 +92,11 @@ UVICORN_H11_MAX_EVENT = 1 << 20
 more than its 16 KiB default once percent-encoded (httptools has no such limit)."""
 
 
-DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_HEADER_TIMEOUT_S: float = ServeTimeouts.model_fields["header_timeout_s"].default
 """Seconds a client has to send a whole request head (``drgym serve --header-timeout``)."""
-DEFAULT_BODY_TIMEOUT_S = 60.0
+DEFAULT_BODY_TIMEOUT_S: float = ServeTimeouts.model_fields["body_timeout_s"].default
 """Seconds a client has to send a whole request body after its head (``--body-timeout``)."""
-DEFAULT_KEEP_ALIVE_S = 5.0
+DEFAULT_KEEP_ALIVE_S: float = ServeTimeouts.model_fields["keep_alive_s"].default
 """Seconds an idle kept-alive connection stays open (``--keep-alive-timeout``; uvicorn's default)."""
 
 
@@ -209,13 +210,13 @@ def uvicorn_options(*, header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
         ``{"http", "h11_max_incomplete_event_size", "timeout_keep_alive"}``.
 
     Raises:
-        ValueError: a timeout is not a positive number.
+        ConfigError: a timeout is not a positive number of seconds
+            (:class:`~drgym.config.ServeTimeouts`; a ``ValueError``).
     """
-    if not (isinstance(keep_alive_s, (int, float)) and math.isfinite(keep_alive_s) and keep_alive_s > 0):
-        raise ValueError(f"keep_alive_s must be a positive number of seconds, got {keep_alive_s!r}.")
-    return {"http": timed_h11_protocol(float(header_timeout_s), float(body_timeout_s)),
+    t = ServeTimeouts(header_timeout_s=header_timeout_s, body_timeout_s=body_timeout_s, keep_alive_s=keep_alive_s)
+    return {"http": timed_h11_protocol(t.header_timeout_s, t.body_timeout_s),
             "h11_max_incomplete_event_size": UVICORN_H11_MAX_EVENT,
-            "timeout_keep_alive": keep_alive_s}
+            "timeout_keep_alive": t.keep_alive_s}
 
 
 NON_FINITE_DETAIL = ("NaN, Infinity and numbers too large for a float (such as 1e400) are not valid JSON "
