@@ -370,7 +370,7 @@ class SearchSettings(Section):
         retry: retries and per-attempt timeout (:class:`RetryPolicy`; HTTP, web, MCP).
         method, encoder, device, search_params, max_k, rrf_depth, collapse, verify,
             gpu_shard, gpu_float16, factory, shard_size, format, root, rebuild, progress,
-            bm25_tokenizer, bm25_engine, encoder_backend: the local engine's
+            bm25_tokenizer, bm25_engine, encoder_backend, mmap: the local engine's
             (:class:`~drgym.search.local.LocalSearchEngine`; ``max_k`` and ``collapse``
             also for HTTP/MCP).
         api_key, base_url, max_workers, fetch_any_url, fetch_allow_loopback, max_seen_urls:
@@ -414,6 +414,7 @@ class SearchSettings(Section):
     bm25_tokenizer: str | None = None
     bm25_engine: str | None = None
     encoder_backend: str | None = None
+    mmap: StrictBool | None = None
     # web backends
     api_key: str | None = None
     base_url: str | None = None
@@ -784,6 +785,8 @@ class ServeSettings(BaseModel):
         log_level: uvicorn log level.
         encoder_backend: runtime of the query encoder, ``torch`` or ``onnx``
             (:data:`drgym.embedding.ENCODER_BACKENDS`).
+        mmap: memory-map the flat-coded dense shards instead of reading them into memory
+            (``LocalSearchEngine(mmap=True)``).
 
     Raises:
         pydantic.ValidationError: an unknown setting or a value of the wrong type or out
@@ -816,6 +819,7 @@ class ServeSettings(BaseModel):
     api_keys: SecretStr = SecretStr("")
     log_level: str = "warning"
     encoder_backend: Literal["torch", "onnx"] = "torch"
+    mmap: bool = False
 
     @model_validator(mode="after")
     def _defaults_within_max_k(self) -> "ServeSettings":

@@ -34,7 +34,8 @@ def load_backend(settings, *, gpu_shard: bool = False, gpu_float16: bool = False
     from drgym.search.local import DEFAULT_METHOD, LocalSearchEngine
 
     method = settings.method or DEFAULT_METHOD
-    kw = {"gpu_shard": gpu_shard, "gpu_float16": gpu_float16, "encoder_backend": settings.encoder_backend}
+    kw = {"gpu_shard": gpu_shard, "gpu_float16": gpu_float16, "encoder_backend": settings.encoder_backend,
+          "mmap": settings.mmap}
     if settings.encoder:
         kw["encoder"] = settings.encoder
     if settings.index_dir:
@@ -75,6 +76,7 @@ def serve(
                                        help="Seconds a client has to send a whole request body after its head; then 408 and close."),
     keep_alive_timeout: float = typer.Option(DEFAULT_KEEP_ALIVE_S, "--keep-alive-timeout", envvar="DRGYM_KEEP_ALIVE_TIMEOUT",
                                              help="Seconds an idle kept-alive connection stays open."),
+    mmap: Optional[bool] = typer.Option(None, "--mmap/--no-mmap", help="Memory-map the flat-coded dense shards (Flat, SQ) instead of reading them into memory: the vectors stay in the page cache, and an index larger than RAM loads (default off)."),
     gpu_shard: bool = typer.Option(False, "--gpu-shard", help="On GPUs, split each dense shard across all GPUs instead of a whole copy on each (needs faiss-gpu)."),
     gpu_float16: bool = typer.Option(False, "--gpu-float16", help="On GPUs, store the dense vectors in float16: half the GPU memory (needs faiss-gpu)."),
 ) -> None:
@@ -88,7 +90,7 @@ def serve(
     from drgym.search.wire import ServerSettings
 
     given = dict(corpus=corpus, method=method, index_dir=index_dir, encoder=encoder, encoder_backend=encoder_backend,
-                 host=host, port=port,
+                 mmap=mmap, host=host, port=port,
                  max_k=max_k, batch_window_ms=batch_window_ms, max_batch_size=max_batch_size,
                  cache_mb=cache_mb, cache_size=cache_size, max_pending=max_pending,
                  max_request_pending=max_request_pending, collapse=collapse, retrieve_collapse=retrieve_collapse,

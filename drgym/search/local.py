@@ -213,6 +213,11 @@ class LocalSearchEngine(SearchBackend):
         gpu_shard: on GPUs, split each dense shard's rows across all GPUs instead of a
             whole copy per GPU (:func:`drgym.index.dense.gpu_cloner_options`).
         gpu_float16: on GPUs, store the vectors in float16 (half the GPU memory).
+        mmap: memory-map the FAISS files of flat-coded dense shards (``Flat``, ``SQ``...)
+            instead of reading them into memory (:class:`drgym.index.dense.DenseIndex`): the
+            vectors stay in the page cache, shared by processes and evictable, and an index
+            larger than RAM loads (its searches then read from disk). IVF and HNSW shards
+            are read into memory either way.
         encoder_backend: runtime of the query encoder when it is loaded here (``encoder``
             None or a name): ``"torch"`` (default) or ``"onnx"`` (ONNX Runtime on the CPU,
             the same float32 weights; :data:`drgym.embedding.ENCODER_BACKENDS`).
@@ -244,6 +249,7 @@ class LocalSearchEngine(SearchBackend):
         verify: bool | str = False,
         gpu_shard: bool = False,
         gpu_float16: bool = False,
+        mmap: bool = False,
         encoder_backend: str = "torch",
         _shared: _Shared | None = None,
     ) -> None:
@@ -267,7 +273,8 @@ class LocalSearchEngine(SearchBackend):
 
                 enc = get_encoder(encoder, device, encoder_backend)
             _shared = _Shared(folder, enc, device, search_params, verify,
-                              {"gpu_shard": bool(gpu_shard), "gpu_float16": bool(gpu_float16)}, encoder_backend)
+                              {"gpu_shard": bool(gpu_shard), "gpu_float16": bool(gpu_float16), "mmap": bool(mmap)},
+                              encoder_backend)
             if enc is not None:
                 try:
                     _shared.manifest.check_encoder(enc.name, enc.revision, enc.dim)
@@ -303,6 +310,7 @@ class LocalSearchEngine(SearchBackend):
         bm25_engine: str = "bm25s",
         gpu_shard: bool = False,
         gpu_float16: bool = False,
+        mmap: bool = False,
         encoder_backend: str = "torch",
     ) -> "LocalSearchEngine":
         """Build the index of ``corpus`` if it is missing or outdated, then load it.
@@ -337,7 +345,7 @@ class LocalSearchEngine(SearchBackend):
         mode = _verify_mode(verify)
         return cls(res.folder, method=method, encoder=enc, device=device, search_params=search_params, max_k=max_k,
                    collapse=collapse, verify=mode if mode == "full" else "size", gpu_shard=gpu_shard,
-                   gpu_float16=gpu_float16, encoder_backend=encoder_backend)
+                   gpu_float16=gpu_float16, mmap=mmap, encoder_backend=encoder_backend)
 
     @classmethod
     def open(cls, name_or_folder: str | Path, **kwargs) -> "LocalSearchEngine":
