@@ -58,6 +58,11 @@ SOURCES = ["hipporag-train", "nq-open-full", "efficientqa-dev", "efficientqa-tes
            "deepresearcher-test"]
 """Task sets read, in priority order for de-duplication (the first copy of a question is kept)."""
 HELD_OUT = ["hipporag-dev", "hipporag-test"]
+WIDE_FILE = TASKS_DIR / "answerable_train_wide.json"
+WIDE_RECORD = ROOT / "training" / "results" / "answerable_pool" / "wide_record.json"
+WIDE_SOURCES = ["r1-stage1", "r1-stage2"]
+"""Training question sets (R1-Searcher's RL stages: HotpotQA and 2WikiMultihopQA train) filtered
+the same way for ``answerable-train-wide``, after the split is frozen."""
 TRAIN_SIDE = 230  # train + dev
 DEV = 30
 MIN_TEST = 400
@@ -79,8 +84,10 @@ def observation_text(obs: str) -> str:
     return blocks[-1] if blocks else ""
 
 
-def filter_pool(cfg, *, limit: int | None = None, progress: bool = True) -> dict:
-    """Run the filter over :data:`SOURCES` in ``cfg``'s env.
+def filter_pool(cfg, *, limit: int | None = None, progress: bool = True, sources: list[str] | None = None,
+                held_out: list[str] | None = None) -> dict:
+    """Run the filter over ``sources`` (default :data:`SOURCES`) in ``cfg``'s env, leaving out
+    the questions of the task sets ``held_out`` (default :data:`HELD_OUT`).
 
     Returns:
         ``{"answerable": [Task], "search_skill": [Task], "stages": {source: {stage: n}}}``;
@@ -90,11 +97,11 @@ def filter_pool(cfg, *, limit: int | None = None, progress: bool = True) -> dict
     from drgym.rewards.qa import cover_exact_match, normalize_answer
     from drgym.training.data import make_env_factory
 
-    held_out = {normalize_answer(t.question) for name in HELD_OUT for t in load_tasks(name)}
+    held_out = {normalize_answer(t.question) for name in (held_out or HELD_OUT) for t in load_tasks(name)}
     seen: set[str] = set()
     candidates = []  # (source, task)
     stages: dict[str, dict[str, int]] = {}
-    for name in SOURCES:
+    for name in sources or SOURCES:
         st = stages.setdefault(name, {"n": 0, "yes_no_only": 0, "gold_in_question": 0, "duplicate_or_held_out": 0,
                                       "checked": 0, "obs_hit": 0, "full10_not_obs": 0})
         for t in load_tasks(name)[:limit]:
@@ -209,9 +216,14 @@ def main() -> int:
     ap.add_argument("--config", default="smollm2_answerable_cpu", help="training config whose env is the filter")
     ap.add_argument("--limit", type=int, default=None, help="first N questions of each source (a quick look)")
     ap.add_argument("--check-split", action="store_true", help="only check the shipped split files")
+    ap.add_argument("--wide", action="store_true",
+                    help="write answerable-train-wide: answerable-train plus the answerable questions of WIDE_SOURCES "
+                         "(the frozen split is read, never changed)")
     a = ap.parse_args()
     if a.check_split:
         return check_split()
+    if a.wide:
+        return make_wide(a.config)
     from drgym.atomic import atomic_write_json
     from drgym.training.config import load_config
 
@@ -256,6 +268,36 @@ def main() -> int:
     }
     atomic_write_json(RECORD, record, indent=1)
     print(json.dumps({k: record[k] for k in ("answerable", "search_skill", "split", "seconds")}))
+    return 0
+
+
+def make_wide(config: str) -> int:
+    """Write :data:`WIDE_FILE`: ``answerable-train`` plus the answerable questions of
+    :data:`WIDE_SOURCES`, none sharing a normalised question with the frozen split (train,
+    dev, test), ``hipporag-dev`` or ``hipporag-test``; and its record."""
+    from drgym.atomic import atomic_write_json
+    from drgym.envs.task_loaders import load_tasks
+    from drgym.training.config import load_config
+
+    cfg = load_config(config)
+    cfg.apply_threads()
+    t0 = time.perf_counter()
+    res = filter_pool(cfg, sources=WIDE_SOURCES,
+                      held_out=[*HELD_OUT, "answerable-train", "answerable-dev", "answerable-test"])
+    seconds = round(time.perf_counter() - t0, 1)
+    base = [t.to_dict() for t in load_tasks("answerable-train")]
+    extra = [t.to_dict() for t in res["answerable"]]
+    rows = base + extra
+    doc = {"description": ("answerable-train plus the answerable questions of R1-Searcher's training sets, "
+                           "filtered in the same env; made by scripts/make_answerable_pool.py --wide"),
+           "seed": SEED, "settings": {"config": config, "search": cfg.search, "env": cfg.env, "sources": WIDE_SOURCES},
+           "counts": {"train": len(rows)}, "pool": [r["task_id"] for r in rows], "slices": {"train": rows}}
+    atomic_write_json(WIDE_FILE, doc, indent=1)
+    record = {"command": f"python scripts/make_answerable_pool.py --wide --config {config}", "seconds": seconds,
+              "stages": res["stages"], "from_answerable_train": len(base), "added": len(extra), "train": len(rows),
+              "added_by_source": _count_sources(extra, [r["task_id"] for r in extra])}
+    atomic_write_json(WIDE_RECORD, record, indent=1)
+    print(json.dumps({k: record[k] for k in ("from_answerable_train", "added", "train", "seconds")}))
     return 0
 
 

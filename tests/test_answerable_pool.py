@@ -89,3 +89,23 @@ def test_filter_reproduces_on_a_sample():
 
     assert all(shown(t) for t in kept)
     assert not any(shown(t) for t in others)
+
+
+def test_wide_train_pool_holds_answerable_train_and_no_held_out_question():
+    from drgym.envs.task_loaders import load_tasks
+    from drgym.rewards.qa import cover_exact_match, normalize_answer
+    from drgym.training.data import check_disjoint
+
+    wide, train = load_tasks("answerable-train-wide"), load_tasks("answerable-train")
+    assert [t.task_id for t in wide[: len(train)]] == [t.task_id for t in train]
+    extra = wide[len(train):]
+    assert len(extra) >= 200 and {t.metadata["pool_source"] for t in extra} <= {"r1-stage1", "r1-stage2"}
+    for name in ("answerable-dev", "answerable-test", "hipporag-dev", "hipporag-test"):
+        check_disjoint(extra, load_tasks(name))
+    assert len({normalize_answer(t.question) for t in wide}) == len(wide)
+    script = _script()
+    for t in extra:
+        golds = script.gold_aliases(t)
+        assert golds and not cover_exact_match(t.question, golds), t.task_id
+    rec = json.loads((ROOT / "training" / "results" / "answerable_pool" / "wide_record.json").read_text())
+    assert rec["train"] == len(wide) and rec["added"] == len(extra)
