@@ -42,6 +42,14 @@ def test_the_committed_main_job_is_the_same_on_avx512_and_avx2_kernels():
         {k: metrics["hf_smollm2_avx2"][k] for k in ("em", "f1", "cover_em")}
 
 
+def test_the_committed_main_job_is_the_same_on_an_amd_and_an_intel_amx_cpu():
+    amd, intel = (_per_question(MAIN_JOB / n / "per_question.jsonl") for n in ("hf_smollm2", "hf_smollm2_intel_amx"))
+    cpus = {n: json.loads((MAIN_JOB / n / "run.json").read_text())["cpu"] for n in ("hf_smollm2", "hf_smollm2_intel_amx")}
+    assert cpus["hf_smollm2"]["model"].startswith("AMD") and not cpus["hf_smollm2"]["amx_bf16"]
+    assert "Intel" in cpus["hf_smollm2_intel_amx"]["model"] and cpus["hf_smollm2_intel_amx"]["amx_bf16"]
+    assert len(amd) == 20 and amd == intel  # every answer, and so every score
+
+
 def _capability(env: dict[str, str]) -> str:
     code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
