@@ -127,7 +127,8 @@ def serve(
 
     app = create_app(backend, settings, close_backend=True)
     typer.echo(f"drgym serve: {backend!r} on http://{settings.host}:{settings.port} "
-               f"(max_k={settings.max_k}, auth={'on' if settings.key_set() else 'off'})", err=True)
+               f"(max_k={settings.max_k}, auth={'on' if settings.key_set() else 'off'}, "
+               f"query encoder {settings.encoder_backend}, mmap {'on' if settings.mmap else 'off'})", err=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
                 **server_options)
 
