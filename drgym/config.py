@@ -785,7 +785,7 @@ class ServeSettings(BaseModel):
         log_level: uvicorn log level.
         encoder_backend: runtime of the query encoder, ``torch`` or ``onnx``
             (:data:`drgym.embedding.ENCODER_BACKENDS`).
-        mmap: memory-map the flat-coded dense shards instead of reading them into memory
+        mmap: memory-map the dense shards' FAISS files instead of reading them into memory
             (``LocalSearchEngine(mmap=True)``).
 
     Raises:

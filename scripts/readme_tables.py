@@ -336,6 +336,17 @@ def search_r1_side_by_side() -> str:
         f"`{_command(r['command'])}` (`{SEARCH_R1_SIDE_BY_SIDE}`).")
 
 
+def mmap_memory() -> str:
+    """Private memory of loading an index read against memory-mapped (scripts/bench_mmap.py)."""
+    d = _load("scripts/results/bench_mmap.json")
+    rows = [[f"`{r['factory']}`, {r['n']:,} random {r['dim']}-d vectors ({r['file_mib']:.1f} MiB)",
+             f"{r['read_anon_growth_mib']:.1f} MiB", f"{r['mmap_anon_growth_mib']:.1f} MiB",
+             "yes" if r["same_top10"] else "**no**"] for r in d["indexes"]]
+    return _table(["index file", "read", "memory-mapped", "same top 10"], rows) + (
+        f"\n\nGrowth of a fresh process's private memory (RssAnon) across loading and one search; faiss "
+        f"{d['faiss']}, {d['started'][:10]}. `{d['command']}`.")
+
+
 def _script(name: str):
     """``scripts/<name>.py`` as a module (the renderers of bench_scale and eval_table live there)."""
     import importlib.util
@@ -585,6 +596,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "scale_paper": scale_paper,
     "server_load": server_load,
     "search_r1_side_by_side": search_r1_side_by_side,
+    "mmap_memory": mmap_memory,
     "main_job": main_job,
     "main_job_load": main_job_load,
     "bench_search": bench_search,
@@ -604,6 +616,7 @@ TABLE_PAGES: dict[str, str] = {
     "bench_search": "docs/benchmarks/search.md",
     "server_load": "docs/benchmarks/search.md",
     "search_r1_side_by_side": "docs/benchmarks/search.md",
+    "mmap_memory": "docs/scale.md",
     "retrieval": "docs/benchmarks/search.md",
     "scale": "docs/benchmarks/scale.md",
     "scale_paper": "docs/benchmarks/scale.md",

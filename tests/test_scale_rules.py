@@ -173,6 +173,9 @@ def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder):
     want = ranking(lib.search_batch(queries, 10))
     assert ranking(served.search_batch(queries, 10)) == want
     assert ranking(ray_engine.search_batch(queries, 10)) == want
+    mapped = LocalSearchEngine(folder, method="dense", collapse="passage", mmap=True)  # IVF lists memory-mapped
+    assert ranking(mapped.search_batch(queries, 10)) == want
+    mapped.close()
     # the rule matters here: 16 probes rank otherwise
     m = ivf_index.manifest
     d16 = DenseIndex(folder, m.shards, m.dim, m.n_passages, search_params={"nprobe": 16})

@@ -76,7 +76,7 @@ def serve(
                                        help="Seconds a client has to send a whole request body after its head; then 408 and close."),
     keep_alive_timeout: float = typer.Option(DEFAULT_KEEP_ALIVE_S, "--keep-alive-timeout", envvar="DRGYM_KEEP_ALIVE_TIMEOUT",
                                              help="Seconds an idle kept-alive connection stays open."),
-    mmap: Optional[bool] = typer.Option(None, "--mmap/--no-mmap", help="Memory-map the flat-coded dense shards (Flat, SQ) instead of reading them into memory: the vectors stay in the page cache, and an index larger than RAM loads (default off)."),
+    mmap: Optional[bool] = typer.Option(None, "--mmap/--no-mmap", help="Memory-map the dense shards' FAISS files (Flat, SQ, IVF lists, HNSW) instead of reading them into memory: they stay in the page cache, and an index larger than RAM loads (default off)."),
     gpu_shard: bool = typer.Option(False, "--gpu-shard", help="On GPUs, split each dense shard across all GPUs instead of a whole copy on each (needs faiss-gpu)."),
     gpu_float16: bool = typer.Option(False, "--gpu-float16", help="On GPUs, store the dense vectors in float16: half the GPU memory (needs faiss-gpu)."),
 ) -> None:

@@ -213,11 +213,11 @@ class LocalSearchEngine(SearchBackend):
         gpu_shard: on GPUs, split each dense shard's rows across all GPUs instead of a
             whole copy per GPU (:func:`drgym.index.dense.gpu_cloner_options`).
         gpu_float16: on GPUs, store the vectors in float16 (half the GPU memory).
-        mmap: memory-map the FAISS files of flat-coded dense shards (``Flat``, ``SQ``...)
-            instead of reading them into memory (:class:`drgym.index.dense.DenseIndex`): the
-            vectors stay in the page cache, shared by processes and evictable, and an index
-            larger than RAM loads (its searches then read from disk). IVF and HNSW shards
-            are read into memory either way.
+        mmap: memory-map the dense shards' FAISS files instead of reading them into memory
+            (:class:`drgym.index.dense.DenseIndex`; with faiss 1.15 this covers Flat and SQ
+            codes, IVF inverted lists and HNSW's storage, measured): they stay in the page
+            cache, shared by processes and evictable, and an index larger than RAM loads
+            (its searches then read from disk).
         encoder_backend: runtime of the query encoder when it is loaded here (``encoder``
             None or a name): ``"torch"`` (default) or ``"onnx"`` (ONNX Runtime on the CPU,
             the same float32 weights; :data:`drgym.embedding.ENCODER_BACKENDS`).
