@@ -102,3 +102,15 @@ def drgym_home(home):
             os.environ.pop("DRGYM_HOME", None)
         else:
             os.environ["DRGYM_HOME"] = old
+
+
+def load_script(name: str):
+    """``scripts/<name>.py`` of this repository as a module (scripts are not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

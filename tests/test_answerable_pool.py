@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -12,10 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("make_answerable_pool", ROOT / "scripts" / "make_answerable_pool.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    from envs_helpers import load_script
+
+    return load_script("make_answerable_pool")
 
 
 def test_split_is_disjoint_and_sized():
