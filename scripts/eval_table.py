@@ -119,6 +119,32 @@ def run_policy(label: str, spec: str, tasks: str, runs: Path, options: dict, env
             "metrics": res.metrics}
 
 
+def reusable_rows(path: Path, policies: dict[str, tuple[str, dict]], tasks: str, env_desc: str) -> dict[str, dict]:
+    """Rows of an earlier table (``path``, written by this script) that need not run again.
+
+    A row is reused when the earlier table was made on the same ``tasks`` in the same env
+    (``env_desc``, which names the dtype and generation length) and its label's policy is the
+    same spec (as :func:`_shown_path` records it). Returns ``{label: {"policy", "run_dir",
+    "per_question", "metrics"}}``; the other labels run.
+
+    Raises:
+        SystemExit: ``path`` was made on other tasks or in another env, so no row of it can stand in.
+    """
+    old = json.loads(path.read_text())
+    if old.get("tasks") != tasks or old.get("env") != env_desc:
+        raise SystemExit(f"--reuse {path}: made on tasks {old.get('tasks')!r} in env {old.get('env')!r}, "
+                         f"not on {tasks!r} in {env_desc!r}; no row of it can be reused.")
+    out = {}
+    for label, (spec, _opt) in policies.items():
+        row = old.get("rows", {}).get(label)
+        if row and row.get("policy") == _shown_path(spec) and label in old.get("per_question", {}):
+            out[label] = {"policy": spec, "run_dir": row["run_dir"], "per_question": old["per_question"][label],
+                          "metrics": {("answer_rate" if k == "answered" else k): v["mean"]
+                                       for k, v in row["scores"].items()}}
+            logging.info("%s (%s): reused from %s", label, spec, path)
+    return out
+
+
 def markdown(table: dict) -> str:
     """The table as markdown (means with their 95% intervals)."""
     def cell(d, pct=False, nd=3):
@@ -195,6 +221,10 @@ def main() -> int:
                          "unless --partial)")
     ap.add_argument("--partial", action="store_true",
                     help="with --only: write the table of the rows run (their paired differences only)")
+    ap.add_argument("--reuse", default=None,
+                    help="a table JSON this script wrote for the same --tasks and env: its rows whose policy is the "
+                         "same are taken from its per-question scores instead of being run again (greedy rows are "
+                         "deterministic on a CPU in float32)")
     a = ap.parse_args()
     if bool(a.start) == bool(a.sft) or (a.sft and not a.grpo):
         ap.error("give --sft and --grpo (the bundled agent's table), or --start [--trained] (an RL run's table)")
@@ -246,8 +276,9 @@ def main() -> int:
         if bad:
             ap.error(f"--only: unknown labels {bad}; labels: {sorted(policies)}")
         policies = {k: v for k, v in policies.items() if k in only}
-    results = {label: run_policy(label.replace(" ", "_").replace(",", "").replace("+", "plus"), spec, a.tasks, runs,
-                                 opt, env)
+    reused = reusable_rows(Path(a.reuse), policies, a.tasks, env_desc) if a.reuse else {}
+    results = {label: reused.get(label) or run_policy(label.replace(" ", "_").replace(",", "").replace("+", "plus"),
+                                                      spec, a.tasks, runs, opt, env)
                for label, (spec, opt) in policies.items()}
     if only and not a.partial:
         for label, r in results.items():
@@ -256,7 +287,8 @@ def main() -> int:
     from drgym.envs.task_loaders import load_tasks
 
     golds = {t.task_id: list(t.answers) for t in load_tasks(a.tasks)}
-    pq = {label: per_question(r["trajectories"], golds) for label, r in results.items()}
+    pq = {label: r["per_question"] if "per_question" in r else per_question(r["trajectories"], golds)
+          for label, r in results.items()}
     if a.start:
         top = "start + GRPO" if "start + GRPO" in pq else "start"
         if "start" not in pq:

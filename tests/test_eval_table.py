@@ -1,0 +1,38 @@
+"""scripts/eval_table.py: rows of a committed table stand in for a rerun only when they are the same work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from envs_helpers import load_script
+
+REPO = Path(__file__).resolve().parents[1]
+TABLE = REPO / "training" / "results" / "answerable_test_table.json"
+
+
+def test_reuse_takes_the_committed_rows_of_the_same_policy_tasks_and_env():
+    et = load_script("eval_table")
+    old = json.loads(TABLE.read_text())
+    policies = {"start": ("hf:smollm2-drgym", {}), "scripted": ("scripted", {}),
+                "start + GRPO": ("hf:/elsewhere/checkpoint-300", {}),
+                "retrieve-then-read": ("rag:other-reader", {})}  # same label, another policy: runs
+    rows = et.reusable_rows(TABLE, policies, old["tasks"], old["env"])
+    assert sorted(rows) == ["scripted", "start"]
+    assert rows["start"]["per_question"] == old["per_question"]["start"]
+    assert len(rows["start"]["per_question"]) == 400
+    # the scores the table is rebuilt from are the committed ones: the start row's F1 mean
+    f1 = [q["f1"] for q in rows["start"]["per_question"].values()]
+    assert sum(f1) / len(f1) == pytest.approx(old["rows"]["start"]["scores"]["f1"]["mean"], abs=1e-12)
+    assert rows["start"]["metrics"]["answer_rate"] == old["rows"]["start"]["scores"]["answered"]["mean"]
+
+
+def test_reuse_refuses_a_table_of_other_tasks_or_another_env():
+    et = load_script("eval_table")
+    old = json.loads(TABLE.read_text())
+    with pytest.raises(SystemExit, match="no row of it can be reused"):
+        et.reusable_rows(TABLE, {"start": ("hf:smollm2-drgym", {})}, "hipporag-test", old["env"])
+    with pytest.raises(SystemExit, match="no row of it can be reused"):
+        et.reusable_rows(TABLE, {"start": ("hf:smollm2-drgym", {})}, old["tasks"], old["env"] + ", dtype bfloat16")
