@@ -153,15 +153,17 @@ def markdown(table: dict) -> str:
 
     lines = [f"Slice `{table['tasks']}` ({table['n_questions']} questions), {table['env_name']}; "
              "mean [95% bootstrap CI over questions]", "",
-             "| policy | EM | F1 | answer rate | searches / episode | saw the gold |", "|---|---|---|---|---|---|"]
+             "| policy | EM | F1 | answer rate | searches / episode | searched twice | saw the gold |",
+             "|---|---|---|---|---|---|---|"]
     for label, row in table["rows"].items():
         s = row["scores"]
         pol = row["policy"]
         if "/runs/" in pol:  # a local training output: show it relative to the checkout that trained it
             pol = "hf:runs/" + pol.split("/runs/", 1)[1]
         saw = cell(s["saw_gold"], pct=True) if "saw_gold" in s else ""
+        twice = cell(s["searched_twice"], pct=True) if "searched_twice" in s else ""
         lines.append(f"| {label} (`{pol}`) | {cell(s['em'])} | {cell(s['f1'])} | "
-                     f"{cell(s['answered'], pct=True)} | {cell(s['searches'], nd=2)} | {saw} |")
+                     f"{cell(s['answered'], pct=True)} | {cell(s['searches'], nd=2)} | {twice} | {saw} |")
     if not table["paired"]:
         return "\n".join(lines) + "\n"
     lines += ["", "| paired difference (per question) | mean | 95% CI | excludes 0 | wins / losses | "
@@ -289,6 +291,9 @@ def main() -> int:
     golds = {t.task_id: list(t.answers) for t in load_tasks(a.tasks)}
     pq = {label: r["per_question"] if "per_question" in r else per_question(r["trajectories"], golds)
           for label, r in results.items()}
+    for rows_ in pq.values():  # the share of episodes that searched more than once (a second hop)
+        for q in rows_.values():
+            q["searched_twice"] = 1.0 if q["searches"] >= 2 else 0.0
     if a.start:
         top = "start + GRPO" if "start + GRPO" in pq else "start"
         if "start" not in pq:
@@ -322,7 +327,7 @@ def main() -> int:
         "bootstrap": {"method": "percentile", "n_resamples": N_RESAMPLES, "confidence": 0.95, "seed": SEED,
                       "unit": "question"},
         "rows": {label: {"policy": _shown_path(r["policy"]), "run_dir": Path(r["run_dir"]).name,
-                         "scores": {m: mean_ci([q[m] for q in pq[label].values()]) for m in METRICS + ("saw_gold",)}}
+                         "scores": {m: mean_ci([q[m] for q in pq[label].values()]) for m in METRICS + ("saw_gold", "searched_twice")}}
                  for label, r in results.items()},
         "paired": paired_rows,
         "per_question": pq,
