@@ -38,8 +38,25 @@ def _clean(v: Any) -> Any:
     return v
 
 
+def rss_mib() -> float | None:
+    """This process's resident set size now, in MiB (``/proc/self/statm``), or None where
+    the platform has no ``/proc`` (macOS, Windows)."""
+    import os
+
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
 class JsonlLoggerCallback(TrainerCallback):
     """Append every ``on_log`` record to a JSONL file as ``{"step", "time", **logs}``.
+
+    Each record also carries ``memory/rss_mib``, the trainer process's resident memory in
+    MiB at that step (:func:`rss_mib`; null without ``/proc``), so that a long run's memory
+    growth is on record before it meets the machine's limit.
 
     Args:
         path: the JSONL file (created with its folder). On ``--resume`` records continue
@@ -55,6 +72,7 @@ class JsonlLoggerCallback(TrainerCallback):
             return
         rec = {"step": state.global_step, "epoch": _clean(state.epoch), "time": round(time.time() - self._t0, 3)}
         rec.update({k: _clean(v) for k, v in logs.items() if isinstance(v, (int, float, str, type(None)))})
+        rec["memory/rss_mib"] = rss_mib()
         append_jsonl(self.path, rec)
 
 
