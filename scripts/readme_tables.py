@@ -426,6 +426,7 @@ ANSWERABLE_POOL = "training/results/answerable_pool/pool_record.json"  # python 
 ANSWERABLE_RUN = "training/results/smollm2_answerable_cpu/grpo_summary.json"  # python scripts/long_run.py ...
 ANSWERABLE_TABLE = "training/results/answerable_test_table.json"  # python scripts/eval_table.py --start ...
 ANSWERABLE_CONTROL = "training/results/answerable_train_control.json"  # python scripts/eval_table.py --tasks answerable-train
+ANSWERABLE_HIPPO = "training/results/answerable_hipporag_test_table.json"  # ... --tasks hipporag-test
 
 
 def answerable_pool() -> str:
@@ -464,6 +465,13 @@ def answerable_run() -> str:
 
 def answerable_table() -> str:
     t = _load(ANSWERABLE_TABLE)
+    return _script("eval_table").markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
+
+
+def answerable_hipporag() -> str:
+    if not (REPO / ANSWERABLE_HIPPO).is_file():
+        return f"Not measured yet (`{ANSWERABLE_HIPPO}` does not exist)."
+    t = _load(ANSWERABLE_HIPPO)
     return _script("eval_table").markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
 
 
@@ -589,6 +597,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "answerable_control": answerable_control,
     "answerable_run": answerable_run,
     "answerable_table": answerable_table,
+    "answerable_hipporag": answerable_hipporag,
     "grpo_summary": grpo_summary,
     "bench_train_lora": bench_train_lora,
     "test_table": test_table,
@@ -630,6 +639,7 @@ TABLE_PAGES: dict[str, str] = {
     "answerable_run": "docs/training.md",
     "answerable_control": "docs/training.md",
     "answerable_table": "docs/training.md",
+    "answerable_hipporag": "docs/training.md",
     "bench_train_lora": "docs/training.md",
 }
 
