@@ -463,24 +463,26 @@ def answerable_run() -> str:
         f"{evals}. `{ANSWERABLE_RUN}` ({r['made_by']}).")
 
 
-def answerable_table() -> str:
-    t = _load(ANSWERABLE_TABLE)
+def _eval_table(path: str, why_missing: str = "") -> str:
+    """An ``eval_table.py`` table JSON as markdown with the command that made it, or a
+    "not measured yet" line when ``path`` does not exist."""
+    if not (REPO / path).is_file():
+        return f"Not measured yet (`{path}` does not exist){why_missing}."
+    t = _load(path)
     return _script("eval_table").markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
+
+
+def answerable_table() -> str:
+    return _eval_table(ANSWERABLE_TABLE)
 
 
 def answerable_hipporag() -> str:
-    if not (REPO / ANSWERABLE_HIPPO).is_file():
-        return f"Not measured yet (`{ANSWERABLE_HIPPO}` does not exist)."
-    t = _load(ANSWERABLE_HIPPO)
-    return _script("eval_table").markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
+    return _eval_table(ANSWERABLE_HIPPO)
 
 
 def answerable_control() -> str:
-    if not (REPO / ANSWERABLE_CONTROL).is_file():
-        return (f"Not measured yet (`{ANSWERABLE_CONTROL}` does not exist): it needs a checkpoint that has trained "
-                "long enough to be worth the 190-question evaluation.")
-    t = _load(ANSWERABLE_CONTROL)
-    return _script("eval_table").markdown(t).rstrip("\n") + f"\n\n`{t['made_by']}`; env: {t['env']}."
+    return _eval_table(ANSWERABLE_CONTROL, ": it needs a checkpoint that has trained long enough to be worth the "
+                                           "190-question evaluation")
 
 
 def policy_options() -> str:
