@@ -209,6 +209,8 @@ def main() -> int:
                     help="start policy of an RL run (instead of --sft): rows start, start + GRPO (--trained) and the "
                          "retrieve-then-read baselines read by each (rtr:)")
     ap.add_argument("--trained", default=None, help="with --start: the policy after GRPO")
+    ap.add_argument("--trained-label", default="start + GRPO",
+                    help="with --trained: the label of its row (e.g. 'start + two-hop SFT')")
     ap.add_argument("--dtype", default=None,
                     help="dtype of every hf policy and reader (float32: scores that do not depend on the CPU's bf16 "
                          "kernels; default the policies' auto)")
@@ -262,7 +264,7 @@ def main() -> int:
         }
         if a.trained:
             policies["retrieve-then-read, trained reads"] = (f"rtr:{hf(a.trained)}", {**gen, **dt})
-            policies["start + GRPO"] = (hf(a.trained), {**gen, **dt})
+            policies[a.trained_label] = (hf(a.trained), {**gen, **dt})
     else:
         policies = {
             "zero-shot, scaffolded": ("hf:smollm2", {**gen, **dt}),
@@ -295,13 +297,14 @@ def main() -> int:
         for q in rows_.values():
             q["searched_twice"] = 1.0 if q["searches"] >= 2 else 0.0
     if a.start:
-        top = "start + GRPO" if "start + GRPO" in pq else "start"
+        top = a.trained_label if a.trained_label in pq else "start"
         if "start" not in pq:
             ap.error("the table needs the 'start' row")
         pairs = {}
         if top != "start":
-            pairs["F1: start + GRPO - start"] = (top, "start", "f1")
-            pairs["EM: start + GRPO - start"] = (top, "start", "em")
+            pairs[f"F1: {top} - start"] = (top, "start", "f1")
+            pairs[f"EM: {top} - start"] = (top, "start", "em")
+            pairs[f"searched twice: {top} - start"] = (top, "start", "searched_twice")
         for base in ("retrieve-then-read", "retrieve-then-read, start reads", "retrieve-then-read, trained reads",
                      "scripted", "zero-shot, scaffolded"):
             if base in pq and base != top:

@@ -8,7 +8,10 @@ per sampling seed, ``<out>/samples/seed_<s>/``), in the training env of the run 
 
 With ``--greedy`` one more run decodes greedily (``samples/greedy``), and with
 ``--question-query`` the scripted policy searches each question verbatim and answers
-(``samples/scripted``, no fetch).
+(``samples/scripted``, no fetch). With ``--two-hop`` a bridge run (``samples/two_hop``,
+:class:`BridgePolicy`) searches the question, then, when the gold is not yet in view, the
+title of a supporting paragraph that the first results name, and answers with the gold
+span it read.
 
 Step 2, ``build``: every episode is checked against the text it retrieved (the
 ``<information>`` blocks before its answer) and kept from one of three sources:
@@ -20,12 +23,19 @@ Step 2, ``build``: every episode is checked against the text it retrieved (the
   retrieved text (a supported answer, never one the model could not have read);
 - ``question_search_gold_span`` (``--question-query`` runs): the search is the question
   itself; kept only when it retrieved a gold alias, answered with that span.
+- ``two_hop_bridge_gold_span`` (``--two-hop`` runs): two searches, the question and then
+  a bridge query (the title of one of the task's supporting paragraphs, ``gold_docs``,
+  without its parenthesised part); kept only when the first results do not hold a gold
+  alias, name the bridge (so the second query is read off the first results, not off the
+  label), and the second results hold a gold alias, answered with that span. These teach
+  the second hop: search again, with an entity read in the first results, when the answer
+  is not there yet.
 
 Episodes whose retrieved text holds no gold alias are dropped (training on them would
 teach the model to guess), and so are yes/no questions (a "yes" cannot be read off the
 text, so the label could only be guessed). Per question at most ``--per-question``
 distinct episodes are kept, in this order: own correct answers, the question-as-query
-episode, then the model's own searches. (At temperature 1 SmolLM2's queries are mostly
+and bridge episodes, then the model's own searches. (At temperature 1 SmolLM2's queries are mostly
 noise; a first SFT that kept its own searches before the question-as-query episode
 taught an agent that searched badly and scored F1 0.000 on the dev slice.)
 
@@ -36,6 +46,7 @@ filter to ``<out>/sft_data_record.json`` (copied to ``training/results/``).
 Usage::
 
     python scripts/make_sft_data.py --config smollm2_drgym_cpu --out runs/sft_data --k 4 --greedy --question-query
+    python scripts/make_sft_data.py --config smollm2_two_hop_cpu --out runs/two_hop_data --k 0 --question-query --two-hop
 """
 
 from __future__ import annotations
@@ -89,31 +100,116 @@ def supported(answer: str, text: str) -> bool:
     return bool(na) and f" {na} " in f" {normalize_answer(text)} "
 
 
-def sample_dirs(out: Path, *, k: int, seed0: int, greedy: bool, question_query: bool) -> list[Path]:
+def _bare_title(title: str) -> str:
+    """A Wikipedia title without its parenthesised disambiguation: ``"Lilu (mythology)"`` -> ``"Lilu"``."""
+    return re.sub(r"\s*\([^)]*\)\s*$", "", title).strip()
+
+
+def bridge_query(task, first_results: str) -> str | None:
+    """The second-hop query of :class:`BridgePolicy` for ``task``, or None.
+
+    The first title of ``task.gold_docs`` (supporting paragraphs, in the dataset's order)
+    whose bare form (:func:`_bare_title`) is not in the question and is in
+    ``first_results`` (normalised, whole words): an entity the agent has just read.
+    """
+    q = f" {_norm(task.question)} "
+    seen = f" {_norm(first_results)} "
+    for title in task.gold_docs or []:
+        bare = _bare_title(str(title))
+        nb = _norm(bare)
+        if nb and f" {nb} " not in q and f" {nb} " in seen:
+            return bare
+    return None
+
+
+def _norm(text: str) -> str:
+    """SQuAD normalisation with punctuation read as a word break (``"Eagles.</information>"`` ->
+    ``"eagles information"``, not ``"eaglesinformation"``), the same for titles and results."""
+    from drgym.rewards.qa import normalize_answer
+
+    return normalize_answer(re.sub(r"[^\w\s]", " ", text))
+
+
+class BridgePolicy:
+    """The two-hop teacher of ``--two-hop`` (an oracle: it reads the task's labels).
+
+    Turn 0: search the question. Turn 1: if the results hold a gold alias, answer with it;
+    else search :func:`bridge_query` (None: answer "unknown", an episode the build drops).
+    Turn 2: answer with the gold span of everything retrieved, else "unknown".
+
+    Args:
+        tasks: the tasks by ``task_id`` (answers and ``gold_docs`` are read).
+    """
+
+    name = "two-hop-bridge"
+
+    def __init__(self, tasks: dict) -> None:
+        self.tasks = tasks
+        self._seen: dict[str, str] = {}
+
+    def act_one(self, info: dict) -> str:
+        """The action for one episode given its latest ``info`` (with ``"observation"``)."""
+        turn = int(info.get("turn", 0))
+        ep = str(info.get("episode_id", ""))
+        task = self.tasks[info["task_id"]]
+        if turn == 0:
+            self._seen[ep] = ""
+            return f"<search> {task.question} </search>"
+        obs = info.get("observation") or ""
+        self._seen[ep] = self._seen.get(ep, "") + "\n" + (obs if "<information>" in obs else "")
+        span = find_span(self._seen[ep], list(task.answers))
+        if span is None and turn == 1 and info.get("searches_left", 0) > 0:
+            q = bridge_query(task, self._seen[ep])
+            if q is not None:
+                return f"<search> {q} </search>"
+        self._seen.pop(ep, None)
+        return f"<answer> {span or 'unknown'} </answer>"
+
+    def act(self, conversations: list, infos: list[dict] | None = None) -> list[str]:
+        """One action per conversation; needs the env ``infos``."""
+        if infos is None:
+            raise ValueError("BridgePolicy needs the env infos: call act(conversations, infos).")
+        return [self.act_one(i) for i in infos]
+
+    def close(self) -> None:
+        """Nothing to free."""
+
+
+def sample_dirs(out: Path, *, k: int, seed0: int, greedy: bool, question_query: bool,
+                two_hop: bool = False) -> list[Path]:
     """The run directories of the sampling step, in build order."""
     dirs = [out / "samples" / f"seed_{s}" for s in range(seed0, seed0 + k)]
     if greedy:
         dirs.append(out / "samples" / "greedy")
     if question_query:
         dirs.append(out / "samples" / "scripted")
+    if two_hop:
+        dirs.append(out / "samples" / "two_hop")
     return dirs
 
 
 def sample(cfg, out: Path, *, k: int, temperature: float, task_set: str, n: int | None, seed0: int,
-           greedy: bool = False, question_query: bool = False) -> list[Path]:
+           greedy: bool = False, question_query: bool = False, two_hop: bool = False) -> list[Path]:
     """Run the rollouts of step 1 (see the module docstring); return their run dirs.
 
     ``k`` sampled runs of the scaffolded ``hf:smollm2`` (bf16 on CPU, the hf: default),
-    one seed each; a greedy one with ``greedy``; the scripted policy with ``question_query``.
+    one seed each; a greedy one with ``greedy``; the scripted policy with ``question_query``;
+    :class:`BridgePolicy` with ``two_hop``.
     """
     from drgym.evaluation.runner import RolloutConfig, run_rollout
     from drgym.search.registry import backend_from_settings
 
     env_kw = dict(cfg.env.get("kwargs") or {})
     backend = backend_from_settings(cfg.search)
-    dirs = sample_dirs(out, k=k, seed0=seed0, greedy=greedy, question_query=question_query)
+    from drgym.envs.task_loaders import load_tasks
+
+    dirs = sample_dirs(out, k=k, seed0=seed0, greedy=greedy, question_query=question_query, two_hop=two_hop)
     for d in dirs:
-        if d.name == "scripted":
+        policy_obj = None
+        if d.name == "two_hop":
+            policy_obj = BridgePolicy({t.task_id: t for t in load_tasks(task_set)})
+            policy, seed, opts = BridgePolicy.name, 0, {}
+        elif d.name == "scripted":
             policy, seed, opts = "scripted", 0, {"fetch": False}
         elif d.name == "greedy":
             policy, seed, opts = "hf:smollm2", 0, {}
@@ -123,7 +219,7 @@ def sample(cfg, out: Path, *, k: int, temperature: float, task_set: str, n: int 
                            out=str(d), seed=seed, batch_size=8, max_turns=cfg.rollout_settings().max_turns,
                            policy_options=opts, env_options=env_kw, plots=False)
         t0 = time.perf_counter()
-        res = run_rollout(rc, backend=backend, progress=False)
+        res = run_rollout(rc, backend=backend, progress=False, policy=policy_obj)
         log.info("%s: %d episodes (%d new) in %.0f s, f1 %.3f", d.name, len(res.trajectories), res.new_episodes,
                  time.perf_counter() - t0, res.metrics.get("f1") or 0.0)
     return dirs
@@ -144,6 +240,7 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
         raise SystemExit(f"{task_set} holds dev/test questions; SFT data must come from train questions only.")
     counts = {"episodes": 0, "yes_no_question": 0, "no_answer": 0, "gold_not_retrieved": 0, "own_correct": 0,
               "own_search_gold_span": 0, "question_search_gold_span": 0, "own_correct_unsupported": 0,
+              "two_hop_one_search": 0, "two_hop_gold_not_in_second": 0, "two_hop_bridge_gold_span": 0,
               "duplicates": 0, "over_cap": 0}
     per_run = {}
     per_q: dict[str, list[tuple[int, Trajectory]]] = {}
@@ -166,6 +263,24 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
             if not steps or ans is None or "<answer>" not in (steps[last].get("action") or ""):
                 counts["no_answer"] += 1
                 continue
+            if d.name == "two_hop":
+                searched = [i for i, st in enumerate(steps[:last]) if "<search>" in (st.get("action") or "")]
+                if len(searched) < 2:  # gold in the first results, or no bridge named there
+                    counts["two_hop_one_search"] += 1
+                    continue
+                second = steps[searched[1]].get("observation") or ""
+                span = find_span(second, list(t.answers))
+                if find_span(retrieved_text(row, searched[1]), list(t.answers)) is not None or span is None:
+                    counts["two_hop_gold_not_in_second"] += 1
+                    continue
+                traj = Trajectory.from_dict(row)
+                traj.steps[last].action = f"<answer> {span} </answer>"
+                traj.final_answer = span
+                traj.metadata = {**traj.metadata, "sft_source": "two_hop_bridge_gold_span", "sample_dir": d.name,
+                                 "bridge_query": re.sub(r"</?search>", "", steps[searched[1]]["action"]).strip()}
+                counts["two_hop_bridge_gold_span"] += 1
+                per_q.setdefault(t.task_id, []).append((1, traj))
+                continue
             text = retrieved_text(row, last)
             span = find_span(text, list(t.answers))
             if span is None:
@@ -187,7 +302,8 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
             counts[source] += 1
             per_q.setdefault(t.task_id, []).append((1 if scripted else 2, traj))
     kept: list[Trajectory] = []
-    by_source = {"own_correct": 0, "own_search_gold_span": 0, "question_search_gold_span": 0}
+    by_source = {"own_correct": 0, "own_search_gold_span": 0, "question_search_gold_span": 0,
+                 "two_hop_bridge_gold_span": 0}
     by_set = {}
     for tid in tasks:  # task order, deterministic
         seen = set()
@@ -223,7 +339,8 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
             "own_correct": "model's answer has exact match 1 with a gold alias and occurs in the retrieved text",
             "own_search_gold_span": "model's own searches retrieved a gold alias; the answer turn is that span as written in the retrieved text",
             "question_search_gold_span": "scripted policy searched the question verbatim and retrieved a gold alias; answered with that span",
-            "priority": "per question: own_correct, then question_search_gold_span, then own_search_gold_span (the model's T=1 queries are mostly noise), distinct action sequences, at most per_question_cap",
+            "two_hop_bridge_gold_span": "searched the question, then the bare title of a supporting paragraph named in the first results and absent from the question; kept when the first results hold no gold alias and the second do; answered with that span",
+            "priority": "per question: own_correct, then question_search_gold_span and two_hop_bridge_gold_span, then own_search_gold_span (the model's T=1 queries are mostly noise), distinct action sequences, at most per_question_cap",
             "dropped": "no gold alias in the retrieved text; yes/no questions; episodes with no answer",
         },
         "output": str(path),
@@ -244,6 +361,8 @@ def main() -> int:
     ap.add_argument("--per-question", type=int, default=2)
     ap.add_argument("--greedy", action="store_true", help="add a greedy run of the scaffolded model")
     ap.add_argument("--question-query", action="store_true", help="add the scripted policy (search = the question)")
+    ap.add_argument("--two-hop", action="store_true",
+                    help="add the bridge run (search the question, then a supporting title named in the results)")
     ap.add_argument("--build-only", action="store_true", help="skip sampling (use the existing sample runs)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -253,10 +372,11 @@ def main() -> int:
     cfg.apply_threads()
     out = Path(a.out)
     if a.build_only:
-        dirs = sample_dirs(out, k=a.k, seed0=a.seed0, greedy=a.greedy, question_query=a.question_query)
+        dirs = sample_dirs(out, k=a.k, seed0=a.seed0, greedy=a.greedy, question_query=a.question_query,
+                           two_hop=a.two_hop)
     else:
         dirs = sample(cfg, out, k=a.k, temperature=a.temperature, task_set=a.tasks, n=a.n, seed0=a.seed0,
-                      greedy=a.greedy, question_query=a.question_query)
+                      greedy=a.greedy, question_query=a.question_query, two_hop=a.two_hop)
     rec = build(out, dirs, task_set=a.tasks, per_question=a.per_question)
     print(json.dumps({k: rec[k] for k in ("kept", "kept_by_source", "questions_with_kept_episodes", "filter_counts")},
                      indent=1))
