@@ -783,8 +783,9 @@ class ServeSettings(BaseModel):
             no authentication (the default, for loopback use). A secret: never printed
             (``repr`` shows ``**********``), compared in constant time.
         log_level: uvicorn log level.
-        encoder_backend: runtime of the query encoder, ``torch`` or ``onnx``
-            (:data:`drgym.embedding.ENCODER_BACKENDS`).
+        encoder_backend: runtime of the query encoder: ``torch`` (default), ``onnx`` (the
+            same float32 weights in ONNX Runtime) or ``onnx-int8`` (those weights quantised
+            to int8; rankings move a little) (:data:`drgym.embedding.ENCODER_BACKENDS`).
         mmap: memory-map the dense shards' FAISS files instead of reading them into memory
             (``LocalSearchEngine(mmap=True)``).
 
@@ -818,7 +819,7 @@ class ServeSettings(BaseModel):
     retrieve_collapse: Collapse = "passage"
     api_keys: SecretStr = SecretStr("")
     log_level: str = "warning"
-    encoder_backend: Literal["torch", "onnx"] = "torch"
+    encoder_backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
     mmap: bool = False
 
     @model_validator(mode="after")

@@ -44,13 +44,17 @@ FAISS file, against ``drgym serve --method dense``::
 ``--profile N`` measures only where the server's CPU goes for one ``POST /retrieve``,
 stage by stage (HTTP parsing, validation, tokenisation, MiniLM forward, FAISS, BM25,
 fusion, docstore, serialisation, the framework), over N real questions, beside the
-encoder's batched forward alone (the floor)::
+encoder's batched forward alone (the floor), for each query encoder backend (torch,
+onnx, onnx-int8); and each encoder's CPU per query alone (one query a call and 64 a
+call) and its rankings against torch float32 on ``--agreement`` real questions (top-10
+overlap, top-1, HippoRAG supporting-paragraph recall@10)::
 
     nice -n 10 python scripts/bench_search.py --profile 300 --out scripts/results/bench_search_profile.json
 
 ``--recall-only`` measures only the
 retrieval quality and repeated URLs, on the wiki-default index under ``$DRGYM_HOME``
-(built when missing), in about 3 minutes.
+(built when missing), in about 3 minutes, with the query encoder of ``--encoder-backend``
+(default torch).
 """
 
 from __future__ import annotations
@@ -198,8 +202,11 @@ def recall_only(args) -> None:
                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "load_avg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()]}
     kw = {"root": args.root} if args.root else {}
+    if args.encoder_backend != "torch":
+        kw.update(encoder_backend=args.encoder_backend, device="cpu")  # the ONNX backends run on the CPU only
     engine = LocalSearchEngine.from_corpus("wiki-default", method="hybrid", **kw)
     out["index"] = repr(engine)
+    out["encoder_backend"] = args.encoder_backend
     qsets = load_questions(None)
     out["queries"] = {k: len(v) for k, v in qsets.items()}
     out["retrieval"] = retrieval(engine, qsets)
@@ -786,15 +793,19 @@ def _overlap(a: list[list[str]], b: list[list[str]]) -> dict:
             "identical_top10_lists": round(float(np.mean([x == y for x, y in zip(a, b)])), 4)}
 
 
-def encoder_agreement(torch_engine, onnx_engine, queries: list[str]) -> dict:
-    """How the ONNX Runtime query encoder moves rankings against torch's, on ``queries``:
-    the query vectors' cosine, dense and hybrid top-10 overlap, and HippoRAG
-    supporting-paragraph recall@10 (as ``--recall-only``) both ways."""
+def encoder_agreement(torch_engine, onnx_engine, queries: list[str], label: str = "onnx") -> dict:
+    """How another query encoder (the ONNX Runtime one, float32 or int8) moves rankings
+    against torch's, on ``queries``: the query vectors' cosine (batches of 16), dense and
+    hybrid top-10 overlap and top-1 agreement (passages), and HippoRAG supporting-paragraph
+    recall@10 (as ``--recall-only``, documents collapsed) both ways, the other encoder's
+    keyed by ``label``."""
     a = np.vstack([torch_engine.encode_queries(queries[i:i + 16]) for i in range(0, len(queries), 16)])
     b = np.vstack([onnx_engine.encode_queries(queries[i:i + 16]) for i in range(0, len(queries), 16)])
     cos = (a * b).sum(1)
     out: dict = {"questions": len(queries), "query_vector_cosine_min": round(float(cos.min()), 7),
-                 "query_vector_max_abs_diff": float(np.abs(a - b).max())}
+                 "query_vector_max_abs_diff": float(np.abs(a - b).max()),
+                 "query_vector_cosine_mean": round(float(cos.mean()), 7),
+                 "query_vector_cosine_p1": round(float(np.percentile(cos, 1)), 7)}
     for method in ("dense", "hybrid"):
         ra = [[r.doc_id for r in res] for res in torch_engine.search_batch(queries, 10, method=method, collapse="passage")]
         rb = [[r.doc_id for r in res] for res in onnx_engine.search_batch(queries, 10, method=method, collapse="passage")]
@@ -803,17 +814,71 @@ def encoder_agreement(torch_engine, onnx_engine, queries: list[str]) -> dict:
     doc_key = norm_doc_key(torch_engine)
     out["supporting_paragraph_recall@10"] = {
         name: {backend: quality(eng, qs, method, doc_key, "document")["recall@10"]
-               for backend, eng in (("torch", torch_engine), ("onnx", onnx_engine)) for method in ("dense",)}
+               for backend, eng in (("torch", torch_engine), (label, onnx_engine)) for method in ("dense",)}
         | {f"{backend}_hybrid": quality(eng, qs, "hybrid", doc_key, "document")["recall@10"]
-           for backend, eng in (("torch", torch_engine), ("onnx", onnx_engine))}
+           for backend, eng in (("torch", torch_engine), (label, onnx_engine))}
         for name, qs in qsets.items()}
+    return out
+
+
+def encoder_cpu(engine, queries: list[str], batch: int = 64) -> dict:
+    """CPU milliseconds per query of ``engine``'s query encoder alone, on this process's
+    threads (``--profile`` runs one torch thread and one ONNX Runtime thread): each query
+    in its own call (``encode_queries([q])``, as one request alone) and ``batch`` queries a
+    call (as the micro-batcher's full batches), over ``queries``.
+
+    Returns:
+        ``{"one_query": {"forward": ms, "encode": ms}, "batched_64": {...}}``: ``forward``
+        is the forward pass alone (sentence-transformers' ``forward``, or ONNX Runtime's
+        ``InferenceSession.run``), ``encode`` the whole call (tokenisation, forward,
+        pooling, normalisation); thread CPU time (``time.thread_time``), per query.
+    """
+    st = engine.encoder.model
+    onnx = getattr(engine.encoder, "_onnx", None)
+    fwd = [0.0]
+    undo: list = []
+
+    def wrap(obj, attr: str) -> None:
+        orig = getattr(obj, attr)
+
+        def wrapper(*a, **kw):
+            t = time.thread_time()
+            try:
+                return orig(*a, **kw)
+            finally:
+                fwd[0] += time.thread_time() - t
+        setattr(obj, attr, wrapper)
+        undo.append((obj, attr))
+
+    if onnx is not None:
+        for sess in {id(onnx.session): onnx.session, id(onnx.small_session): onnx.small_session}.values():
+            wrap(sess, "run")
+    else:
+        wrap(st, "forward")
+    out: dict = {}
+    try:
+        for name, calls in (("one_query", [[q] for q in queries]),
+                            (f"batched_{batch}", [queries[i:i + batch] for i in range(0, len(queries), batch)])):
+            for c in calls[:3]:  # warm-up, not counted
+                engine.encode_queries(c)
+            fwd[0] = 0.0
+            t = time.thread_time()
+            for c in calls:
+                engine.encode_queries(c)
+            total = time.thread_time() - t
+            n = sum(len(c) for c in calls)
+            out[name] = {"forward": round(1000 * fwd[0] / n, 3), "encode": round(1000 * total / n, 3)}
+    finally:
+        for obj, attr in undo:
+            delattr(obj, attr)  # back to the class's own method
     return out
 
 
 def profile(args) -> None:
     """``--profile N``: where the server's CPU goes for one ``POST /retrieve`` (one real
     question, topk 5, hybrid, result cache off), stage by stage, in this process, for the
-    default (torch) query encoder and the ONNX Runtime one, in turns (A/B/A/B).
+    default (torch) query encoder and the ONNX Runtime ones (float32 and int8), in turns
+    (A/B/C/A/B/C).
 
     The app is ``drgym serve``'s (``create_app``), driven through its ASGI interface one
     request at a time on one torch and FAISS thread; each stage's CPU time is the thread
@@ -829,14 +894,16 @@ def profile(args) -> None:
     minus the stages: routing, dependencies, asyncio and the micro-batcher. The floor is
     the encoder's forward alone, 64 queries per call, per query.
 
-    Also measured: int8 dynamic quantisation of the torch encoder (CPU and dense top-10
-    overlap), and the ONNX encoder's agreement with torch on ``--agreement`` real questions
-    (:func:`encoder_agreement`).
+    Also measured: each encoder's CPU per query alone, one query a call and 64 a call,
+    in turns over the same N questions (:func:`encoder_cpu`); int8 dynamic quantisation of
+    the torch encoder (CPU and dense top-10 overlap); and the ONNX encoders' agreement with
+    torch on ``--agreement`` real questions (:func:`encoder_agreement`).
     """
     import copy
     import warnings
 
     import faiss
+    import onnxruntime
     import torch
 
     from drgym.atomic import atomic_write_json
@@ -844,14 +911,21 @@ def profile(args) -> None:
 
     torch.set_num_threads(1)
     faiss.omp_set_num_threads(1)
+    backends = ("torch", "onnx", "onnx-int8")
     engines = {b: LocalSearchEngine.from_corpus("wiki-default", method="hybrid", device="cpu", encoder_backend=b)
-               for b in ("torch", "onnx")}
+               for b in backends}
     questions = real_questions()
     queries = questions[: args.profile]
-    runs: dict[str, list[dict]] = {"torch": [], "onnx": []}
-    for _ in range(2):  # A/B/A/B
+    runs: dict[str, list[dict]] = {b: [] for b in backends}
+    enc_runs: dict[str, list[dict]] = {b: [] for b in backends}
+    for _ in range(2):  # A/B/C/A/B/C
         for b, eng in engines.items():
             runs[b].append(_profile_engine(eng, queries))
+        for b, eng in engines.items():
+            enc_runs[b].append(encoder_cpu(eng, queries))
+    enc_cpu = {b: {mode: {k: round(float(np.median([r[mode][k] for r in rs])), 3) for k in rs[0][mode]}
+                   for mode in rs[0]} | {"passes": rs}
+               for b, rs in enc_runs.items()}
 
     def median_run(rs: list[dict]) -> dict:
         """The stage-wise median of the passes (the totals are medians of their own)."""
@@ -890,8 +964,11 @@ def profile(args) -> None:
                 "dense_overlap_at_10": round(float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(r32, r8)])), 4),
                 "dense_top1_same": round(float(np.mean(r32[:, 0] == r8[:, 0])), 4)}
     agreement = encoder_agreement(engines["torch"], engines["onnx"], questions[: args.agreement])
+    agreement_int8 = encoder_agreement(engines["torch"], engines["onnx-int8"], questions[: args.agreement],
+                                       label="onnx-int8")
     t_tot = prof["torch"]["cpu_ms_per_request_total_in_app"]
     o_tot = prof["onnx"]["cpu_ms_per_request_total_in_app"]
+    q_tot = prof["onnx-int8"]["cpu_ms_per_request_total_in_app"]
     res = {
         "benchmark": "search_profile", "command": "python scripts/bench_search.py " + " ".join(sys.argv[1:]),
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "requests": n, "passes_per_backend": 2,
@@ -903,7 +980,19 @@ def profile(args) -> None:
         "encoder_forward_floor_ms_per_query_batched_64": prof["torch"]["encoder_forward_floor_ms_per_query_batched_64"],
         "by_encoder_backend": prof,
         "onnx_over_torch_cpu_per_request": round(o_tot / t_tot, 3),
+        "onnx_int8_over_torch_cpu_per_request": round(q_tot / t_tot, 3),
         "onnx_encoder_agreement": agreement,
+        "onnx_int8_encoder_agreement": agreement_int8,
+        "onnx_int8_quantisation": {
+            "tool": "onnxruntime.quantization.quantize_dynamic", "weight_type": "QInt8", "per_channel": True,
+            "onnxruntime": onnxruntime.__version__, "file": engines["onnx-int8"].encoder._onnx.path.name,
+            "file_mb": round(engines["onnx-int8"].encoder._onnx.path.stat().st_size / 2**20, 1),
+            "float32_file_mb": round(engines["onnx"].encoder._onnx.path.stat().st_size / 2**20, 1)},
+        "encoder_cpu_ms_per_query": enc_cpu,
+        "encoder_cpu_note": ("the query encoder alone, one torch / ONNX Runtime thread, over the same requests' "
+                             "questions: one_query = one query a call, batched_64 = 64 a call; forward = the forward "
+                             "pass alone, encode = the whole call (tokenisation, forward, pooling); medians of 2 "
+                             "passes run in turns"),
         "int8_dynamic_query_encoder": int8_res,
         "note": ("medians of 2 passes per backend, run in turns; validation and http_parse are timed beside the app "
                  "on the same bodies (the app's own validation is inside framework_other); framework_other = the "
@@ -940,7 +1029,9 @@ def main() -> None:
     ap.add_argument("--recall-only", action="store_true",
                     help="Only retrieval quality (passages vs documents) and repeated URLs, on the cached index.")
     ap.add_argument("--agreement", type=int, default=1000, metavar="N",
-                    help="with --profile: real questions for the ONNX encoder's ranking agreement with torch")
+                    help="with --profile: real questions for the ONNX encoders' ranking agreement with torch")
+    ap.add_argument("--encoder-backend", default="torch", choices=("torch", "onnx", "onnx-int8"),
+                    help="with --recall-only: the query encoder's runtime (the index is the same)")
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="only where the server's CPU goes for one POST /retrieve, stage by stage, over N real "
                          "questions (see profile())")

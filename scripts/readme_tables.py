@@ -15,6 +15,9 @@ Tables and their sources:
   with ``scripts/main_job.py --add NAME "ARGS"`` and add ``(NAME, label)`` to MAIN_JOB_ROWS.
 - ``bench_search`` and ``retrieval``: ``scripts/results/bench_search_*.json``
   (``python scripts/bench_search.py``), one column per file in BENCH_SEARCH_RUNS.
+- ``search_profile`` and ``search_encoders``: ``scripts/results/bench_search_profile*.json``
+  (``python scripts/bench_search.py --profile 300``); ``search_encoders`` has one row per
+  query encoder of SEARCH_ENCODER_ROWS.
 - ``bench_train``: ``training/results/bench_train*.json`` (``python scripts/bench_train.py``),
   one row per entry of BENCH_TRAIN_ROWS.
 """
@@ -574,6 +577,54 @@ def search_profile() -> str:
     return text
 
 
+SEARCH_ENCODERS = "scripts/results/bench_search_profile_int8.json"
+# (encoder backend, label, key of its agreement with torch in the JSON, its recall key)
+SEARCH_ENCODER_ROWS: list[tuple[str, str, str | None, str]] = [
+    ("torch", "torch, float32 (default)", None, "torch"),
+    ("onnx", "`onnx`: ONNX Runtime, float32", "onnx_encoder_agreement", "onnx"),
+    ("onnx-int8", "`onnx-int8`: ONNX Runtime, int8", "onnx_int8_encoder_agreement", "onnx-int8"),
+]
+
+
+def search_encoders() -> str:
+    """The query encoders side by side: CPU of the forward alone (one query a call and 64 a
+    call) and of a whole request, and their rankings and recall against torch float32."""
+    d = _load(SEARCH_ENCODERS)
+    cpu, by = d["encoder_cpu_ms_per_query"], d["by_encoder_backend"]
+    ref = d["onnx_encoder_agreement"]["supporting_paragraph_recall@10"]
+    rows = []
+    for backend, label, agree, key in SEARCH_ENCODER_ROWS:
+        a = d[agree] if agree else None
+        rec = a["supporting_paragraph_recall@10"] if a else ref
+        row = [label, f"{cpu[backend]['one_query']['forward']:.2f}", f"{cpu[backend]['batched_64']['forward']:.2f}",
+               f"{by[backend]['cpu_ms_per_request_total_with_http_parse']:.2f}"]
+        if a is None:
+            row += ["1 (reference)"] * 3
+        else:
+            row += [f"{a['query_vector_cosine_min']:.4f} / {a['query_vector_cosine_mean']:.4f}",
+                    f"{a['dense']['overlap_at_10']:.3f} / {a['dense']['top1_same']:.3f}",
+                    f"{a['hybrid']['overlap_at_10']:.3f} / {a['hybrid']['top1_same']:.3f}"]
+        row += [" / ".join(f"{rec[n][key]:.3f}" for n in ("hotpotqa", "musique")),
+                " / ".join(f"{rec[n][f'{key}_hybrid']:.3f}" for n in ("hotpotqa", "musique"))]
+        rows.append(row)
+    head = ["query encoder", "forward CPU ms / query, 1 a call", "forward CPU ms / query, 64 a call",
+            "CPU ms / request", "query-vector cosine to torch, min / mean", "dense top-10 overlap / top-1 with torch",
+            "hybrid top-10 overlap / top-1 with torch", "dense recall@10, HotpotQA / MuSiQue",
+            "hybrid recall@10, HotpotQA / MuSiQue"]
+    q = d["onnx_int8_quantisation"]
+    n = d["onnx_int8_encoder_agreement"]["questions"]
+    return (_table(head, rows)
+            + f"\n\nForward: the query encoder's forward pass alone, one thread, over {d['requests']} real questions, "
+            f"medians of 2 passes run in turns; request: one `POST /retrieve` (hybrid, topk 5, cache off) through "
+            f"`drgym serve`'s app, as in the table above. Overlap and top-1 (passages) over {n} real questions "
+            "(NQ-open, HotpotQA, MuSiQue, SimpleQA, FRAMES); recall@10 of the HippoRAG supporting paragraphs (79 "
+            f"HotpotQA, 80 MuSiQue questions), documents collapsed; the index (torch float32 passage vectors) is the "
+            f"same for every row. int8: `{q['tool']}` of onnxruntime {q['onnxruntime']}, weights {q['weight_type']} "
+            f"per channel, a {q['file_mb']:.0f} MB file against {q['float32_file_mb']:.0f} MB. One run, "
+            f"{d['started'][:10]}, load {d['load_avg_1_5_15'][0]:.1f} on {d['cpus']} cores shared with other jobs. "
+            f"`{d['command']}`.")
+
+
 def ann_curve() -> str:
     d = _load("scripts/results/bench_ann_curve.json")
     rows = []
@@ -616,6 +667,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "bm25_engines": bm25_engines,
     "ann_curve": ann_curve,
     "search_profile": search_profile,
+    "search_encoders": search_encoders,
 }
 
 
@@ -635,6 +687,7 @@ TABLE_PAGES: dict[str, str] = {
     "bm25_engines": "docs/benchmarks/scale.md",
     "ann_curve": "docs/benchmarks/scale.md",
     "search_profile": "docs/benchmarks/search.md",
+    "search_encoders": "docs/benchmarks/search.md",
     "grpo_summary": "docs/training.md",
     "test_table": "docs/training.md",
     "answerable_pool": "docs/training.md",

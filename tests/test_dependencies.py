@@ -198,8 +198,9 @@ def _check_onnx() -> None:
     from drgym.embedding import Encoder
     from drgym.errors import DependencyNotInstalled
 
-    with pytest.raises(DependencyNotInstalled, match=re.escape("drgym[onnx]")):
-        Encoder(backend="onnx", device="cpu")
+    for backend in ("onnx", "onnx-int8"):
+        with pytest.raises(DependencyNotInstalled, match=re.escape("drgym[onnx]")):
+            Encoder(backend=backend, device="cpu")
 
 
 def _check_ray() -> None:

@@ -56,7 +56,7 @@ def serve(
     method: Optional[str] = typer.Option(None, help="dense, bm25 or hybrid (env DRGYM_METHOD; default: the engine's)."),
     index_dir: Optional[str] = typer.Option(None, "--index-dir", help="Serve this built index folder (or index name) instead of --corpus."),
     encoder: Optional[str] = typer.Option(None, help="Encoder name or path; must match the index (default: the index's)."),
-    encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", help="Query encoder runtime: torch (default) or onnx (ONNX Runtime on the CPU, same weights, about half the CPU of a one-query forward)."),
+    encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", help="Query encoder runtime: torch (default), onnx (ONNX Runtime on the CPU, same weights, about half the CPU of a one-query forward) or onnx-int8 (those weights quantised to int8 by ONNX Runtime: less CPU again, rankings move a little; the index is unchanged)."),
     host: Optional[str] = typer.Option(None, help="Address to bind (env DRGYM_HOST; default 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, help="TCP port (env DRGYM_PORT; default 8000)."),
     max_k: Optional[int] = typer.Option(None, "--max-k", help="Largest k accepted (default 100)."),

@@ -190,7 +190,8 @@ _ENCODERS_LOCK = threading.Lock()
 
 def get_encoder(name: str = "all-MiniLM-L6-v2", device: str | None = None, backend: str = "torch"):
     """A process-wide shared :class:`drgym.embedding.Encoder` (loaded once per name, device
-    and query ``backend``: ``"torch"`` or ``"onnx"``, see :data:`drgym.embedding.ENCODER_BACKENDS`).
+    and query ``backend``: ``"torch"``, ``"onnx"`` or ``"onnx-int8"``, see
+    :data:`drgym.embedding.ENCODER_BACKENDS`).
 
     Encoders are not safe for concurrent ``encode`` calls (fast tokenizers raise
     "Already borrowed"); :class:`~drgym.search.local.LocalSearchEngine` serialises them.

@@ -219,8 +219,10 @@ class LocalSearchEngine(SearchBackend):
             cache, shared by processes and evictable, and an index larger than RAM loads
             (its searches then read from disk).
         encoder_backend: runtime of the query encoder when it is loaded here (``encoder``
-            None or a name): ``"torch"`` (default) or ``"onnx"`` (ONNX Runtime on the CPU,
-            the same float32 weights; :data:`drgym.embedding.ENCODER_BACKENDS`).
+            None or a name): ``"torch"`` (default), ``"onnx"`` (ONNX Runtime on the CPU,
+            the same float32 weights) or ``"onnx-int8"`` (those weights quantised to int8
+            by ONNX Runtime; query vectors and rankings move a little, the index's passage
+            vectors do not change; :data:`drgym.embedding.ENCODER_BACKENDS`).
 
     Raises:
         IndexNotFoundError: no index in ``folder``.
