@@ -311,6 +311,10 @@ def main() -> int:
                 pairs[f"F1: {top} - {base}"] = (top, base, "f1")
         if top != "start" and "retrieve-then-read" in pq:
             pairs["F1: start - retrieve-then-read"] = ("start", "retrieve-then-read", "f1")
+        if "retrieve-then-read, trained reads" in pq and "retrieve-then-read, start reads" in pq:
+            # the same first search for both: what training changed in reading alone
+            pairs["F1: trained reads - start reads (retrieve-then-read)"] = (
+                "retrieve-then-read, trained reads", "retrieve-then-read, start reads", "f1")
         paired_rows = {name: paired(pq[x], pq[y], m) for name, (x, y, m) in pairs.items()}
         n_key = "start"
     else:

@@ -46,7 +46,7 @@ filter to ``<out>/sft_data_record.json`` (copied to ``training/results/``).
 Usage::
 
     python scripts/make_sft_data.py --config smollm2_drgym_cpu --out runs/sft_data --k 4 --greedy --question-query
-    python scripts/make_sft_data.py --config smollm2_two_hop_cpu --out runs/two_hop_data --k 0 --question-query --two-hop
+    python scripts/make_sft_data.py --config smollm2_two_hop_cpu --out runs/two_hop_data --k 0 --question-query --two-hop --two-hop-copies 3
 """
 
 from __future__ import annotations
@@ -225,8 +225,14 @@ def sample(cfg, out: Path, *, k: int, temperature: float, task_set: str, n: int 
     return dirs
 
 
-def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: int) -> dict:
-    """Filter the sampled episodes (see the module docstring); write the SFT JSONL and the record."""
+def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: int, two_hop_copies: int = 1) -> dict:
+    """Filter the sampled episodes (see the module docstring); write the SFT JSONL and the record.
+
+    ``two_hop_copies``: each kept two-hop episode is written this many times (oversampling:
+    the one token that chooses a second search over an answer is a small part of the loss).
+    """
+    if two_hop_copies < 1:
+        raise SystemExit(f"--two-hop-copies must be >= 1, got {two_hop_copies}.")
     from drgym.atomic import atomic_write_json, read_jsonl
     from drgym.envs.task_loaders import hipporag_split, load_tasks
     from drgym.envs.driver import write_trajectories
@@ -322,6 +328,8 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
             by_source[traj.metadata["sft_source"]] += 1
             src = tasks[tid].source
             by_set[src] = by_set.get(src, 0) + 1
+    distinct = len(kept)
+    kept += [t for t in kept if t.metadata["sft_source"] == "two_hop_bridge_gold_span"] * (two_hop_copies - 1)
     path = out / "sft_trajectories.jsonl"
     if path.exists():
         path.unlink()
@@ -331,10 +339,10 @@ def build(out: Path, sample_dirs: list[Path], *, task_set: str, per_question: in
         "task_set": task_set, "questions": len(tasks),
         "questions_with_kept_episodes": len({t.task_id for t in kept}),
         "sample_runs": {str(d): per_run[d.name] for d in sample_dirs},
-        "kept": len(kept), "kept_by_source": by_source, "kept_by_question_source": by_set,
+        "kept": distinct, "kept_by_source": by_source, "two_hop_copies": two_hop_copies, "written": len(kept), "kept_by_question_source": by_set,
         "per_question_cap": per_question, "filter_counts": counts,
         "searches_per_kept_episode": sum(sum(1 for s in t.steps for c in s.tool_calls if c.name == "search")
-                                         for t in kept) / max(1, len(kept)),
+                                         for t in kept[:distinct]) / max(1, distinct),
         "rules": {
             "own_correct": "model's answer has exact match 1 with a gold alias and occurs in the retrieved text",
             "own_search_gold_span": "model's own searches retrieved a gold alias; the answer turn is that span as written in the retrieved text",
@@ -363,6 +371,8 @@ def main() -> int:
     ap.add_argument("--question-query", action="store_true", help="add the scripted policy (search = the question)")
     ap.add_argument("--two-hop", action="store_true",
                     help="add the bridge run (search the question, then a supporting title named in the results)")
+    ap.add_argument("--two-hop-copies", type=int, default=1,
+                    help="write each kept two-hop episode this many times (oversampling)")
     ap.add_argument("--build-only", action="store_true", help="skip sampling (use the existing sample runs)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -377,7 +387,7 @@ def main() -> int:
     else:
         dirs = sample(cfg, out, k=a.k, temperature=a.temperature, task_set=a.tasks, n=a.n, seed0=a.seed0,
                       greedy=a.greedy, question_query=a.question_query, two_hop=a.two_hop)
-    rec = build(out, dirs, task_set=a.tasks, per_question=a.per_question)
+    rec = build(out, dirs, task_set=a.tasks, per_question=a.per_question, two_hop_copies=a.two_hop_copies)
     print(json.dumps({k: rec[k] for k in ("kept", "kept_by_source", "questions_with_kept_episodes", "filter_counts")},
                      indent=1))
     return 0

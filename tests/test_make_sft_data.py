@@ -71,3 +71,7 @@ def test_two_hop_run_through_the_env_keeps_only_supported_second_hops(bm25_backe
         assert span is not None and k["final_answer"] == span and steps[2]["action"] == f"<answer> {span} </answer>"
         q2 = k["metadata"]["bridge_query"]
         assert steps[1]["action"] == f"<search> {q2} </search>" and q2.lower() in first.lower()
+    # oversampling writes each kept two-hop episode again; the record counts distinct ones
+    rec2 = sd.build(tmp_path, [run], task_set="hipporag-train", per_question=2, two_hop_copies=3)
+    lines = (tmp_path / "sft_trajectories.jsonl").read_text().splitlines()
+    assert rec2["kept"] == rec["kept"] and rec2["written"] == len(lines) == 3 * rec["kept"]
