@@ -260,6 +260,56 @@ def load_tokenizer(name_or_path: str):
     return load_pretrained(AutoTokenizer, path)
 
 
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
+"""Files whose content is a model's (or an adapter's) weights, for :func:`weights_revision`."""
+
+_FULL_HASH_BYTES = 64 << 20
+_EDGE_BYTES = 8 << 20
+
+
+def weights_revision(name_or_path: str) -> str | None:
+    """A content fingerprint of the weights ``name_or_path`` loads (16 hex digits), or None.
+
+    SHA-256 over the model folder's weight files (:data:`WEIGHT_SUFFIXES`, sorted by
+    name; of ``.bin`` files only ``pytorch_model*`` and ``adapter_model*``, not a trainer's
+    ``training_args.bin``): each file's name, its size and its content (a file over 64 MiB by its first and
+    last 8 MiB, so a multi-GB model costs milliseconds). An adapter folder's fingerprint
+    covers its own weights and its base model's. Recorded by ``hf:`` policies in run
+    configs, so that a run resumed with other weights behind the same path is refused.
+
+    Returns:
+        None when the name is not a local folder (a hub name, loaded by transformers) or
+        the folder holds no weight file.
+
+    Raises:
+        ConfigError: as :func:`resolve_lm`.
+    """
+    import hashlib
+
+    path = Path(resolve_lm(name_or_path))
+    if not path.is_dir():
+        return None
+    files = sorted(f for f in path.iterdir() if f.is_file() and f.suffix in WEIGHT_SUFFIXES
+                   and (f.suffix != ".bin" or f.name.startswith(("pytorch_model", "adapter_model"))))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            if size <= _FULL_HASH_BYTES:
+                for chunk in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(chunk)
+            else:
+                h.update(fh.read(_EDGE_BYTES))
+                fh.seek(size - _EDGE_BYTES)
+                h.update(fh.read(_EDGE_BYTES))
+    if is_adapter(path):
+        h.update(f"\0base\0{weights_revision(adapter_base(path))}".encode())
+    return h.hexdigest()[:16]
+
+
 def load_model(name_or_path: str, *, dtype=None, adapter: str = "merge"):
     """A causal LM from a name, a model folder, or an adapter folder (base model + LoRA adapter).
 

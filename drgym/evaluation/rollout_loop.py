@@ -24,7 +24,13 @@ from drgym.atomic import atomic_write_json
 from drgym.cpu import thread_record
 from drgym.errors import ConfigError, ServiceUnavailableError
 from drgym.evaluation.run_config import RolloutConfig, check_options
-from drgym.evaluation.run_directory import RunDirectory, backend_fingerprint, engine_identity, versions
+from drgym.evaluation.run_directory import (
+    RunDirectory,
+    backend_fingerprint,
+    engine_identity,
+    resolved_policy_settings,
+    versions,
+)
 from drgym.policies.base import Conversation, Policy
 
 # the runner's logger, named as before the split into run_config / run_directory / rollout_loop
@@ -227,16 +233,20 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
     if resumed:
         # settings a policy resolves itself (layout=auto from the model folder, scaffold=auto)
         # are not in the identity; a resumed run must not mix them
+        # (and the weights behind a model path: a folder retrained in place is another policy)
         changed = run.changed_policy_settings(record["policy"])
         if changed:
-            prev_pol = (run.previous or {}).get("policy") or {}
-            now_pol = record["policy"]
+            prev_pol = resolved_policy_settings((run.previous or {}).get("policy") or {})
+            now_pol = resolved_policy_settings(record["policy"])
             if policy is None:
                 pol.close()
+            hint = ("The model's weights changed since those episodes ran: use --fresh or another --out."
+                    if any(k.split(".")[-1] == "weights" for k in changed)
+                    else "Pass the old value with -p, or use --fresh / another --out.")
             raise ConfigError(
                 f"{run.out} was run with policy {', '.join(f'{k}={prev_pol.get(k)!r}' for k in changed)}, this policy "
                 f"resolves to {', '.join(f'{k}={now_pol.get(k)!r}' for k in changed)}; resuming would mix them. "
-                "Pass the old value with -p, or use --fresh / another --out.")
+                + hint)
     run.write_config(record, {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "todo": len(todo), "setup_s": round(setup_s, 3), "engine_changed": bool(change)})
     return _Session(policy=pol, own_policy=policy is None, backend=be, envs=envs, extra_rewards=extra_rewards,

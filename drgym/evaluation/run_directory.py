@@ -99,8 +99,23 @@ REJECTED_FILE = "trajectories.rejected.jsonl"
 line, ``{"line", "reason", "raw", "moved_at"}`` (``raw``: the line as text; bytes that
 are not UTF-8 appear as ``\\xNN`` escapes)."""
 
-RESOLVED_POLICY_KEYS = ("layout", "scaffold", "dtype")
-"""Policy settings resolved at build time (``auto`` values), checked when a run resumes."""
+RESOLVED_POLICY_KEYS = ("layout", "scaffold", "dtype", "weights")
+"""Policy settings resolved at build time (``auto`` values, and ``weights``: the content
+fingerprint of the model behind a path, :func:`drgym.models.weights_revision`), checked
+when a run resumes; ``weights`` also inside a wrapping policy's record (the ``rtr:``
+agent, the ``rag:`` reader)."""
+
+
+def resolved_policy_settings(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """The :data:`RESOLVED_POLICY_KEYS` of a policy record and of the policy records nested
+    in it, by dotted path (``"weights"``, ``"agent.weights"``)."""
+    out: dict[str, Any] = {}
+    for k, v in record.items():
+        if isinstance(v, dict):
+            out.update(resolved_policy_settings(v, f"{prefix}{k}."))
+        elif k in RESOLVED_POLICY_KEYS:
+            out[prefix + k] = v
+    return out
 
 
 # -- what config.json records -----------------------------------------------------------
@@ -373,8 +388,9 @@ class RunDirectory:
 
     def changed_policy_settings(self, policy_record: dict[str, Any]) -> list[str]:
         """Settings a policy resolves itself (:data:`RESOLVED_POLICY_KEYS`) that differ from the earlier session's."""
-        prev = (self.previous or {}).get("policy") or {}
-        return [k for k in RESOLVED_POLICY_KEYS if k in prev and prev.get(k) != policy_record.get(k)]
+        prev = resolved_policy_settings((self.previous or {}).get("policy") or {})
+        now = resolved_policy_settings(policy_record)
+        return [k for k in prev if prev[k] != now.get(k)]
 
     def write_config(self, record: dict[str, Any], session: dict[str, Any]) -> None:
         """Write ``config.json``: ``record``, keeping the first session's ``created``, every

@@ -143,6 +143,9 @@ class HFPolicy(Policy):
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
             model = str(model)
             self.model_name = model
+            from drgym.models import weights_revision
+
+            self.weights = weights_revision(model)  # before loading: what the run config records
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
             dtype, self.dtype_reason = resolve_dtype(dtype, device)
             self.model, self.tokenizer = load_causal_lm(model, dtype=dtype, device=device)
@@ -154,6 +157,7 @@ class HFPolicy(Policy):
                 raise ConfigError(f"HFPolicy model must be a name, a folder or a causal LM with generate(); "
                                   f"got {type(model).__name__}.")
             self.model_name = str(getattr(getattr(model, "config", None), "_name_or_path", "") or type(model).__name__)
+            self.weights = None  # a model object: its weights are the caller's
             self.model, self.tokenizer = model, tokenizer
             if scaffold == "auto":
                 scaffold = "none"
@@ -210,7 +214,8 @@ class HFPolicy(Policy):
     def describe(self) -> dict[str, Any]:
         """Settings recorded in run configs."""
         return {
-            "kind": "hf", "model": self.model_name, "dtype": self.dtype, "dtype_reason": self.dtype_reason,
+            "kind": "hf", "model": self.model_name, "weights": self.weights,
+            "dtype": self.dtype, "dtype_reason": self.dtype_reason,
             "device": str(self.device),
             "max_new_tokens": self.max_new_tokens, "batch_size": self.batch_size,
             "temperature": self.temperature, "top_p": self.top_p, "stops": list(self.stops),
