@@ -301,16 +301,17 @@ def server_load() -> str:
         "`--search-r1`: Search-R1's own `retrieval_server.py` over the same index.")
 
 
-SEARCH_R1_SIDE_BY_SIDE = "scripts/results/bench_search_sr1_onnx.json"  # bench_search.py --search-r1 ... --search-r1-only
+SEARCH_R1_SIDE_BY_SIDE = "scripts/results/bench_search_sr1_int8.json"  # bench_search.py --search-r1 ... --search-r1-only
 
 
 def search_r1_side_by_side() -> str:
-    """drgym serve (dense; torch and ONNX query encoders) and Search-R1's retrieval_server.py
+    """drgym serve (dense; torch, ONNX and int8 ONNX query encoders) and Search-R1's retrieval_server.py
     on the same work, at 1, 16 and 64 clients: server CPU per request, its ratio, and req/s."""
     r = _load(SEARCH_R1_SIDE_BY_SIDE)
     med = r["median_rps"]
     servers = [("drgym serve --method dense", "drgym --method dense"),
                ("drgym serve --method dense --encoder-backend onnx", "drgym --method dense --encoder-backend onnx"),
+               ("drgym serve --method dense --encoder-backend onnx-int8", "drgym --method dense --encoder-backend onnx-int8"),
                ("Search-R1 retrieval_server.py", "Search-R1 retrieval_server.py")]
 
     def cell(clients: int, key: str):
@@ -322,7 +323,7 @@ def search_r1_side_by_side() -> str:
         for clients in (1, 16, 64):
             m, sr1 = cell(clients, key), cell(clients, "Search-R1 retrieval_server.py")
             ratio = sr1["server_cpu_ms_per_request"] / m["server_cpu_ms_per_request"] if m and sr1 else None
-            row += [f"{m['server_cpu_ms_per_request']:.1f}" + (f" ({ratio:.1f}x less)" if ratio and key != servers[2][1] else ""),
+            row += [f"{m['server_cpu_ms_per_request']:.1f}" + (f" ({ratio:.1f}x less)" if ratio and key != servers[-1][1] else ""),
                     f"{m['idle']:.1f} / {m['loaded']:.1f}"]
         rows.append(row)
     head = ["server"] + [c for n in (1, 16, 64) for c in (f"CPU ms / request, {n} client{'s' if n > 1 else ''}",
@@ -330,12 +331,14 @@ def search_r1_side_by_side() -> str:
     errors = {label: sum(c.get("errors", 0) for p in r["passes"] for c in p["cells"] if c["cell"].endswith(key))
               for label, key in servers}
     errs = "errors: " + ", ".join(f"{n} ({label})" for label, n in errors.items())
+    commit = r.get("search_r1", {}).get("commit")
+    version = f" (Search-R1 commit `{commit[:12]}`)" if commit else ""
     return _table(head, rows) + (
         f"\n\nPOST /retrieve, one real question per request, topk 5, dense Flat over the same passages, FAISS file and "
-        f"MiniLM on every server; Python load generator; medians of {r['reps']} passes of {r['seconds_per_cell']:.0f} s "
+        f"MiniLM on every server{version}; Python load generator; medians of {r['reps']} passes of {r['seconds_per_cell']:.0f} s "
         f"per cell, on the machine as it is and with 2 busy processes; {errs}. One run, "
         f"{r['started'][:16].replace('T', ' ')} UTC, 1-minute load {r['load_avg_1_5_15_at_start'][0]:.1f} at the start and "
-        f"{r['load_avg_1_5_15_at_end'][0]:.1f} at the end, on 2 cores shared with a training run. "
+        f"{r['load_avg_1_5_15_at_end'][0]:.1f} at the end, on 2 cores shared with other jobs. "
         f"`{_command(r['command'])}` (`{SEARCH_R1_SIDE_BY_SIDE}`).")
 
 
@@ -430,6 +433,7 @@ ANSWERABLE_RUN = "training/results/smollm2_answerable_cpu/grpo_summary.json"  # 
 ANSWERABLE_TABLE = "training/results/answerable_test_table.json"  # python scripts/eval_table.py --start ...
 ANSWERABLE_CONTROL = "training/results/answerable_train_control.json"  # python scripts/eval_table.py --tasks answerable-train
 ANSWERABLE_HIPPO = "training/results/answerable_hipporag_test_table.json"  # ... --tasks hipporag-test
+TWO_HOP_TEST = "training/results/two_hop_hipporag_test_table.json"  # ... --trained-label "start + two-hop SFT"
 
 
 def answerable_pool() -> str:
@@ -481,6 +485,10 @@ def answerable_table() -> str:
 
 def answerable_hipporag() -> str:
     return _eval_table(ANSWERABLE_HIPPO)
+
+
+def two_hop_test() -> str:
+    return _eval_table(TWO_HOP_TEST)
 
 
 def answerable_control() -> str:
@@ -651,6 +659,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "answerable_run": answerable_run,
     "answerable_table": answerable_table,
     "answerable_hipporag": answerable_hipporag,
+    "two_hop_test": two_hop_test,
     "grpo_summary": grpo_summary,
     "bench_train_lora": bench_train_lora,
     "test_table": test_table,
@@ -695,6 +704,7 @@ TABLE_PAGES: dict[str, str] = {
     "answerable_control": "docs/training.md",
     "answerable_table": "docs/training.md",
     "answerable_hipporag": "docs/training.md",
+    "two_hop_test": "docs/training.md",
     "bench_train_lora": "docs/training.md",
 }
 
