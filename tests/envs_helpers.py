@@ -114,3 +114,23 @@ def load_script(name: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def nq_open_questions(n: int) -> list[str]:
+    """The first ``n`` real NQ-open questions (the shipped dev set), for encoder and ranking tests."""
+    from drgym.envs import load_tasks
+
+    return [t.question for t in load_tasks("nq-open")][:n]
+
+
+@contextlib.contextmanager
+def engine_with_encoder(default_engine, backend: str):
+    """The wiki-default index of ``default_engine`` served (hybrid, CPU) with query encoder
+    ``backend`` (``"onnx"``, ``"onnx-int8"``: exported and quantised once into DRGYM_HOME)."""
+    from drgym.search.local import LocalSearchEngine
+
+    engine = LocalSearchEngine(default_engine.folder, method="hybrid", device="cpu", encoder_backend=backend)
+    try:
+        yield engine
+    finally:
+        engine.close()

@@ -8,17 +8,13 @@ import json
 import subprocess
 import sys
 
-
-def _questions(n: int) -> list[str]:
-    from drgym.envs import load_tasks
-
-    return [t.question for t in load_tasks("nq-open")][:n]
+from envs_helpers import nq_open_questions
 
 
 def test_mmap_engine_ranks_as_the_loaded_one(default_engine):
     from drgym.search.local import LocalSearchEngine
 
-    qs = _questions(50)
+    qs = nq_open_questions(50)
     mapped = LocalSearchEngine(default_engine.folder, method="hybrid", device="cpu", mmap=True,
                                encoder=default_engine.encoder)
     try:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from drgym.errors import ConfigError
+from envs_helpers import engine_with_encoder, nq_open_questions
 
 pytest.importorskip("onnxruntime")
 
@@ -15,21 +16,12 @@ pytest.importorskip("onnxruntime")
 def onnx_engine(default_engine):
     """The wiki-default index served with the ONNX query encoder (exported once into the
     session's DRGYM_HOME)."""
-    from drgym.search.local import LocalSearchEngine
-
-    engine = LocalSearchEngine(default_engine.folder, method="hybrid", device="cpu", encoder_backend="onnx")
-    yield engine
-    engine.close()
-
-
-def _questions(n: int) -> list[str]:
-    from drgym.envs import load_tasks
-
-    return [t.question for t in load_tasks("nq-open")][:n]
+    with engine_with_encoder(default_engine, "onnx") as engine:
+        yield engine
 
 
 def test_query_vectors_equal_torch(default_engine, onnx_engine):
-    qs = _questions(64)
+    qs = nq_open_questions(64)
     a = default_engine.encoder.encode_queries(qs)
     b = onnx_engine.encoder.encode_queries(qs)
     assert onnx_engine.encoder.backend == "onnx" and default_engine.encoder.backend == "torch"
@@ -43,7 +35,7 @@ def test_query_vectors_equal_torch(default_engine, onnx_engine):
 
 @pytest.mark.parametrize("method", ["dense", "hybrid"])
 def test_rankings_equal_torch(default_engine, onnx_engine, method):
-    qs = _questions(100)
+    qs = nq_open_questions(100)
     ra = [[r.doc_id for r in res] for res in default_engine.search_batch(qs, 10, method=method)]
     rb = [[r.doc_id for r in res] for res in onnx_engine.search_batch(qs, 10, method=method)]
     assert ra == rb

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from drgym.errors import ConfigError
+from envs_helpers import engine_with_encoder, nq_open_questions
 
 pytest.importorskip("onnxruntime")
 
@@ -16,23 +17,14 @@ pytest.importorskip("onnxruntime")
 def int8_engine(default_engine):
     """The wiki-default index served with the int8 query encoder (exported and quantised
     once into the session's DRGYM_HOME)."""
-    from drgym.search.local import LocalSearchEngine
-
-    engine = LocalSearchEngine(default_engine.folder, method="hybrid", device="cpu", encoder_backend="onnx-int8")
-    yield engine
-    engine.close()
-
-
-def _questions(n: int) -> list[str]:
-    from drgym.envs import load_tasks
-
-    return [t.question for t in load_tasks("nq-open")][:n]
+    with engine_with_encoder(default_engine, "onnx-int8") as engine:
+        yield engine
 
 
 def test_query_vectors_close_to_torch(default_engine, int8_engine):
     # measured on these 200 NQ-open questions: cosine to torch float32 min 0.987, mean 0.993
     # in batches; min 0.990 one query a call
-    qs = _questions(200)
+    qs = nq_open_questions(200)
     a = default_engine.encoder.encode_queries(qs)
     b = int8_engine.encoder.encode_queries(qs)
     assert int8_engine.encoder.backend == "onnx-int8" and int8_engine.encoder._onnx.int8
@@ -51,7 +43,7 @@ def test_query_vectors_close_to_torch(default_engine, int8_engine):
 def test_rankings_move_little(default_engine, int8_engine):
     # measured on these 100 questions: top-10 overlap with torch float32 0.908 dense, 0.947
     # hybrid (passages)
-    qs = _questions(100)
+    qs = nq_open_questions(100)
     for method, bound in (("dense", 0.85), ("hybrid", 0.9)):
         ra = [[r.doc_id for r in res] for res in default_engine.search_batch(qs, 10, method=method, collapse="passage")]
         rb = [[r.doc_id for r in res] for res in int8_engine.search_batch(qs, 10, method=method, collapse="passage")]
