@@ -264,6 +264,8 @@ def main() -> int:
         }
         if a.trained:
             policies["retrieve-then-read, trained reads"] = (f"rtr:{hf(a.trained)}", {**gen, **dt})
+            if a.trained_label in policies:
+                ap.error(f"--trained-label {a.trained_label!r} is the label of another row; choose another")
             policies[a.trained_label] = (hf(a.trained), {**gen, **dt})
     else:
         policies = {

@@ -36,3 +36,18 @@ def test_reuse_refuses_a_table_of_other_tasks_or_another_env():
         et.reusable_rows(TABLE, {"start": ("hf:smollm2-drgym", {})}, "hipporag-test", old["env"])
     with pytest.raises(SystemExit, match="no row of it can be reused"):
         et.reusable_rows(TABLE, {"start": ("hf:smollm2-drgym", {})}, old["tasks"], old["env"] + ", dtype bfloat16")
+
+
+def test_trained_label_may_not_replace_another_row(capsys):
+    et = load_script("eval_table")
+    import sys
+
+    argv = sys.argv
+    sys.argv = ["eval_table.py", "--start", "smollm2-drgym", "--trained", "some/ckpt", "--trained-label", "start",
+                "--tasks", "hipporag-test"]
+    try:
+        with pytest.raises(SystemExit):
+            et.main()
+    finally:
+        sys.argv = argv
+    assert "--trained-label 'start' is the label of another row" in capsys.readouterr().err
