@@ -69,6 +69,9 @@ SEED = 0
 SHARD_ROWS = 1_000_000  # rows per generated .npy file
 VOCAB = 50_000
 WORDS = 100
+QUERY_WORDS = 4
+QUERY_RANKS = (200, 20_000)
+"""BM25 queries: 4 words from vocabulary ranks 200..20,000 (see :func:`query_texts`)."""
 
 
 def now() -> str:
@@ -100,6 +103,17 @@ def pct(xs, q) -> float:
 
 
 # -- stage: gen ---------------------------------------------------------------------------
+
+
+def query_texts(words: np.ndarray, p: np.ndarray) -> list[str]:
+    """:data:`N_QUERIES` BM25 query strings of :data:`QUERY_WORDS` pseudo-words each, drawn
+    with the corpus's Zipf frequencies from ranks :data:`QUERY_RANKS` (content words: not
+    the few hundred that occur in most passages, not the rare tail). A generator of its
+    own (seed ``SEED + 1``), so that the passages and vectors are those of earlier runs."""
+    rng = np.random.default_rng(SEED + 1)
+    lo, hi = QUERY_RANKS
+    w = p[lo:hi] / p[lo:hi].sum()
+    return [" ".join(words[lo + rng.choice(hi - lo, size=QUERY_WORDS, replace=False, p=w)]) for _ in range(N_QUERIES)]
 
 
 def stage_gen(n: int, work: Path) -> dict:
@@ -165,6 +179,7 @@ def stage_gen(n: int, work: Path) -> dict:
                 buf, buf_rows = [], 0
     np.save(work / "queries.npy", queries)
     np.save(work / "truth.npy", best_i)
+    (work / "query_texts.json").write_text(json.dumps(query_texts(words, p)))
     nn_cos = float(np.median(best_s[:, 0]))
     return {"seconds": round(time.perf_counter() - t0, 1), "text_s": round(t_text, 1), "vectors_s": round(t_vec, 1),
             "exact_top10_s": round(t_gt, 1), "corpus_bytes": du(work / "corpus.jsonl"),
@@ -278,12 +293,16 @@ def stage_search(work: Path, factory: str, params: dict, budget_s: float) -> dic
 
 
 def stage_bm25(work: Path) -> dict:
+    """drgym's BM25 built streaming (:func:`drgym.index.bm25.write_bm25` with
+    ``streaming=True``: memory bounded by a chunk of passages, the path a corpus too large
+    for memory takes) over the docstore, into the bench index's own ``bm25`` folder."""
     import sqlite3
 
     from drgym.docstore import PASSAGE_TEXT
-    from drgym.index.bm25 import write_bm25
+    from drgym.index.bm25 import BM25_DIR, write_bm25
 
-    db = work / "indexes" / "bench" / "docs.sqlite"
+    folder = work / "indexes" / "bench"
+    db = folder / "docs.sqlite"
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
 
     def texts():
@@ -292,18 +311,96 @@ def stage_bm25(work: Path) -> dict:
         while rows := cur.fetchmany(10_000):
             yield from ((f"{a}\n{b}" if a else b) for a, b in rows)
 
+    shutil.rmtree(folder / BM25_DIR, ignore_errors=True)
     base = rss_now()
     t = time.perf_counter()
-    out_dir = work / "bm25-bench"
-    settings = write_bm25(out_dir, texts(), max_memory=1 << 62)
+    settings = write_bm25(folder, texts(), streaming=True)
     secs = time.perf_counter() - t
-    size = du(out_dir)
-    shutil.rmtree(out_dir)
     peak = peak_rss_mb()
     pairs = settings.get("passage_term_pairs", 0)
-    return {"seconds": round(secs, 1), "index_bytes": size, "vocab": settings["vocab_size"], "pairs": pairs,
+    return {"engine": "bm25s files, built streaming", "seconds": round(secs, 1), "index_bytes": du(folder / BM25_DIR),
+            "vocab": settings["vocab_size"], "pairs": pairs,
             "rss_before_mb": base.get("VmRSS"), "peak_rss_mb": round(peak, 1),
             "bytes_per_pair_measured": round((peak - base.get("VmRSS", 0)) * 2**20 / pairs, 1) if pairs else None}
+
+
+def _latency(fn, budget_s: float) -> dict:
+    """p50/p99 ms of ``fn(batch)`` over single queries and batches of 64 (min 20 / 3)."""
+    texts = list(range(N_QUERIES))
+    fn(texts[:1])  # warm-up
+    single, batch = [], []
+    t_end = time.perf_counter() + budget_s
+    for i in range(N_QUERIES):
+        t = time.perf_counter()
+        fn([i])
+        single.append((time.perf_counter() - t) * 1000)
+        if time.perf_counter() > t_end and len(single) >= 20:
+            break
+    t_end = time.perf_counter() + budget_s
+    for b in range(20):
+        sel = [int(x) for x in np.arange(b * 64, b * 64 + 64) % N_QUERIES]
+        t = time.perf_counter()
+        fn(sel)
+        batch.append((time.perf_counter() - t) * 1000)
+        if time.perf_counter() > t_end and len(batch) >= 3:
+            break
+    return {"single_ms_p50": pct(single, 50), "single_ms_p99": pct(single, 99), "single_n": len(single),
+            "batch64_ms_p50": pct(batch, 50), "batch64_ms_p99": pct(batch, 99), "batch64_n": len(batch)}
+
+
+def stage_text_search(work: Path, method: str, factory: str, params: dict, budget_s: float) -> dict:
+    """BM25 or hybrid search latency at k=10 on the bench index, query encoding excluded
+    (the vectors are synthetic; the encoder's cost is in scripts/bench_search.py).
+
+    ``bm25``: :meth:`drgym.index.bm25.BM25Index.search` over the memory-mapped files.
+    ``hybrid``: what :meth:`drgym.search.local.LocalSearchEngine.search_rows` does for
+    ``method="hybrid"``: :data:`~drgym.search.local.RRF_DEPTH` candidates from the dense
+    index ``factory`` (drgym's search parameters) and from BM25, fused by
+    :func:`drgym.index.bm25.rrf_fuse`. Also reported: how many of the hybrid top 10 are
+    in the exact dense top 10 (``dense_top10_in_hybrid``), a check that the fusion ran."""
+    from drgym.index.bm25 import BM25Index, rrf_fuse
+    from drgym.index.dense import DenseIndex, load_tie_rank
+    from drgym.index.manifest import IndexManifest
+    from drgym.search.local import RRF_DEPTH
+
+    main_folder = work / "indexes" / "bench"
+    m = IndexManifest.read(main_folder)
+    texts = json.loads((work / "query_texts.json").read_text())
+    q = np.load(work / "queries.npy")
+    truth = np.load(work / "truth.npy")
+    t = time.perf_counter()
+    bm25 = BM25Index(main_folder, m.n_passages)
+    tie = load_tie_rank(main_folder, m.n_passages)
+    dense = None
+    if method == "hybrid":
+        dense = DenseIndex(alt_folder(work, factory), m.shards, m.dim, m.n_passages, device="cpu",
+                           search_params=dict(params), mmap=True)
+    load_s = time.perf_counter() - t
+    after_load = rss_now()
+    hits = []
+
+    def bm25_only(sel):
+        return bm25.search([texts[i] for i in sel], K, tie)
+
+    def hybrid(sel):
+        _, R = dense.search(q[sel], RRF_DEPTH)
+        runs = bm25.search([texts[i] for i in sel], RRF_DEPTH, tie)
+        return [rrf_fuse([R[j][R[j] >= 0], runs[j][1]], K, tie) for j in range(len(sel))]
+
+    fn = hybrid if method == "hybrid" else bm25_only
+    out = _latency(fn, budget_s)
+    for i in range(N_QUERIES):
+        rows = fn([i])[0][1]
+        hits.append(len(rows))
+        if method == "hybrid":
+            out.setdefault("_in", []).append(len(set(rows.tolist()) & set(truth[i].tolist())))
+    if method == "hybrid":
+        out["dense_top10_in_hybrid"] = round(float(np.mean(out.pop("_in"))), 2)
+    out.update({"method": method, "factory": factory if method == "hybrid" else None,
+                "params": params if method == "hybrid" else None, "load_s": round(load_s, 2),
+                "mean_hits": round(float(np.mean(hits)), 2), "query_words": QUERY_WORDS,
+                "rss_after_load_mb": after_load, "rss_end_mb": rss_now(), "peak_rss_mb": round(peak_rss_mb(), 1)})
+    return out
 
 
 # -- driver -------------------------------------------------------------------------------
@@ -434,6 +531,15 @@ def main() -> None:
             families = {"IVF-PQ": ivfpq(n, a.shard_size)}
         r.setdefault("dense", {})
         r.setdefault("search", {})
+        bm25_ok = False
+        if n <= a.bm25_max and not a.curve:
+            if "bm25" not in r or "error" in r["bm25"]:
+                r["bm25"] = run_stage(["bm25", str(work)], log)
+                write(res, a.out)
+            bm25_ok = "error" not in r["bm25"]
+            if bm25_ok and ("BM25" not in r["search"] or "error" in r["search"]["BM25"]):
+                r["search"]["BM25"] = run_stage(["text_search", str(work), "bm25", "-", "{}", str(a.budget)], log)
+                write(res, a.out)
         for fam, factory in families.items():
             if fam not in r["dense"] or "error" in r["dense"][fam]:
                 r["dense"][fam] = run_stage(["dense", str(work), factory], log)
@@ -449,10 +555,12 @@ def main() -> None:
                     full = {**DEFAULT_SEARCH_PARAMS, **params}
                     r["search"][label] = run_stage(["search", str(work), factory, json.dumps(full), str(a.budget)], log)
                     write(res, a.out)
+            label = f"hybrid ({fam} + BM25)"
+            if bm25_ok and fam != "HNSW32" and (label not in r["search"] or "error" in r["search"][label]):
+                r["search"][label] = run_stage(["text_search", str(work), "hybrid", factory,
+                                                json.dumps(DEFAULT_SEARCH_PARAMS), str(a.budget)], log)
+                write(res, a.out)
             shutil.rmtree(alt_folder(work, factory), ignore_errors=True)
-        if n <= a.bm25_max and ("bm25" not in r or "error" in r.get("bm25", {})):
-            r["bm25"] = run_stage(["bm25", str(work)], log)
-            write(res, a.out)
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     res["finished"] = now()
@@ -474,6 +582,8 @@ def _stage(argv: list[str]) -> None:
         out = stage_search(Path(argv[1]), argv[2], json.loads(argv[3]), float(argv[4]))
     elif kind == "bm25":
         out = stage_bm25(Path(argv[1]))
+    elif kind == "text_search":
+        out = stage_text_search(Path(argv[1]), argv[2], argv[3], json.loads(argv[4]), float(argv[5]))
     else:
         raise SystemExit(f"unknown stage {kind}")
     print(json.dumps(out))
@@ -498,12 +608,24 @@ def table(res: dict) -> str:
     for key in sizes:
         r = res["sizes"][key]
         for label, s in r.get("search", {}).items():
+            if "error" in s:
+                out.append(f"| {int(key):,} | {label} | error: {s['error'][:80]} | | | | | | |")
+                continue
+            if s.get("method") in ("bm25", "hybrid"):  # text search: BM25 built streaming, or RRF of dense + BM25
+                bm = r.get("bm25", {})
+                if s["method"] == "bm25":
+                    name, build = "BM25 (bm25s files, streamed build, memory-mapped)", bm
+                else:
+                    fam = label[len("hybrid ("):].split(" + ")[0]
+                    name = f"hybrid: {r.get('dense', {}).get(fam, {}).get('factory', fam)} + BM25, RRF of 100 each"
+                    build = {}
+                out.append(f"| {int(key):,} | {name} | {build.get('seconds', '-')} "
+                           f"| {gb(build.get('peak_rss_mb', 0) * 2**20)} | {gb(build.get('index_bytes'))} "
+                           f"| {ms(s, 'single_ms')} | {ms(s, 'batch64_ms')} | - | {gb(s['peak_rss_mb'] * 2**20)} |")
+                continue
             fam = "IVF-PQ" if label.startswith("IVF-PQ") else label
             d = r.get("dense", {}).get(fam, {})
             name = d.get("factory", fam) + ("" if label == fam else " (" + label.split(" ", 1)[1] + ")")
-            if "error" in s:
-                out.append(f"| {int(key):,} | {name} | error: {s['error'][:80]} | | | | | | |")
-                continue
             out.append(f"| {int(key):,} | {name} | {d.get('seconds', '-')} | {gb(d.get('peak_rss_mb', 0) * 2**20)} "
                        f"| {gb(d.get('index_bytes'))} | {ms(s, 'single_ms')} | {ms(s, 'batch64_ms')} "
                        f"| {s['recall@10']:.3f} | {gb(s['peak_rss_mb'] * 2**20)} |")

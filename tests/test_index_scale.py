@@ -336,7 +336,7 @@ def test_streamed_bm25_equals_one_bm25s_call(tmp_path):
 def test_auto_factory_by_size():
     assert choose_factory(20_036, 384) == "Flat"
     assert choose_factory(1_000_000, 384) == "Flat"
-    assert choose_factory(1_000_001, 384) == "IVF1024,PQ48"
-    assert choose_factory(5_000_000, 384) == "IVF2048,PQ48"
-    assert choose_factory(87_000_000, 768, shard_size=25_000_000) == "IVF4096,PQ96"
-    assert choose_factory(87_000_000, 770) == "IVF8192,PQ77"
+    assert choose_factory(1_000_001, 384) == "IVF1024,PQ48x4fs"
+    assert choose_factory(5_000_000, 384) == "IVF2048,PQ48x4fs"
+    assert choose_factory(87_000_000, 768, shard_size=25_000_000) == "IVF4096,PQ96x4fs"
+    assert choose_factory(87_000_000, 770) == "IVF8192,PQ77x4fs"
