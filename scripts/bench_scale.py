@@ -92,6 +92,24 @@ def rss_now() -> dict[str, float]:
     return out
 
 
+class PrivatePeak:
+    """The peak of this process's private memory (``RssAnon``, MB), sampled every 0.2 s
+    in a daemon thread: what a machine must have in RAM for the stage. ``ru_maxrss``
+    (``peak_rss_mb``) also counts the pages of memory-mapped files it touched, which the
+    system can drop, so it overstates what is needed."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = rss_now().get("RssAnon", 0.0)
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            self.peak = max(self.peak, rss_now().get("RssAnon", 0.0))
+            time.sleep(0.2)
+
+
 def du(path: Path) -> int:
     if path.is_file():
         return path.stat().st_size
@@ -482,12 +500,16 @@ def main() -> None:
                          "(CURVE_NPROBE x CURVE_RERANK), the curve the search defaults are chosen from")
     ap.add_argument("--table", type=Path, help="print the README table of a result JSON and exit")
     ap.add_argument("--paper", type=Path, help="print the README's extrapolation to wiki-18 and ClueWeb22-B and exit")
+    ap.add_argument("--sizing", type=Path, help="print the sizing table (per 10^6 passages, and wiki-18) of a result JSON and exit")
     a = ap.parse_args()
     if a.table:
         print(table(json.loads(a.table.read_text())))
         return
     if a.paper:
         print(paper(json.loads(a.paper.read_text())))
+        return
+    if a.sizing:
+        print(sizing(json.loads(a.sizing.read_text())))
         return
     res = json.loads(a.out.read_text()) if a.out.exists() else {}
     import faiss
@@ -522,6 +544,7 @@ def main() -> None:
             r["import"] = run_stage(["import", key, str(work), str(a.shard_size)], log)
             write(res, a.out)
         sys.path.insert(0, str(REPO))
+        from drgym.index.build import FLAT_MAX
         from drgym.index.dense import DEFAULT_SEARCH_PARAMS
 
         families = {"Flat": "Flat", "IVF-PQ": ivfpq(n, a.shard_size)}
@@ -556,7 +579,10 @@ def main() -> None:
                     r["search"][label] = run_stage(["search", str(work), factory, json.dumps(full), str(a.budget)], log)
                     write(res, a.out)
             label = f"hybrid ({fam} + BM25)"
-            if bm25_ok and fam != "HNSW32" and (label not in r["search"] or "error" in r["search"][label]):
+            # hybrid with the dense index `auto` picks at this size (Flat up to FLAT_MAX, IVF-PQ beyond), and
+            # with IVF-PQ at every size
+            auto_fam = "Flat" if n <= FLAT_MAX else "IVF-PQ"
+            if bm25_ok and fam in (auto_fam, "IVF-PQ") and (label not in r["search"] or "error" in r["search"][label]):
                 r["search"][label] = run_stage(["text_search", str(work), "hybrid", factory,
                                                 json.dumps(DEFAULT_SEARCH_PARAMS), str(a.budget)], log)
                 write(res, a.out)
@@ -571,6 +597,7 @@ def main() -> None:
 def _stage(argv: list[str]) -> None:
     sys.path.insert(0, str(REPO))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    private = PrivatePeak()
     kind = argv[0]
     if kind == "gen":
         out = stage_gen(int(argv[1]), Path(argv[2]))
@@ -586,6 +613,7 @@ def _stage(argv: list[str]) -> None:
         out = stage_text_search(Path(argv[1]), argv[2], argv[3], json.loads(argv[4]), float(argv[5]))
     else:
         raise SystemExit(f"unknown stage {kind}")
+    out["peak_private_mb"] = round(max(private.peak, rss_now().get("RssAnon", 0.0)), 1)
     print(json.dumps(out))
 
 
@@ -595,13 +623,15 @@ def table(res: dict) -> str:
     gb = lambda b: f"{b / 2**30:.2f}" if b else "-"  # noqa: E731
     ms = lambda s, k: f"{s[k + '_p50']:.1f} / {s[k + '_p99']:.1f}"  # noqa: E731
     sizes = sorted(res["sizes"], key=int)
-    out = ["| N | import (s) | import peak RSS GB | docstore GB | float16 embeddings GB | BM25 build (s) | BM25 peak RSS GB | BM25 index GB |",
+    out = ["| N | import (s) | import peak RSS / private GB | docstore GB | float16 embeddings GB | BM25 build (s) "
+           "| BM25 peak RSS / private GB | BM25 index GB |",
            "|---|---|---|---|---|---|---|---|"]
+    peaks = lambda st: f"{gb(st.get('peak_rss_mb', 0) * 2**20)} / {gb(st.get('peak_private_mb', 0) * 2**20)}"  # noqa: E731
     for key in sizes:
         imp, bm = res["sizes"][key].get("import", {}), res["sizes"][key].get("bm25", {})
-        out.append(f"| {int(key):,} | {imp.get('seconds', '-')} | {gb(imp.get('peak_rss_mb', 0) * 2**20)} "
+        out.append(f"| {int(key):,} | {imp.get('seconds', '-')} | {peaks(imp)} "
                    f"| {gb(imp.get('docstore_bytes'))} | {gb(imp.get('embeddings_bytes'))} | {bm.get('seconds', '-')} "
-                   f"| {gb(bm.get('peak_rss_mb', 0) * 2**20)} | {gb(bm.get('index_bytes'))} |")
+                   f"| {peaks(bm)} | {gb(bm.get('index_bytes'))} |")
     out += ["", "| N | index (search setting) | FAISS build (s) | build peak RSS GB | index GB | 1 query p50 / p99 (ms) "
                 "| 64 queries p50 / p99 (ms) | recall@10 | search peak RSS GB |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -632,6 +662,102 @@ def table(res: dict) -> str:
     return "\n".join(out)
 
 
+# -- sizing: RAM, disk and build time per 10^6 passages ---------------------------------------
+
+WIKI18 = 21_015_324
+
+
+def _per_m(x: float | None, n: int) -> float | None:
+    return None if x is None else x * 1e6 / n
+
+
+def sizing(res: dict) -> str:
+    """The sizing table: disk, memory and build time per 10^6 passages at each measured
+    size (so that linear growth can be read off), and wiki-18 (21,015,324 passages) at
+    384-d from the largest size and at 768-d with the vector terms doubled.
+
+    Rules (stated with the table): bytes on disk per passage are measured (docstore,
+    float16 embeddings, tie ranks, FAISS file, BM25 files); vector terms scale with the
+    dimension (Flat 4*d, float16 rows 2*d, PQ codes m/2 with m = d/8), text terms do not.
+    Build times are wall-clock per 10^6 passages on the benchmark machine, one FAISS
+    thread, and scale linearly except IVF training (sample size fixed per list).
+    "Serving memory" is the search process's private memory (RssAnon) at the end of the
+    search stage; what else it reads comes from the page cache (memory-mapped files).
+    """
+    sizes = sorted((k for k, r in res["sizes"].items() if "import" in r and "error" not in r["import"]), key=int)
+    gb = lambda b: "-" if b is None else f"{b / 1e9:.2f}"  # noqa: E731
+    rows: list[tuple[str, list]] = []
+
+    def add(name: str, fn) -> None:
+        vals = []
+        for k in sizes:
+            try:
+                vals.append(fn(res["sizes"][k], int(k)))
+            except (KeyError, TypeError, ZeroDivisionError):
+                vals.append(None)
+        rows.append((name, vals))
+
+    ivf = lambda r: r.get("dense", {}).get("IVF-PQ", {})  # noqa: E731
+    flat = lambda r: r.get("dense", {}).get("Flat", {})  # noqa: E731
+    add("docstore (SQLite), disk GB", lambda r, n: _per_m(r["import"]["docstore_bytes"], n))
+    add("float16 embeddings, disk GB", lambda r, n: _per_m(r["import"]["embeddings_bytes"], n))
+    add("tie ranks, disk GB", lambda r, n: _per_m(r["import"]["tie_rank_bytes"], n))
+    add("Flat FAISS file, disk GB", lambda r, n: _per_m(flat(r)["index_bytes"], n))
+    add("IVF-PQ (auto) FAISS file, disk GB", lambda r, n: _per_m(ivf(r)["index_bytes"], n))
+    add("BM25 files, disk GB", lambda r, n: _per_m(r["bm25"]["index_bytes"], n))
+    add("import, s", lambda r, n: _per_m(r["import"]["seconds"] * 1e9, n))
+    add("BM25 streamed build, s", lambda r, n: _per_m(r["bm25"]["seconds"] * 1e9, n))
+    add("IVF-PQ build, s", lambda r, n: _per_m(ivf(r)["seconds"] * 1e9, n))
+    time_rows = {"import, s", "BM25 streamed build, s", "IVF-PQ build, s"}
+    peaks = [("import peak private memory GB", lambda r: r["import"]["peak_private_mb"]),
+             ("BM25 build peak private memory GB", lambda r: r["bm25"]["peak_private_mb"]),
+             ("IVF-PQ build peak private memory GB", lambda r: ivf(r)["peak_private_mb"]),
+             ("IVF-PQ serving, private GB", lambda r: r["search"]["IVF-PQ"]["rss_end_mb"]["RssAnon"]),
+             ("hybrid serving, private GB", lambda r: r["search"]["hybrid (IVF-PQ + BM25)"]["rss_end_mb"]["RssAnon"])]
+    head = [f"{int(k):,}" for k in sizes]
+    out = ["| per 10^6 passages | " + " | ".join(f"at N = {h}" for h in head) + " |",
+           "|---" * (len(head) + 1) + "|"]
+    for name, vals in rows:
+        fmt = (lambda v: "-" if v is None else f"{v / 1e9:,.0f}") if name in time_rows else gb
+        out.append(f"| {name} | " + " | ".join(fmt(v) for v in vals) + " |")
+    out += ["", "| whole index, not per 10^6 | " + " | ".join(f"at N = {h}" for h in head) + " |",
+            "|---" * (len(head) + 1) + "|"]
+    for name, fn in peaks:
+        vals = []
+        for k in sizes:
+            try:
+                vals.append(f"{fn(res['sizes'][k]) / 1024:.2f}")
+            except (KeyError, TypeError):
+                vals.append("-")
+        out.append(f"| {name} | " + " | ".join(vals) + " |")
+    # wiki-18 from the largest size with every row measured
+    big = next((k for k in reversed(sizes) if all(v[sizes.index(k)] is not None for _, v in rows)), None)
+    if big is None:
+        return "\n".join(out)
+    i = sizes.index(big)
+    per = {name: vals[i] for name, vals in rows}
+    d0 = res["settings"]["dim"]
+    vec = {"float16 embeddings, disk GB", "Flat FAISS file, disk GB", "IVF-PQ (auto) FAISS file, disk GB"}
+    out += ["", f"| wiki-18, {WIKI18:,} passages (from N = {int(big):,}) | {d0}-d | {2 * d0}-d |", "|---|---|---|"]
+    tot = {d0: 0.0, 2 * d0: 0.0}
+    for name in ("docstore (SQLite), disk GB", "float16 embeddings, disk GB", "tie ranks, disk GB",
+                 "IVF-PQ (auto) FAISS file, disk GB", "BM25 files, disk GB", "Flat FAISS file, disk GB"):
+        a = per[name] * WIKI18 / 1e6
+        b = a * (2 if name in vec else 1)
+        if name != "Flat FAISS file, disk GB":
+            tot[d0] += a
+            tot[2 * d0] += b
+        out.append(f"| {name.replace(', disk GB', '')}, disk GB | {a / 1e9:,.1f} | {b / 1e9:,.1f} |")
+    out.append(f"| disk for hybrid with IVF-PQ (all but Flat), GB | {tot[d0] / 1e9:,.1f} | {tot[2 * d0] / 1e9:,.1f} |")
+    for name in sorted(time_rows):
+        a = per[name] * WIKI18 / 1e6 / 1e9 / 3600
+        # at 2 x dim: BM25 has no vector term; IVF-PQ training and assignment grow with dim; the
+        # import's text part does not, its embedding copy does: at least the 384-d time
+        b = {"BM25 streamed build, s": f"{a:,.1f}", "IVF-PQ build, s": f"{2 * a:,.1f}"}.get(name, f">= {a:,.1f}")
+        out.append(f"| {name.replace(', s', '')}, hours (linear in N) | {a:,.1f} | {b} |")
+    return "\n".join(out)
+
+
 # -- on paper: wiki-18 and ClueWeb22-B ------------------------------------------------------
 
 ASSUMED = {
@@ -655,6 +781,15 @@ TARGETS = [
 ]
 
 
+def _ivfpq_shape(factory: str) -> tuple[int, float]:
+    """``(nlist, code bytes per vector)`` of ``IVF{nlist},PQ{m}`` (m bytes) or
+    ``IVF{nlist},PQ{m}x4fs`` (4-bit codes: m/2 bytes)."""
+    import re as _re
+
+    nlist, m, fs = _re.fullmatch(r"IVF(\d+),PQ(\d+)(x4fs)?", factory).groups()
+    return int(nlist), int(m) / 2 if fs else float(m)
+
+
 def paper(res: dict) -> str:
     """The README's extrapolation: per-shard figures of the largest measured size scaled to
     wiki-18 (21,015,324 passages, e5-base-v2, 768-d) and ClueWeb22-B (87M documents,
@@ -662,12 +797,10 @@ def paper(res: dict) -> str:
 
     Scaling rules (stated in the README): index memory from the factory's bytes per vector;
     Flat search time ∝ rows x dim; IVF-PQ search time ∝ rows x code bytes (drgym's
-    ``nprobe = nlist/16`` scans 1/16 of a shard's codes); IVF-PQ build time ∝
+    ``nprobe = nlist/4`` scans a quarter of a shard's codes); IVF-PQ build time ∝
     rows x nlist x dim (coarse assignment); docstore bytes = measured bytes per passage
     beyond the passage text + the text; encoding from :data:`ASSUMED` GPU throughputs.
     """
-    import re as _re
-
     sys.path.insert(0, str(REPO))
     from drgym.index.build import ivfpq_factory
 
@@ -679,7 +812,7 @@ def paper(res: dict) -> str:
     flat_ms0 = r["search"]["Flat"]["single_ms_p50"] / shards0  # shards are searched one after the other
     ivf_ms0 = r["search"]["IVF-PQ"]["single_ms_p50"] / shards0
     ivf_fac0 = r["dense"]["IVF-PQ"]["factory"]
-    nlist0, m0 = (int(x) for x in _re.fullmatch(r"IVF(\d+),PQ(\d+)", ivf_fac0).groups())
+    nlist0, m0 = _ivfpq_shape(ivf_fac0)
     ivf_build0 = float(np.mean(r["dense"]["IVF-PQ"]["seconds_per_shard"]))
     text0 = r["gen"]["corpus_bytes"] / n0 - 30  # JSONL minus the {"id", "contents"} wrapping
     doc_over = r["import"]["docstore_bytes"] / n0 - text0
@@ -700,7 +833,7 @@ def paper(res: dict) -> str:
             build = "append only (minutes)"
         else:
             fac = ivfpq_factory(int(rows_s), d)
-            nlist, m = (int(x) for x in _re.fullmatch(r"IVF(\d+),PQ(\d+)", fac).groups())
+            nlist, m = _ivfpq_shape(fac)
             ram = (m + 8) * rows_s + 4 * d * nlist + 4 * 256 * d
             ms = ivf_ms0 * rows_s / rows0 * m / m0
             hours = ivf_build0 * (rows_s * nlist * d) / (rows0 * nlist0 * d0) / 3600

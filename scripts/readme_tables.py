@@ -365,7 +365,8 @@ def _script(name: str):
 
 # -- scale ------------------------------------------------------------------------------
 
-SCALE = "scripts/results/bench_scale.json"  # python scripts/bench_scale.py
+SCALE = "scripts/results/bench_scale_fastscan.json"  # python scripts/bench_scale.py ... --out (this file)
+PQ_CODES = "scripts/results/bench_pq_codes.json"  # python scripts/bench_pq_codes.py
 
 
 def scale() -> str:
@@ -379,6 +380,31 @@ def scale() -> str:
 
 def scale_paper() -> str:
     return _script("bench_scale").paper(_load(SCALE)).rstrip("\n")
+
+
+def sizing() -> str:
+    r = _load(SCALE)
+    return _script("bench_scale").sizing(r).rstrip("\n") + (
+        f"\n\nFrom `{SCALE}` (`python scripts/bench_scale.py --sizing {SCALE}`): bytes on disk and seconds per 10^6 "
+        "passages at each measured size, peaks for the whole index; wiki-18 scaled linearly from the largest size, "
+        "vector terms doubled for 768-d. Times are wall-clock on the benchmark machine (one FAISS thread, load in the "
+        "JSON); private memory is RssAnon sampled every 0.2 s (\"-\": not sampled in that stage).")
+
+
+def pq_codes() -> str:
+    d = _load(PQ_CODES)
+    rows = []
+    for fac, f in d["factories"].items():
+        for s in f["search"].values():
+            rows.append([fac, str(s["nprobe"]), str(s["rerank"]), f"{s['recall@10']:.3f}", f"{s['single_ms_p50']:.1f}",
+                         f"{f['build_s']:.0f}", f"{f['bytes_per_vector']:.0f}"])
+    loads = sorted({f["load_avg"][0] for f in d["factories"].values()})
+    return _table(["index", "nprobe", "re-rank", "recall@10", "1 query p50 ms", "build s", "bytes / vector"], rows) + (
+        f"\n\n{d['n']:,} synthetic {d['dim']}-d vectors (bench_scale's recipe), {d['queries']} queries, recall@10 "
+        f"against exact search after the exact re-rank; one FAISS thread (OMP_NUM_THREADS="
+        f"{d['machine']['omp_num_threads']}), both factories in one run, {d['started'][:10]}, on "
+        f"{d['machine']['cpus']} cores shared with other CPU-bound jobs (load {loads[0]}-{loads[-1]}), so the "
+        f"latencies are high; their ratio is the figure. `{d['command']}`.")
 
 
 # -- the bundled agent's test-slice table ---------------------------------------------------
@@ -665,6 +691,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "test_table": test_table,
     "scale": scale,
     "scale_paper": scale_paper,
+    "sizing": sizing,
+    "pq_codes": pq_codes,
     "server_load": server_load,
     "search_r1_side_by_side": search_r1_side_by_side,
     "mmap_memory": mmap_memory,
@@ -692,6 +720,8 @@ TABLE_PAGES: dict[str, str] = {
     "retrieval": "docs/benchmarks/search.md",
     "scale": "docs/benchmarks/scale.md",
     "scale_paper": "docs/benchmarks/scale.md",
+    "sizing": "docs/benchmarks/scale.md",
+    "pq_codes": "docs/benchmarks/scale.md",
     "bench_train": "docs/benchmarks/training.md",
     "bm25_engines": "docs/benchmarks/scale.md",
     "ann_curve": "docs/benchmarks/scale.md",
