@@ -209,17 +209,22 @@ def stage_gen(n: int, work: Path) -> dict:
 # -- stage: import ------------------------------------------------------------------------
 
 
-def stage_import(n: int, work: Path, shard_size: int) -> dict:
+def stage_import(n: int, work: Path, shard_size: int, factory: str = "Flat") -> dict:
+    """``drgym index import`` of the generated corpus and vectors. ``factory`` is the FAISS
+    index the import builds (then deleted: the dense stage builds each factory); ``Flat``
+    except above ``--flat-max``, where a Flat file (4 bytes a dimension) would not fit
+    on the disk beside the rest."""
     from drgym.index.importer import import_index
 
     files = sorted(str(p) for p in work.glob("vectors-*.npy"))
     t = time.perf_counter()
-    res = import_index(work / "corpus.jsonl", embeddings=files, encoder="synthetic-minilm-384", factory="Flat",
+    res = import_index(work / "corpus.jsonl", embeddings=files, encoder="synthetic-minilm-384", factory=factory,
                        shard_size=shard_size, bm25=False, name="bench", root=work / "indexes", force=True)
     secs = time.perf_counter() - t
     m = res.manifest
     folder = res.folder
-    out = {"seconds": round(secs, 1), "timings": m.timings, "n_passages": m.n_passages, "shards": len(m.shards),
+    out = {"seconds": round(secs, 1), "factory": factory, "timings": m.timings, "n_passages": m.n_passages,
+           "shards": len(m.shards),
            "docstore_bytes": du(folder / "docs.sqlite"),
            "embeddings_bytes": sum(du(folder / s.embeddings) for s in m.shards),
            "tie_rank_bytes": du(folder / "dense" / "tie_rank.npy"),
@@ -493,6 +498,9 @@ def main() -> None:
     ap.add_argument("--shard-size", type=int, default=2_500_000)
     ap.add_argument("--hnsw-max", type=int, default=1_000_000, help="largest N for HNSW32 (build time)")
     ap.add_argument("--bm25-max", type=int, default=1_000_000, help="largest N for the BM25 stage")
+    ap.add_argument("--flat-max", type=int, default=5_000_000,
+                    help="largest N with a Flat FAISS index (above it the import builds IVF-PQ and Flat is not measured: "
+                         "at 2.1x10^7 384-d passages its file alone is 32 GB)")
     ap.add_argument("--budget", type=float, default=90.0, help="seconds per latency measurement (min 20 singles, 3 batches)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder of each size")
     ap.add_argument("--curve", action="store_true",
@@ -541,13 +549,16 @@ def main() -> None:
             r["gen"] = run_stage(["gen", key, str(work)], log)
             write(res, a.out)
         if "import" not in r or "error" in r["import"]:
-            r["import"] = run_stage(["import", key, str(work), str(a.shard_size)], log)
+            imp_factory = "Flat" if n <= a.flat_max else ivfpq(n, a.shard_size)
+            r["import"] = run_stage(["import", key, str(work), str(a.shard_size), imp_factory], log)
             write(res, a.out)
         sys.path.insert(0, str(REPO))
         from drgym.index.build import FLAT_MAX
         from drgym.index.dense import DEFAULT_SEARCH_PARAMS
 
         families = {"Flat": "Flat", "IVF-PQ": ivfpq(n, a.shard_size)}
+        if n > a.flat_max:  # exact top-10 comes from the gen stage; no Flat file on the disk
+            del families["Flat"]
         if n <= a.hnsw_max:
             families["HNSW32"] = "HNSW32"
         if a.curve:
@@ -602,7 +613,7 @@ def _stage(argv: list[str]) -> None:
     if kind == "gen":
         out = stage_gen(int(argv[1]), Path(argv[2]))
     elif kind == "import":
-        out = stage_import(int(argv[1]), Path(argv[2]), int(argv[3]))
+        out = stage_import(int(argv[1]), Path(argv[2]), int(argv[3]), *argv[4:5])
     elif kind == "dense":
         out = stage_dense(Path(argv[1]), argv[2])
     elif kind == "search":
@@ -731,12 +742,16 @@ def sizing(res: dict) -> str:
                 vals.append("-")
         out.append(f"| {name} | " + " | ".join(vals) + " |")
     # wiki-18 from the largest size with every row measured
-    big = next((k for k in reversed(sizes) if all(v[sizes.index(k)] is not None for _, v in rows)), None)
+    flat_row = "Flat FAISS file, disk GB"  # 4 * dim bytes a row: computed where no Flat index was measured
+    big = next((k for k in reversed(sizes)
+                if all(v[sizes.index(k)] is not None for name, v in rows if name != flat_row)), None)
     if big is None:
         return "\n".join(out)
     i = sizes.index(big)
     per = {name: vals[i] for name, vals in rows}
     d0 = res["settings"]["dim"]
+    if per[flat_row] is None:
+        per[flat_row] = 4.0 * d0 * 1e6
     vec = {"float16 embeddings, disk GB", "Flat FAISS file, disk GB", "IVF-PQ (auto) FAISS file, disk GB"}
     out += ["", f"| wiki-18, {WIKI18:,} passages (from N = {int(big):,}) | {d0}-d | {2 * d0}-d |", "|---|---|---|"]
     tot = {d0: 0.0, 2 * d0: 0.0}

@@ -1,0 +1,41 @@
+"""scripts/bench_scale.py end to end at a tiny size (slow: about two minutes on 2 cores):
+every stage runs in its own process and the JSON holds real figures, BM25 and hybrid
+included; the README renderers (table, sizing) read it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_bench_scale_tiny_run_has_dense_bm25_and_hybrid_rows(tmp_path):
+    out = tmp_path / "scale.json"
+    subprocess.run([sys.executable, str(REPO / "scripts/bench_scale.py"), "--sizes", "20000", "--hnsw-max", "0",
+                    "--bm25-max", "20000", "--budget", "1", "--work", str(tmp_path / "work"), "--out", str(out)],
+                   check=True, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                                                                    "HOME": str(tmp_path)})
+    res = json.loads(out.read_text())
+    r = res["sizes"]["20000"]
+    assert not [k for k, v in r["search"].items() if "error" in v]
+    assert r["dense"]["IVF-PQ"]["factory"] == "IVF256,PQ48x4fs"
+    assert r["search"]["Flat"]["recall@10"] == 1.0
+    assert r["search"]["IVF-PQ"]["recall@10"] >= 0.9  # the default nprobe (64 of 256) with the exact re-rank
+    assert r["search"]["IVF-PQ rerank 0"]["recall@10"] < r["search"]["IVF-PQ"]["recall@10"]
+    assert r["bm25"]["pairs"] > 20000 and r["bm25"]["peak_private_mb"] > 0
+    assert r["search"]["BM25"]["mean_hits"] == 10  # 4-word queries from the corpus vocabulary
+    hyb = r["search"]["hybrid (IVF-PQ + BM25)"]
+    assert 0 < hyb["dense_top10_in_hybrid"] < 10  # fused: part dense, part BM25
+    assert "hybrid (Flat + BM25)" in r["search"]  # Flat is what auto picks at this size
+    sys.path.insert(0, str(REPO / "scripts"))
+    import bench_scale
+
+    assert "IVF256,PQ48x4fs" in bench_scale.table(res)
+    sizing = bench_scale.sizing(res)
+    assert "BM25 files, disk GB" in sizing and "wiki-18" in sizing
