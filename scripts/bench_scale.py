@@ -1,4 +1,4 @@
-"""How drgym's index scales: build, size, memory, latency and recall at 10^5..5x10^6 passages.
+"""How drgym's index scales: build, size, memory, latency and recall from 10^5 passages up.
 
     nice -n 10 python scripts/bench_scale.py --sizes 100000 1000000 5000000 \\
         --work .cache/bench_scale --out scripts/results/bench_scale.json
@@ -32,9 +32,17 @@ own, read from ``getrusage``):
    100 IVF-PQ candidates), and for IVF-PQ also nprobe 16 and no re-rank.
    With ``--curve``, IVF-PQ alone over the grid nprobe x re-rank depth
    (:data:`CURVE_NPROBE` x :data:`CURVE_RERANK`): the recall/latency curve.
-5. ``bm25`` for N <= ``--bm25-max``: drgym's streamed BM25 over the docstore: time,
-   peak RSS, passage-term pairs (calibrates the memory check of
-   :func:`drgym.index.bm25.write_bm25`).
+5. ``bm25`` for N <= ``--bm25-max`` (before the dense stages): drgym's BM25 built
+   streaming over the docstore into the index folder: time, peak memory, passage-term
+   pairs; then ``text_search``: BM25 latency, and hybrid latency (dense + BM25 fused by
+   RRF, as ``method="hybrid"``) with IVF-PQ and with the index ``auto`` picks at that
+   size, over 200 four-word queries (:func:`query_texts`).
+
+Above ``--flat-max`` passages the import builds IVF-PQ and no ``Flat`` index is
+measured (its file would not fit on the disk at 2.1x10^7); the exact top-10 comes from
+the gen stage either way. Each stage also reports ``peak_private_mb``, its peak private
+memory (:class:`PrivatePeak`), the figure to size a machine by; ``--sizing`` prints the
+sizing table (per 10^6 passages, and wiki-18).
 
 Timings are wall-clock on whatever machine runs it; the load average is recorded with
 every stage. The JSON is rewritten after each stage, so a long run can be read (and a
@@ -349,8 +357,7 @@ def stage_bm25(work: Path) -> dict:
 
 def _latency(fn, budget_s: float) -> dict:
     """p50/p99 ms of ``fn(batch)`` over single queries and batches of 64 (min 20 / 3)."""
-    texts = list(range(N_QUERIES))
-    fn(texts[:1])  # warm-up
+    fn([0])  # warm-up
     single, batch = [], []
     t_end = time.perf_counter() + budget_s
     for i in range(N_QUERIES):
