@@ -1,8 +1,9 @@
 """How drgym's index scales: build, size, memory, latency and recall from 10^5 passages up.
 
-    nice -n 10 python scripts/bench_scale.py --sizes 100000 1000000 5000000 \\
-        --work .cache/bench_scale --out scripts/results/bench_scale.json
-    python scripts/bench_scale.py --table scripts/results/bench_scale.json   # README table
+    OMP_NUM_THREADS=1 python scripts/bench_scale.py --sizes 100000 1000000 5000000 --hnsw-max 0 \\
+        --bm25-max 5000000 --budget 30 --out scripts/results/bench_scale_fastscan.json
+    python scripts/bench_scale.py --table scripts/results/bench_scale_fastscan.json    # the docs' tables
+    python scripts/bench_scale.py --sizing scripts/results/bench_scale_fastscan.json
 
 For each size N, in this order, each stage in its own subprocess (so its peak RSS is its
 own, read from ``getrusage``):
