@@ -304,6 +304,26 @@ def test_gpu_shard_and_float16_reach_faiss(flat_index, fake_encoder, fake_gpu_fa
         e.close()
 
 
+def test_fast_scan_shards_stay_on_cpu_with_a_gpu(tmp_path, fake_encoder, fake_gpu_faiss, caplog):
+    """FAISS's GPU indexes have no fast-scan PQ (``auto``'s codes beyond Flat): such a shard
+    is not handed to index_cpu_to_all_gpus, the log says why, and no GPU error is recorded."""
+    import logging
+
+    from drgym.index.dense import DenseIndex
+
+    write_corpus(tmp_path / "wiki-18.jsonl", [str(i) for i in range(1000)])
+    np.save(tmp_path / "emb.npy", unit_rows(1000, seed=5))
+    res = import_index(tmp_path / "wiki-18.jsonl", embeddings=[tmp_path / "emb.npy"], encoder=ENCODER,
+                       factory="IVF16,PQ8x4fs", root=tmp_path / "idx", bm25=False)
+    fake_gpu_faiss.clear()  # the build may train on the (fake) GPUs; only the search-time move is checked
+    m = res.manifest
+    with caplog.at_level(logging.INFO, logger="drgym.index.dense"):
+        dense = DenseIndex(res.folder, m.shards, m.dim, m.n_passages, device="cuda")
+    assert fake_gpu_faiss == [] and not dense.on_gpu and dense.gpu_errors == []
+    assert "no GPU fast-scan PQ" in caplog.text
+    assert dense.search(unit_rows(2, seed=6), 5)[1].shape == (2, 5)
+
+
 def test_gpu_options_with_cpu_only_faiss_are_refused(monkeypatch):
     import faiss
 

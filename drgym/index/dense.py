@@ -654,6 +654,10 @@ class DenseIndex:
         if hasattr(faiss.downcast_index(index), "hnsw"):
             log.info("faiss has no GPU HNSW; keeping the HNSW shard on CPU")
             return index
+        if "FastScan" in type(faiss.downcast_index(index)).__name__:
+            log.info("faiss has no GPU fast-scan PQ; keeping the %s shard on CPU (build with --factory "
+                     "IVF{nlist},PQ{m}, without x4fs, to search it on the GPU)", type(faiss.downcast_index(index)).__name__)
+            return index
         co = gpu_cloner_options(self.gpu_shard, self.gpu_float16)  # a CPU-only faiss: ConfigError, not a fallback
         try:
             gpu = faiss.index_cpu_to_all_gpus(index) if co is None else faiss.index_cpu_to_all_gpus(index, co=co)
