@@ -659,8 +659,8 @@ def search_encoders() -> str:
             f"`{d['command']}`.")
 
 
-def ann_curve() -> str:
-    d = _load("scripts/results/bench_ann_curve.json")
+def _curve(path: str, other: str) -> str:
+    d = _load(path)
     rows = []
     for key in sorted(d["sizes"], key=int):
         r = d["sizes"][key]
@@ -674,8 +674,18 @@ def ann_curve() -> str:
     load = max(s.get("load_avg", [0])[0] for r in d["sizes"].values() for s in r.get("search", {}).values())
     return (_table(["N", "index", "nprobe", "re-rank", "recall@10", "1 query p50 ms", "64 queries p50 ms"], rows)
             + f"\n\nRecall@10 against exact search of 200 queries; synthetic topic-clustered vectors fitted to MiniLM "
-            f"(as in the table above); one run, {d['started'][:10]}, on {d['machine']['cpus']} cores shared with another "
-            f"CPU-bound process (load up to {load:.1f}), so latencies are high and noisy. `{_command(d['command'])}`.")
+            f"(as in the table above); one run, {d['started'][:10]}, on {d['machine']['cpus']} cores "
+            + other.format(load=load) + f" `{_command(d['command'])}`.")
+
+
+def ann_curve() -> str:
+    return _curve("scripts/results/bench_ann_curve.json",
+                  "shared with another CPU-bound process (load up to {load:.1f}), so latencies are high and noisy.")
+
+
+def ann_curve_5m() -> str:
+    return _curve("scripts/results/bench_ann_curve_5m.json",
+                  "with no other long job (load up to {load:.1f}), one FAISS thread (OMP_NUM_THREADS=1).")
 
 
 TABLES: dict[str, Callable[[], str]] = {
@@ -703,6 +713,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "bench_train": bench_train,
     "bm25_engines": bm25_engines,
     "ann_curve": ann_curve,
+    "ann_curve_5m": ann_curve_5m,
     "search_profile": search_profile,
     "search_encoders": search_encoders,
 }
@@ -725,6 +736,7 @@ TABLE_PAGES: dict[str, str] = {
     "bench_train": "docs/benchmarks/training.md",
     "bm25_engines": "docs/benchmarks/scale.md",
     "ann_curve": "docs/benchmarks/scale.md",
+    "ann_curve_5m": "docs/benchmarks/scale.md",
     "search_profile": "docs/benchmarks/search.md",
     "search_encoders": "docs/benchmarks/search.md",
     "grpo_summary": "docs/training.md",
