@@ -15,7 +15,6 @@ and recall@10 after the exact re-rank that :class:`drgym.index.dense.DenseIndex`
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -25,23 +24,16 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
 DIM, K, N_QUERIES, SEED = 384, 10, 200, 0
 
 
 def vectors(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(passages float16 (n, 384), queries float32 (200, 384))``: bench_scale's recipe."""
-    real = np.load(REPO / "drgym/data/embeddings/all-MiniLM-L6-v2-53aa51172d142c89/vectors.npy").astype(np.float32)
-    mu = real.mean(0)
-    chol = np.linalg.cholesky(np.cov(real - mu, rowvar=False) + 1e-6 * np.eye(DIM)).astype(np.float32)
-    rng = np.random.default_rng(SEED)
-    n_topics = max(1, n // 32)
-    centers = rng.standard_normal((n_topics, DIM), dtype=np.float32) @ chol.T
+    """``(passages float16 (n, 384), queries float32 (200, 384))``: bench_scale's vector
+    model (:func:`bench_scale.topic_mixture`), drawn in the same order as its gen stage."""
+    from bench_scale import topic_mixture
 
-    def draw(m: int) -> np.ndarray:
-        t = rng.integers(0, n_topics, m)
-        x = mu + centers[t] + 0.8 * (rng.standard_normal((m, DIM), dtype=np.float32) @ chol.T)
-        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
-
+    draw = topic_mixture(n, np.random.default_rng(SEED))
     q = draw(N_QUERIES).astype(np.float32)
     x = np.concatenate([draw(min(100_000, n - s)) for s in range(0, n, 100_000)])
     return x, q
@@ -57,6 +49,7 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     import faiss
 
+    from drgym.atomic import atomic_write_json
     from drgym.index.build import ivfpq_factory
     from drgym.index.dense import build_faiss, exact_scores
 
@@ -103,13 +96,9 @@ def main() -> None:
                                      "bytes_per_vector": round(size / a.n, 1), "search": rows,
                                      "load_avg": [round(v, 2) for v in os.getloadavg()]}
         del index
-        tmp = a.out.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(res, indent=1) + "\n")
-        os.replace(tmp, a.out)
+        atomic_write_json(a.out, res)
     res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    tmp = a.out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(res, indent=1) + "\n")
-    os.replace(tmp, a.out)
+    atomic_write_json(a.out, res)
 
 
 if __name__ == "__main__":

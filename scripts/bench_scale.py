@@ -143,13 +143,14 @@ def query_texts(words: np.ndarray, p: np.ndarray) -> list[str]:
     return [" ".join(words[lo + rng.choice(hi - lo, size=QUERY_WORDS, replace=False, p=w)]) for _ in range(N_QUERIES)]
 
 
-def stage_gen(n: int, work: Path) -> dict:
-    """Synthetic corpus JSONL, float16 vector shards, queries, exact top-10."""
-    t0 = time.perf_counter()
+def topic_mixture(n: int, rng: np.random.Generator):
+    """The synthetic vector model (see the module docstring): ``draw(m)`` gives ``m`` float16
+    unit vectors ``(m, 384)`` from N/32 topic centres around the mean and covariance of
+    drgym's shipped MiniLM vectors. The centres are drawn from ``rng`` first, then each
+    ``draw`` call takes its topics and noise from it, in call order."""
     real = np.load(REPO / "drgym/data/embeddings/all-MiniLM-L6-v2-53aa51172d142c89/vectors.npy").astype(np.float32)
     mu = real.mean(0)
     chol = np.linalg.cholesky(np.cov(real - mu, rowvar=False) + 1e-6 * np.eye(DIM)).astype(np.float32)
-    rng = np.random.default_rng(SEED)
     n_topics = max(1, n // 32)
     centers = (rng.standard_normal((n_topics, DIM), dtype=np.float32) @ chol.T)
 
@@ -157,6 +158,15 @@ def stage_gen(n: int, work: Path) -> dict:
         t = rng.integers(0, n_topics, m)
         x = mu + centers[t] + 0.8 * (rng.standard_normal((m, DIM), dtype=np.float32) @ chol.T)
         return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
+
+    return draw
+
+
+def stage_gen(n: int, work: Path) -> dict:
+    """Synthetic corpus JSONL, float16 vector shards, queries, exact top-10."""
+    t0 = time.perf_counter()
+    rng = np.random.default_rng(SEED)
+    draw = topic_mixture(n, rng)
 
     queries = draw(N_QUERIES).astype(np.float32)
     # vocabulary: pseudo-words of 3-10 letters, Zipf(1.1) frequencies
@@ -212,7 +222,7 @@ def stage_gen(n: int, work: Path) -> dict:
             "exact_top10_s": round(t_gt, 1), "corpus_bytes": du(work / "corpus.jsonl"),
             "vector_bytes": sum(du(Path(p)) for p in vec_files), "vector_files": vec_files,
             "median_nn_cosine": round(nn_cos, 4), "median_10th_cosine": round(float(np.median(best_s[:, -1])), 4),
-            "topics": n_topics, "peak_rss_mb": round(peak_rss_mb(), 1)}
+            "topics": max(1, n // 32), "peak_rss_mb": round(peak_rss_mb(), 1)}
 
 
 # -- stage: import ------------------------------------------------------------------------
