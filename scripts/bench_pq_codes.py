@@ -24,16 +24,18 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "scripts"))
 DIM, K, N_QUERIES, SEED = 384, 10, 200, 0
 
 
 def vectors(n: int) -> tuple[np.ndarray, np.ndarray]:
     """``(passages float16 (n, 384), queries float32 (200, 384))``: bench_scale's vector
     model (:func:`bench_scale.topic_mixture`), drawn in the same order as its gen stage."""
-    from bench_scale import topic_mixture
+    import importlib.util
 
-    draw = topic_mixture(n, np.random.default_rng(SEED))
+    spec = importlib.util.spec_from_file_location("bench_scale", REPO / "scripts" / "bench_scale.py")
+    bench_scale = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench_scale)
+    draw = bench_scale.topic_mixture(n, np.random.default_rng(SEED))
     q = draw(N_QUERIES).astype(np.float32)
     x = np.concatenate([draw(min(100_000, n - s)) for s in range(0, n, 100_000)])
     return x, q
