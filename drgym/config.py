@@ -370,7 +370,7 @@ class SearchSettings(Section):
         retry: retries and per-attempt timeout (:class:`RetryPolicy`; HTTP, web, MCP).
         method, encoder, device, search_params, max_k, rrf_depth, collapse, verify,
             gpu_shard, gpu_float16, factory, shard_size, format, root, rebuild, progress,
-            bm25_tokenizer, bm25_engine, encoder_backend, mmap: the local engine's
+            bm25_tokenizer, bm25_engine, encoder_backend, mmap, search_threads: the local engine's
             (:class:`~drgym.search.local.LocalSearchEngine`; ``max_k`` and ``collapse``
             also for HTTP/MCP).
         api_key, base_url, max_workers, fetch_any_url, fetch_allow_loopback, max_seen_urls:
@@ -415,6 +415,7 @@ class SearchSettings(Section):
     bm25_engine: str | None = None
     encoder_backend: str | None = None
     mmap: StrictBool | None = None
+    search_threads: int | None = Field(None, ge=1)
     # web backends
     api_key: str | None = None
     base_url: str | None = None
@@ -788,6 +789,10 @@ class ServeSettings(BaseModel):
             to int8; rankings move a little) (:data:`drgym.embedding.ENCODER_BACKENDS`).
         mmap: memory-map the dense shards' FAISS files instead of reading them into memory
             (``LocalSearchEngine(mmap=True)``).
+        search_threads: CPU threads each micro-batch's query encoding and FAISS search run
+            on (``LocalSearchEngine(search_threads=...)``); default 1, the least CPU per
+            request (the event loop's HTTP and JSON work runs beside it on another core);
+            0: the process's thread count for large batches, one thread for small ones.
 
     Raises:
         pydantic.ValidationError: an unknown setting or a value of the wrong type or out
@@ -821,6 +826,7 @@ class ServeSettings(BaseModel):
     log_level: str = "warning"
     encoder_backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
     mmap: bool = False
+    search_threads: int = Field(1, ge=0)
 
     @model_validator(mode="after")
     def _defaults_within_max_k(self) -> "ServeSettings":

@@ -15,8 +15,10 @@ import functools
 import hashlib
 import logging
 import os
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -257,24 +259,41 @@ class Encoder:
         )
         return np.ascontiguousarray(vecs, dtype=np.float32)
 
-    def encode_queries(self, queries: list[str]) -> np.ndarray:
+    def encode_queries(self, queries: list[str], *, threads: int | None = None) -> np.ndarray:
         """Embed queries (with the model's query prefix).
 
         Queries are encoded in length-sorted forward passes of :data:`QUERY_BATCH` (by
         sentence-transformers); a batch of at most :data:`SMALL_QUERY_BATCH` queries runs
         on ``query_threads`` torch threads.
 
+        Args:
+            queries: query texts.
+            threads: CPU threads for this call's forward passes, whatever its size (the
+                torch setting is changed for the call and restored; ONNX Runtime uses a
+                session of that many threads); None keeps the rule above. Ignored on a GPU.
+
         Returns:
             float32 array of shape ``(len(queries), dim)``, rows of unit L2 norm.
+
+        Raises:
+            ConfigError: ``threads < 1``.
         """
         import torch
 
+        if threads is not None and int(threads) < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}.")
+        n = None
+        if not self.device.startswith("cuda"):
+            if threads is not None:
+                n = int(threads)
+            elif self.query_threads and len(queries) <= SMALL_QUERY_BATCH:
+                n = int(self.query_threads)
         before = torch.get_num_threads()
-        if self.query_threads and len(queries) <= SMALL_QUERY_BATCH and not self.device.startswith("cuda"):
-            torch.set_num_threads(self.query_threads)
+        if n is not None:
+            torch.set_num_threads(n)
         try:
             if self._onnx is not None:
-                return self._onnx.encode([self.prefixes.query + q for q in queries], QUERY_BATCH)
+                return self._onnx.encode([self.prefixes.query + q for q in queries], QUERY_BATCH, threads=n)
             return self._encode(list(queries), self.prefixes.query, False, QUERY_BATCH)
         finally:
             torch.set_num_threads(before)
@@ -362,13 +381,27 @@ class OnnxQueryEncoder:
             return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
         # as the torch path: a small batch of queries on query_threads, larger ones on the
-        # process's torch threads (ONNX Runtime fixes a session's threads when it is made)
+        # process's torch threads, or what the call asks for (ONNX Runtime fixes a session's
+        # threads when it is made, so there is one session per thread count, made on first use)
+        self._make_session = session
+        self._sessions_lock = threading.Lock()
         threads = max(1, torch.get_num_threads())
-        self.session = session(threads)
+        self._sessions: dict[int, Any] = {threads: session(threads)}
+        self.session = self._sessions[threads]
         small = int(encoder.query_threads or threads)
-        self.small_session = self.session if small == threads else session(small)
+        self.small_session = self.session_for(small)
         self.inputs = [i.name for i in self.session.get_inputs()]
         self.dim = encoder.dim
+
+    def session_for(self, threads: int):
+        """The ``onnxruntime.InferenceSession`` with ``threads`` intra-op threads (made once,
+        then reused; sessions are safe to run from several threads)."""
+        threads = max(1, int(threads))
+        with self._sessions_lock:
+            sess = self._sessions.get(threads)
+            if sess is None:
+                sess = self._sessions[threads] = self._make_session(threads)
+            return sess
 
     def _features(self, texts: list[str]) -> dict:
         """sentence-transformers' own tokenisation (its truncation and padding), as tensors."""
@@ -447,12 +480,15 @@ class OnnxQueryEncoder:
             logging.getLogger().removeFilter(quiet)
         return path
 
-    def encode(self, texts: list[str], batch_size: int) -> np.ndarray:
+    def encode(self, texts: list[str], batch_size: int, *, threads: int | None = None) -> np.ndarray:
         """Embed already-prefixed texts.
 
         Args:
             texts: query texts with the model's query prefix.
             batch_size: texts per forward pass (sorted by length, as sentence-transformers does).
+            threads: intra-op threads of the session that runs them (:meth:`session_for`);
+                None: ``query_threads`` for at most :data:`SMALL_QUERY_BATCH` texts, else the
+                process's torch threads when the encoder was made.
 
         Returns:
             float32 array of shape ``(len(texts), dim)``; rows of unit L2 norm when the
@@ -466,7 +502,10 @@ class OnnxQueryEncoder:
             idx = order[s:s + batch_size]
             feats = self._features([texts[i] for i in idx])
             feed = {n: feats[n].numpy().astype(np.int64) for n in self.inputs}
-            sess = self.small_session if len(texts) <= SMALL_QUERY_BATCH else self.session
+            if threads is not None:
+                sess = self.session_for(threads)
+            else:
+                sess = self.small_session if len(texts) <= SMALL_QUERY_BATCH else self.session
             hidden = sess.run(None, feed)[0]
             if self.pooling == "cls":
                 vec = hidden[:, 0]

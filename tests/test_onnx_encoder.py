@@ -73,3 +73,47 @@ def test_serve_settings_take_the_backend():
     assert ServerSettings().encoder_backend == "torch"
     with pytest.raises(ValidationError):
         ServerSettings(encoder_backend="tensorrt")
+
+
+def test_threads_per_call_pick_a_session_of_that_many_threads_and_the_same_vectors(onnx_engine):
+    """``encode_queries(threads=n)`` runs every batch size on an n-thread session (made once,
+    then reused) and gives the vectors the default rule gives."""
+    enc = onnx_engine.encoder
+    qs = nq_open_questions(24)  # above SMALL_QUERY_BATCH: the default rule uses the process's threads
+    onnx = enc._onnx
+    base = enc.encode_queries(qs)
+    one = enc.encode_queries(qs, threads=1)
+    np.testing.assert_allclose(one, base, atol=1e-5)
+    sess = onnx.session_for(1)
+    assert sess is onnx.session_for(1) and sess is onnx.small_session  # query_threads=1: the same session
+    three = onnx.session_for(3)
+    assert three is not sess and onnx._sessions[3] is three
+    np.testing.assert_allclose(enc.encode_queries(qs, threads=3), base, atol=1e-5)
+    with pytest.raises(ConfigError, match="threads"):
+        enc.encode_queries(qs, threads=0)
+
+
+def test_serve_runs_searches_on_one_thread_by_default(default_engine, monkeypatch):
+    """``drgym serve`` gives its engine ``search_threads=1`` unless told otherwise (0: the
+    process's threads), and such an engine ranks as the default one does."""
+    from drgym.cli.serve import load_backend
+    from drgym.search.wire import ServerSettings
+
+    assert ServerSettings().search_threads == 1
+    monkeypatch.setenv("DRGYM_SEARCH_THREADS", "0")
+    assert ServerSettings().search_threads == 0
+    engine = load_backend(ServerSettings(index_dir=str(default_engine.folder), method="hybrid"))
+    try:
+        assert engine.search_threads is None
+    finally:
+        engine.close()
+    monkeypatch.delenv("DRGYM_SEARCH_THREADS")
+    engine = load_backend(ServerSettings(index_dir=str(default_engine.folder), method="hybrid"))
+    try:
+        assert engine.search_threads == 1 and engine.with_method("dense").search_threads == 1
+        qs = nq_open_questions(40)  # above DenseIndex's SMALL_BATCH, so FAISS's threads differ
+        got = [[r.doc_id for r in res] for res in engine.search_batch(qs, 10)]
+        want = [[r.doc_id for r in res] for res in default_engine.search_batch(qs, 10, method="hybrid")]
+        assert got == want
+    finally:
+        engine.close()

@@ -31,7 +31,7 @@ class TableEncoder:
     def __init__(self, table: np.ndarray) -> None:
         self.table = np.asarray(table, dtype=np.float32)
 
-    def encode_queries(self, queries: list[str]) -> np.ndarray:
+    def encode_queries(self, queries: list[str], *, threads: int | None = None) -> np.ndarray:
         return np.stack([self.table[int(q[1:]) % len(self.table)] if q.startswith("q") and q[1:].isdigit()
                          else self.table[0] for q in queries])
 
@@ -378,3 +378,25 @@ def test_fast_scan_ivfpq_shards_are_rescored_exactly_and_load_mapped(tmp_path, f
     mapped = DenseIndex(res.folder, m.shards, m.dim, m.n_passages, mmap=True)
     assert np.array_equal(mapped.search(q, 10)[1], R)
     assert is_lossy(mapped._indexes[0])
+
+
+def test_dense_search_on_given_threads_ranks_alike_and_restores_faiss_threads(ivf_index):
+    """``DenseIndex.search(threads=n)`` gives the same rows and scores as the default rule,
+    and leaves the calling thread's FAISS thread count as it was."""
+    import faiss
+
+    from drgym.index.dense import SMALL_BATCH, DenseIndex
+    from drgym.index.manifest import IndexManifest
+
+    m = IndexManifest.read(ivf_index.folder)
+    dense = DenseIndex(ivf_index.folder, m.shards, m.dim, m.n_passages, device="cpu")
+    q = unit_rows(SMALL_BATCH + 13, seed=7)
+    before = faiss.omp_get_max_threads()
+    S0, R0 = dense.search(q, 10)
+    S1, R1 = dense.search(q, 10, threads=1)
+    assert faiss.omp_get_max_threads() == before
+    np.testing.assert_array_equal(R1, R0)
+    np.testing.assert_allclose(S1, S0, rtol=1e-6)
+    assert (R0 >= 0).all()
+    with pytest.raises(ConfigError, match="threads"):
+        dense.search(q, 10, threads=0)

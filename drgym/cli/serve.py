@@ -35,7 +35,7 @@ def load_backend(settings, *, gpu_shard: bool = False, gpu_float16: bool = False
 
     method = settings.method or DEFAULT_METHOD
     kw = {"gpu_shard": gpu_shard, "gpu_float16": gpu_float16, "encoder_backend": settings.encoder_backend,
-          "mmap": settings.mmap}
+          "mmap": settings.mmap, "search_threads": settings.search_threads or None}
     if settings.encoder:
         kw["encoder"] = settings.encoder
     if settings.index_dir:
@@ -79,6 +79,7 @@ def serve(
     mmap: Optional[bool] = typer.Option(None, "--mmap/--no-mmap", help="Memory-map the dense shards' FAISS files (Flat, SQ, IVF lists, HNSW) instead of reading them into memory: they stay in the page cache, and an index larger than RAM loads (default off)."),
     gpu_shard: bool = typer.Option(False, "--gpu-shard", help="On GPUs, split each dense shard across all GPUs instead of a whole copy on each (needs faiss-gpu)."),
     gpu_float16: bool = typer.Option(False, "--gpu-float16", help="On GPUs, store the dense vectors in float16: half the GPU memory (needs faiss-gpu)."),
+    search_threads: Optional[int] = typer.Option(None, "--search-threads", help="CPU threads each micro-batch's query encoding and FAISS search run on (default 1: the least CPU per request, with HTTP and JSON on another core; 0: all of the process's threads for large batches)."),
 ) -> None:
     """Serve a local index over HTTP: DeepResearchGym /search, /fineweb/search and /fetch, Search-R1 POST /retrieve, /health and /docs.
 
@@ -90,7 +91,7 @@ def serve(
     from drgym.search.wire import ServerSettings
 
     given = dict(corpus=corpus, method=method, index_dir=index_dir, encoder=encoder, encoder_backend=encoder_backend,
-                 mmap=mmap, host=host, port=port,
+                 mmap=mmap, search_threads=search_threads, host=host, port=port,
                  max_k=max_k, batch_window_ms=batch_window_ms, max_batch_size=max_batch_size,
                  cache_mb=cache_mb, cache_size=cache_size, max_pending=max_pending,
                  max_request_pending=max_request_pending, collapse=collapse, retrieve_collapse=retrieve_collapse,
@@ -128,7 +129,8 @@ def serve(
     app = create_app(backend, settings, close_backend=True)
     typer.echo(f"drgym serve: {backend!r} on http://{settings.host}:{settings.port} "
                f"(max_k={settings.max_k}, auth={'on' if settings.key_set() else 'off'}, "
-               f"query encoder {settings.encoder_backend}, mmap {'on' if settings.mmap else 'off'})", err=True)
+               f"query encoder {settings.encoder_backend}, search threads {settings.search_threads or 'all'}, "
+               f"mmap {'on' if settings.mmap else 'off'})", err=True)
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
                 **server_options)
 

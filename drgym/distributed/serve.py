@@ -187,7 +187,9 @@ class _RemoteDense:
     def reset(self) -> None:
         self._local.missing = set()
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, *, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """As :meth:`DenseIndex.search <drgym.index.dense.DenseIndex.search>`; ``threads``
+        is ignored (each shard searches in its own process with its own threads)."""
         from drgym.index.dense import merge_shard_results
 
         q = np.ascontiguousarray(queries, dtype=np.float32)

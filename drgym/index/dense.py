@@ -220,10 +220,12 @@ wiki-default took 24 ms p50 with 2 OpenMP threads and 0.95 ms with 1, so small b
 run with one thread (the setting is per calling thread and restored afterwards)."""
 
 
-def _search_one_thread(index, q: np.ndarray, k: int):
+def _search_on_threads(index, q: np.ndarray, k: int, threads: int = 1):
+    """``index.search(q, k)`` on ``threads`` OpenMP threads (the setting is the calling
+    thread's, restored afterwards)."""
     faiss = _faiss()
     before = faiss.omp_get_max_threads()
-    faiss.omp_set_num_threads(1)
+    faiss.omp_set_num_threads(int(threads))
     try:
         return index.search(q, k)
     finally:
@@ -689,12 +691,14 @@ class DenseIndex:
                 raise IndexError(f"row {r} out of range 0..{self.n_passages - 1}")
         return out
 
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, *, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` rows of every query across all shards.
 
         Args:
             queries: float32 ``(nq, dim)`` unit query vectors.
             k: results per query, >= 1.
+            threads: OpenMP threads FAISS searches this call's queries with (CPU only);
+                None: one thread below :data:`SMALL_BATCH` queries, else FAISS's setting.
 
         Returns:
             ``(scores, rows)``: float32 and int64 arrays of shape ``(nq, k)``, best first,
@@ -702,7 +706,7 @@ class DenseIndex:
             fewer than ``k`` hits (a corpus smaller than ``k``).
 
         Raises:
-            ConfigError: ``queries`` of another shape, or holding NaN/inf.
+            ConfigError: ``queries`` of another shape, or holding NaN/inf; ``threads < 1``.
             CorruptIndexError: FAISS failed, returned a row outside its shard, or scored
                 a stored vector NaN/inf (a garbled shard file, named).
         """
@@ -711,6 +715,8 @@ class DenseIndex:
             raise ConfigError(f"queries must have shape (n, {self.dim}), got {q.shape}.")
         if not np.isfinite(q).all():
             raise ConfigError("query vectors hold NaN or infinite values (a broken encoder?).")
+        if threads is not None and int(threads) < 1:
+            raise ConfigError(f"threads must be >= 1, got {threads}.")
         nq = q.shape[0]
         parts_s, parts_r = [], []
         for s, index, emb, lossy in zip(self.shards, self._indexes, self._embeddings, self._lossy):
@@ -723,8 +729,10 @@ class DenseIndex:
                 if self.on_gpu:  # GPU indexes are not safe for concurrent calls
                     with self._lock:
                         D, I = index.search(q, kk)
+                elif threads is not None:
+                    D, I = _search_on_threads(index, q, kk, threads)
                 elif nq < SMALL_BATCH:
-                    D, I = _search_one_thread(index, q, kk)
+                    D, I = _search_on_threads(index, q, kk, 1)
                 else:  # CPU FAISS search is const and thread-safe
                     D, I = index.search(q, kk)
             except (RuntimeError, MemoryError) as e:

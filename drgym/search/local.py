@@ -223,6 +223,11 @@ class LocalSearchEngine(SearchBackend):
             the same float32 weights) or ``"onnx-int8"`` (those weights quantised to int8
             by ONNX Runtime; query vectors and rankings move a little, the index's passage
             vectors do not change; :data:`drgym.embedding.ENCODER_BACKENDS`).
+        search_threads: CPU threads one search call's query encoding and FAISS search
+            use, whatever the batch size; None (default) uses the process's thread count
+            for large batches and one thread for small ones. ``drgym serve`` sets 1: its
+            micro-batches then cost less CPU per query, and its event loop runs on another
+            core (measured in ``scripts/bench_search.py``).
 
     Raises:
         IndexNotFoundError: no index in ``folder``.
@@ -253,12 +258,16 @@ class LocalSearchEngine(SearchBackend):
         gpu_float16: bool = False,
         mmap: bool = False,
         encoder_backend: str = "torch",
+        search_threads: int | None = None,
         _shared: _Shared | None = None,
     ) -> None:
         if method not in METHODS:
             from drgym.errors import unknown_name
 
             raise unknown_name("search method", method, METHODS)
+        if search_threads is not None and int(search_threads) < 1:
+            raise ConfigError(f"search_threads must be >= 1, got {search_threads}.")
+        self.search_threads = None if search_threads is None else int(search_threads)
         self.method = method
         self.collapse = check_collapse(collapse)
         self.max_k = int(max_k)
@@ -314,6 +323,7 @@ class LocalSearchEngine(SearchBackend):
         gpu_float16: bool = False,
         mmap: bool = False,
         encoder_backend: str = "torch",
+        search_threads: int | None = None,
     ) -> "LocalSearchEngine":
         """Build the index of ``corpus`` if it is missing or outdated, then load it.
 
@@ -347,7 +357,7 @@ class LocalSearchEngine(SearchBackend):
         mode = _verify_mode(verify)
         return cls(res.folder, method=method, encoder=enc, device=device, search_params=search_params, max_k=max_k,
                    collapse=collapse, verify=mode if mode == "full" else "size", gpu_shard=gpu_shard,
-                   gpu_float16=gpu_float16, mmap=mmap, encoder_backend=encoder_backend)
+                   gpu_float16=gpu_float16, mmap=mmap, encoder_backend=encoder_backend, search_threads=search_threads)
 
     @classmethod
     def open(cls, name_or_folder: str | Path, **kwargs) -> "LocalSearchEngine":
@@ -366,7 +376,8 @@ class LocalSearchEngine(SearchBackend):
         """Another engine on the same loaded index (no reload) with a different method
         (and collapse mode; None keeps this engine's)."""
         return LocalSearchEngine(self.folder, method=method, max_k=self.max_k, rrf_depth=self.rrf_depth,
-                                 collapse=collapse or self.collapse, _shared=self._shared)
+                                 collapse=collapse or self.collapse, search_threads=self.search_threads,
+                                 _shared=self._shared)
 
     # -- properties ----------------------------------------------------------------------
     @property
@@ -411,8 +422,11 @@ class LocalSearchEngine(SearchBackend):
             float32 ``(len(queries), dim)`` unit vectors.
         """
         enc = self.encoder
+        cut = [q[:MAX_QUERY_CHARS] for q in queries]
         with _encode_lock(enc):
-            return enc.encode_queries([q[:MAX_QUERY_CHARS] for q in queries])
+            if self.search_threads is None:  # an encoder given by the caller may take no threads
+                return enc.encode_queries(cut)
+            return enc.encode_queries(cut, threads=self.search_threads)
 
     def search_rows(self, queries: list[str], k: int, method: str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """Rankings as index rows (no docstore lookup).
@@ -431,7 +445,7 @@ class LocalSearchEngine(SearchBackend):
         depth = k if method != "hybrid" else max(k, self.rrf_depth)
         if method in ("dense", "hybrid"):
             qv = self.encode_queries(cut)
-            S, R = sh.dense.search(qv, depth)
+            S, R = sh.dense.search(qv, depth, threads=self.search_threads)
             dense_runs = [(S[i][R[i] >= 0], R[i][R[i] >= 0]) for i in range(len(cut))]
         if method in ("bm25", "hybrid"):
             bm25 = sh.bm25
