@@ -301,18 +301,22 @@ def server_load() -> str:
         "`--search-r1`: Search-R1's own `retrieval_server.py` over the same index.")
 
 
-SEARCH_R1_SIDE_BY_SIDE = "scripts/results/bench_search_sr1_int8.json"  # bench_search.py --search-r1 ... --search-r1-only
+SEARCH_R1_SIDE_BY_SIDE = "scripts/results/bench_search_sr1_threads.json"  # bench_search.py --search-r1 ... --search-r1-only
 
 
 def search_r1_side_by_side() -> str:
-    """drgym serve (dense; torch, ONNX and int8 ONNX query encoders) and Search-R1's retrieval_server.py
-    on the same work, at 1, 16 and 64 clients: server CPU per request, its ratio, and req/s."""
+    """drgym serve (dense; torch, ONNX and int8 ONNX query encoders; int8 also on all threads) and
+    Search-R1's retrieval_server.py on the same work, at 1, 16 and 64 clients: server CPU per
+    request, its ratio, and req/s."""
     r = _load(SEARCH_R1_SIDE_BY_SIDE)
     med = r["median_rps"]
     servers = [("drgym serve --method dense", "drgym --method dense"),
                ("drgym serve --method dense --encoder-backend onnx", "drgym --method dense --encoder-backend onnx"),
                ("drgym serve --method dense --encoder-backend onnx-int8", "drgym --method dense --encoder-backend onnx-int8"),
+               ("drgym serve --method dense --encoder-backend onnx-int8 --search-threads 0",
+                "drgym --method dense --encoder-backend onnx-int8 --search-threads 0"),
                ("Search-R1 retrieval_server.py", "Search-R1 retrieval_server.py")]
+    servers = [s for s in servers if any(c.endswith(s[1]) for c in med)]  # runs before --search-threads lack that row
 
     def cell(clients: int, key: str):
         return next((m for c, m in med.items() if f", {clients} clients, " in c and c.endswith(key)), None)
