@@ -30,7 +30,9 @@ own, read from ``getrusage``):
    k=10 through :class:`drgym.index.dense.DenseIndex` (shard merge and tie-break
    included; FAISS files memory-mapped for flat codes), p50/p99 latency, recall@10 vs
    exact. drgym's defaults (efSearch 64; nprobe ``max(16, nlist/4)``; exact re-rank of
-   100 IVF-PQ candidates), and for IVF-PQ also nprobe 16 and no re-rank.
+   100 IVF-PQ candidates; several shards searched side by side on ``shard_workers``
+   threads, one per shard up to the usable cores), and for IVF-PQ also nprobe 16, no
+   re-rank and, with several shards, the shards searched in turn (``shard_workers=1``).
    With ``--curve``, IVF-PQ alone over the grid nprobe x re-rank depth
    (:data:`CURVE_NPROBE` x :data:`CURVE_RERANK`): the recall/latency curve.
 5. ``bm25`` for N <= ``--bm25-max`` (before the dense stages): drgym's BM25 built
@@ -300,8 +302,11 @@ def stage_search(work: Path, factory: str, params: dict, budget_s: float) -> dic
     alt = alt_folder(work, factory)
     q = np.load(work / "queries.npy")
     truth = np.load(work / "truth.npy")
+    search_params = dict(params)
+    workers = search_params.pop("shard_workers", None)  # drgym's, not a FAISS parameter
     t = time.perf_counter()
-    idx = DenseIndex(alt, m.shards, m.dim, m.n_passages, device="cpu", search_params=dict(params), mmap=True)
+    idx = DenseIndex(alt, m.shards, m.dim, m.n_passages, device="cpu", search_params=search_params, mmap=True,
+                     shard_workers=workers)
     load_s = time.perf_counter() - t
     after_load = rss_now()
     idx.search(q[:1], K)  # warm-up
@@ -324,7 +329,9 @@ def stage_search(work: Path, factory: str, params: dict, budget_s: float) -> dic
         batch.append((time.perf_counter() - t) * 1000)
         if time.perf_counter() > t_end and len(batch) >= 3:
             break
-    return {"factory": factory, "params": params, "load_s": round(load_s, 2),
+    idx.close()
+    return {"factory": factory, "params": params, "shards": len(m.shards), "shard_workers": idx.shard_workers,
+            "load_s": round(load_s, 2),
             "single_ms_p50": pct(single, 50), "single_ms_p99": pct(single, 99), "single_n": len(single),
             "batch64_ms_p50": pct(batch, 50), "batch64_ms_p99": pct(batch, 99), "batch64_n": len(batch),
             "recall@10": round(recall, 4), "recall_queries": len(rows),
@@ -602,6 +609,8 @@ def main() -> None:
                             for p in CURVE_NPROBE for r in CURVE_RERANK]
             elif fam == "IVF-PQ":
                 settings += [("IVF-PQ nprobe 16", {"nprobe": 16}), ("IVF-PQ rerank 0", {"rerank": 0})]
+                if n > a.shard_size:  # several shards: also searched in turn, as before they were searched side by side
+                    settings += [("IVF-PQ shards in turn", {"shard_workers": 1})]
             for label, params in settings:
                 if label not in r["search"] or "error" in r["search"][label]:
                     full = {**DEFAULT_SEARCH_PARAMS, **params}

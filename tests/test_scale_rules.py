@@ -400,3 +400,31 @@ def test_dense_search_on_given_threads_ranks_alike_and_restores_faiss_threads(iv
     assert (R0 >= 0).all()
     with pytest.raises(ConfigError, match="threads"):
         dense.search(q, 10, threads=0)
+
+
+def test_shards_searched_side_by_side_rank_as_in_turn(ivf_index):
+    """With two shards, a small batch (or ``threads=1``) searches them on the shard threads,
+    with the same rows and scores as searching them in turn."""
+    from drgym.index.dense import SMALL_BATCH, DenseIndex
+    from drgym.index.manifest import IndexManifest
+
+    m = IndexManifest.read(ivf_index.folder)
+    assert len(m.shards) == 2
+    turn = DenseIndex(ivf_index.folder, m.shards, m.dim, m.n_passages, device="cpu", shard_workers=1)
+    side = DenseIndex(ivf_index.folder, m.shards, m.dim, m.n_passages, device="cpu", shard_workers=2)
+    try:
+        for q, threads in ((unit_rows(1, seed=3), None), (unit_rows(5, seed=4), None),
+                           (unit_rows(SMALL_BATCH + 9, seed=5), 1), (unit_rows(SMALL_BATCH + 9, seed=6), None)):
+            S0, R0 = turn.search(q, 10, threads=threads)
+            S1, R1 = side.search(q, 10, threads=threads)
+            np.testing.assert_array_equal(R1, R0)
+            np.testing.assert_array_equal(S1, S0)
+            assert {int(r) // 1000 for r in R0.ravel()} == {0, 1}  # both shards contribute
+        assert turn._pool is None and side._pool is not None
+        side.close()
+        assert side._pool is None
+        np.testing.assert_array_equal(side.search(unit_rows(2, seed=7), 10)[1], turn.search(unit_rows(2, seed=7), 10)[1])
+    finally:
+        side.close()
+    with pytest.raises(ConfigError, match="shard_workers"):
+        DenseIndex(ivf_index.folder, m.shards, m.dim, m.n_passages, device="cpu", shard_workers=0)

@@ -560,6 +560,10 @@ class DenseIndex:
             (searches then read from disk).
         gpu_shard, gpu_float16: on GPUs, split each shard's rows across the GPUs and
             store them in float16 (:func:`gpu_cloner_options`); ignored on CPU.
+        shard_workers: threads that search several CPU shards side by side when each
+            shard's call runs on one thread (below :data:`SMALL_BATCH` queries, or
+            ``threads=1``); None: the shard count, at most :func:`drgym.cpu.thread_count`.
+            1 searches the shards in turn. The results are the same either way.
 
     Attributes:
         shard_params: per loaded shard, the parameters :func:`search_params_for` chose.
@@ -585,8 +589,11 @@ class DenseIndex:
         mmap: bool = False,
         gpu_shard: bool = False,
         gpu_float16: bool = False,
+        shard_workers: int | None = None,
     ) -> None:
         faiss = _faiss()
+        if shard_workers is not None and int(shard_workers) < 1:
+            raise ConfigError(f"shard_workers must be >= 1, got {shard_workers}.")
         self.folder = Path(folder)
         all_rows = sum(s.count for s in shards)
         self.shards = list(shards) if shard_ids is None else [shards[i] for i in shard_ids]
@@ -600,6 +607,7 @@ class DenseIndex:
         self._indexes = []
         self._lossy: list[bool] = []
         self._lock = threading.Lock()
+        self._pool = None  # the shard_workers threads, made on first use
         self._embeddings: list[np.ndarray | None] = []
         self.on_gpu = False
         self.gpu_errors: list[str] = []  # why shards stayed on CPU on a GPU machine
@@ -634,6 +642,18 @@ class DenseIndex:
             total += s.count
         if all_rows != self.n_passages or (shard_ids is None and total != self.n_passages):
             raise CorruptIndexError(f"Dense shards hold {all_rows} rows, the manifest says {self.n_passages}.")
+        if shard_workers is None:
+            from drgym.cpu import thread_count
+
+            shard_workers = min(len(self.shards), thread_count())
+        self.shard_workers = max(1, int(shard_workers))
+
+    def close(self) -> None:
+        """Stop the shard search threads, if any were started (searching again restarts them)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
 
     @staticmethod
     def _apply_params(index, params: dict[str, int]) -> None:
@@ -691,6 +711,53 @@ class DenseIndex:
                 raise IndexError(f"row {r} out of range 0..{self.n_passages - 1}")
         return out
 
+    def _depth(self, i: int, k: int) -> int:
+        """Candidates shard ``i`` returns per query for a top-``k`` search."""
+        rerank = self._lossy[i] and self._embeddings[i] is not None and self.rerank > 0
+        return min(self.shards[i].count, max(k + TIE_MARGIN, self.rerank if rerank else 0))
+
+    def _shard_pool(self):
+        with self._lock:
+            if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
+
+                self._pool = ThreadPoolExecutor(self.shard_workers, thread_name_prefix="drgym-shard")
+            return self._pool
+
+    def _search_shard(self, i: int, q: np.ndarray, k: int, threads: int | None) -> tuple[np.ndarray, np.ndarray]:
+        """Shard ``i``'s candidates for ``q``: scores and global rows (``-1`` padding)."""
+        s, index, emb, lossy = self.shards[i], self._indexes[i], self._embeddings[i], self._lossy[i]
+        rerank = lossy and emb is not None and self.rerank > 0
+        kk = self._depth(i, k)
+        nq = q.shape[0]
+        fp = self.folder / s.faiss
+        try:
+            if self.on_gpu:  # GPU indexes are not safe for concurrent calls
+                with self._lock:
+                    D, I = index.search(q, kk)
+            elif threads is not None:
+                D, I = _search_on_threads(index, q, kk, threads)
+            elif nq < SMALL_BATCH:
+                D, I = _search_on_threads(index, q, kk, 1)
+            else:  # CPU FAISS search is const and thread-safe
+                D, I = index.search(q, kk)
+        except (RuntimeError, MemoryError) as e:
+            raise corrupt_file_error(fp, f"is unreadable: FAISS search failed ({_last_line(e)})", self.folder) from e
+        I = I.astype(np.int64)
+        hit = I >= 0
+        if ((I < -1) | (I >= s.count)).any():
+            bad = int(I[(I < -1) | (I >= s.count)][0])
+            raise corrupt_file_error(fp, f"is unreadable: FAISS returned row {bad}, outside the shard's "
+                                         f"0..{s.count - 1}", self.folder)
+        if rerank:
+            D = exact_scores(emb, q, I)
+            if not np.isfinite(D[hit]).all():
+                raise corrupt_file_error(self.folder / s.embeddings, "is unreadable: it holds NaN or infinite "
+                                                                     "values", self.folder)
+        elif not np.isfinite(D[hit]).all():
+            raise corrupt_file_error(fp, "is unreadable: a stored vector scores NaN or infinity", self.folder)
+        return D, np.where(hit, I + s.start, -1)
+
     def search(self, queries: np.ndarray, k: int, *, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` rows of every query across all shards.
 
@@ -718,38 +785,15 @@ class DenseIndex:
         if threads is not None and int(threads) < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}.")
         nq = q.shape[0]
-        parts_s, parts_r = [], []
-        for s, index, emb, lossy in zip(self.shards, self._indexes, self._embeddings, self._lossy):
-            rerank = lossy and emb is not None and self.rerank > 0
-            kk = min(s.count, max(k + TIE_MARGIN, self.rerank if rerank else 0))
-            if kk <= 0:
-                continue
-            fp = self.folder / s.faiss
-            try:
-                if self.on_gpu:  # GPU indexes are not safe for concurrent calls
-                    with self._lock:
-                        D, I = index.search(q, kk)
-                elif threads is not None:
-                    D, I = _search_on_threads(index, q, kk, threads)
-                elif nq < SMALL_BATCH:
-                    D, I = _search_on_threads(index, q, kk, 1)
-                else:  # CPU FAISS search is const and thread-safe
-                    D, I = index.search(q, kk)
-            except (RuntimeError, MemoryError) as e:
-                raise corrupt_file_error(fp, f"is unreadable: FAISS search failed ({_last_line(e)})", self.folder) from e
-            I = I.astype(np.int64)
-            hit = I >= 0
-            if ((I < -1) | (I >= s.count)).any():
-                bad = int(I[(I < -1) | (I >= s.count)][0])
-                raise corrupt_file_error(fp, f"is unreadable: FAISS returned row {bad}, outside the shard's "
-                                             f"0..{s.count - 1}", self.folder)
-            if rerank:
-                D = exact_scores(emb, q, I)
-                if not np.isfinite(D[hit]).all():
-                    raise corrupt_file_error(self.folder / s.embeddings, "is unreadable: it holds NaN or infinite "
-                                                                         "values", self.folder)
-            elif not np.isfinite(D[hit]).all():
-                raise corrupt_file_error(fp, "is unreadable: a stored vector scores NaN or infinity", self.folder)
-            parts_s.append(D)
-            parts_r.append(np.where(hit, I + s.start, -1))
+        one_thread = threads == 1 or (threads is None and nq < SMALL_BATCH)
+        jobs = [i for i in range(len(self.shards)) if self._depth(i, k) > 0]
+        if one_thread and not self.on_gpu and len(jobs) > 1 and self.shard_workers > 1:
+            # each shard's call runs on one thread, so shards search side by side on
+            # shard_workers threads (FAISS and numpy release the GIL); same results
+            pool = self._shard_pool()
+            parts = list(pool.map(lambda i: self._search_shard(i, q, k, threads), jobs))
+        else:
+            parts = [self._search_shard(i, q, k, threads) for i in jobs]
+        parts_s = [d for d, _ in parts]
+        parts_r = [r for _, r in parts]
         return merge_shard_results(parts_s, parts_r, self.tie_rank, nq, k)

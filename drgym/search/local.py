@@ -147,6 +147,9 @@ class _Shared:
             return self._bm25
 
     def close(self) -> None:
+        dense = self._dense
+        if dense is not None and hasattr(dense, "close"):  # the shard threads of a DenseIndex
+            dense.close()
         self.docstore.close()
 
 
