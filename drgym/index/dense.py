@@ -764,8 +764,10 @@ class DenseIndex:
         Args:
             queries: float32 ``(nq, dim)`` unit query vectors.
             k: results per query, >= 1.
-            threads: OpenMP threads FAISS searches this call's queries with (CPU only);
-                None: one thread below :data:`SMALL_BATCH` queries, else FAISS's setting.
+            threads: OpenMP threads of each shard's FAISS call (CPU only); None: one
+                thread below :data:`SMALL_BATCH` queries, else FAISS's setting. When each
+                call runs on one thread, several shards are searched side by side on
+                ``shard_workers`` threads.
 
         Returns:
             ``(scores, rows)``: float32 and int64 arrays of shape ``(nq, k)``, best first,
