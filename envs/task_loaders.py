@@ -17,6 +17,8 @@ answerable-dev      its dev slice (choosing settings)                       30  
 answerable-test     its test slice (final figures only)                     >=400   yes
 answerable-train-wide  answerable-train plus the answerable questions of    ~470    yes
                     R1-Searcher's training sets (r1-stage1, r1-stage2)
+answerable-train-wide-capped  the same, at most 3 questions per gold answer   ~320    yes
+                    (136 of the 461 have the gold "American")
 search-skill-train  gold in the top-10 but not in the top-3 observation     rest    yes
 search-skill-test   its test slice                                          200     yes
 nq-open             NQ-open dev, first 200 rows (JSONL)                     200     yes
@@ -517,6 +519,7 @@ ANSWERABLE_SPLIT = "answerable_split.json"
 """The answerable pool and its frozen split (task records per slice), written by
 ``scripts/make_answerable_pool.py``."""
 ANSWERABLE_TRAIN_WIDE = "answerable_train_wide.json"
+ANSWERABLE_TRAIN_WIDE_CAPPED = "answerable_train_wide_capped.json"
 """``answerable-train`` plus the answerable questions of R1-Searcher's training sets
 (``scripts/make_answerable_pool.py --wide``)."""
 SEARCH_SKILL_POOL = "search_skill_pool.json"
@@ -543,6 +546,7 @@ TASK_SETS: dict[str, Callable[[], list[Task]]] = {
     "answerable-dev": lambda: shipped_split(ANSWERABLE_SPLIT, "dev"),
     "answerable-test": lambda: shipped_split(ANSWERABLE_SPLIT, "test"),
     "answerable-train-wide": lambda: shipped_split(ANSWERABLE_TRAIN_WIDE, "train"),
+    "answerable-train-wide-capped": lambda: shipped_split(ANSWERABLE_TRAIN_WIDE_CAPPED, "train"),
     "search-skill-train": lambda: shipped_split(SEARCH_SKILL_POOL, "train"),
     "search-skill-test": lambda: shipped_split(SEARCH_SKILL_POOL, "test"),
     "hotpotqa-dev": lambda: load_hipporag_hotpotqa(_shipped("hipporag_hotpotqa_train.json")),

@@ -107,3 +107,26 @@ def test_wide_train_pool_holds_answerable_train_and_no_held_out_question():
         assert golds and not cover_exact_match(t.question, golds), t.task_id
     rec = json.loads((ROOT / "training" / "results" / "answerable_pool" / "wide_record.json").read_text())
     assert rec["train"] == len(wide) and rec["added"] == len(extra)
+
+
+def test_wide_capped_pool_is_the_wide_pool_with_at_most_three_questions_per_gold():
+    """answerable-train-wide-capped is what the script's cap makes of answerable-train-wide:
+    the same questions in the same order, minus those past the third of one gold answer; the
+    136 "American" questions are what made the cap necessary."""
+    from collections import Counter
+
+    from drgym.envs.task_loaders import load_tasks
+    from drgym.rewards.qa import normalize_answer
+
+    script = _script()
+    wide, capped = load_tasks("answerable-train-wide"), load_tasks("answerable-train-wide-capped")
+    golds = Counter(normalize_answer(t.answers[0]) for t in wide)
+    assert golds["american"] == 136
+    kept, dropped = script.cap_per_answer([t.to_dict() for t in wide])
+    assert [r["task_id"] for r in kept] == [t.task_id for t in capped]
+    assert max(Counter(normalize_answer(t.answers[0]) for t in capped).values()) == script.MAX_PER_ANSWER == 3
+    assert dropped["american"] == 133 and len(capped) == len(wide) - sum(dropped.values()) == 321
+    train_ids = [t.task_id for t in load_tasks("answerable-train")]
+    assert [t.task_id for t in capped[: len(train_ids)]] == train_ids  # no answerable-train question is dropped
+    rec = json.loads((ROOT / "training" / "results" / "answerable_pool" / "wide_capped_record.json").read_text())
+    assert rec["train"] == len(capped) and rec["dropped_by_answer"] == dropped
