@@ -395,6 +395,30 @@ def sizing() -> str:
         "JSON); private memory is RssAnon sampled every 0.2 s (\"-\": not sampled in that stage).")
 
 
+SCALE_SHARDS = "scripts/results/bench_scale_5m_shards.json"  # bench_scale.py --sizes 5000000 ... --flat-max 0
+
+
+def scale_shards() -> str:
+    """IVF-PQ at 5x10^6 (two shards): shards searched side by side (the default) and in turn."""
+    r = _load(SCALE_SHARDS)
+    (n, size), = r["sizes"].items()
+    rows = []
+    for label in ("IVF-PQ", "IVF-PQ shards in turn", "IVF-PQ nprobe 16", "IVF-PQ rerank 0"):
+        x = size["search"].get(label)
+        if not x or "error" in x:
+            continue
+        p = x["params"]
+        rows.append([f"{x['factory']}", str(x["shards"]), str(x["shard_workers"]),
+                     str(p["nprobe"] or "auto"), str(p["rerank"]), f"{x['single_ms_p50']:.1f} / {x['single_ms_p99']:.1f}",
+                     f"{x['batch64_ms_p50']:.1f}", f"{x['recall@10']:.3f}", f"{x['load_avg'][0]:.1f}" if "load_avg" in x else "-"])
+    return _table(["index", "shards", "shard threads", "nprobe", "re-rank", "1 query p50 / p99 ms", "64 queries p50 ms",
+                   "recall@10", "load (1 min)"], rows) + (
+        f"\n\n{int(n):,} synthetic 384-d vectors, 200 queries, recall@10 against exact search; one FAISS thread per "
+        f"shard call (OMP_NUM_THREADS=1); shard threads 2: the two shards searched side by side, 1: in turn; the "
+        f"GRPO run that shares this machine was paused during the search stages. Started "
+        f"{r['started'][:16].replace('T', ' ')}, 2 cores. `{r['command'].split(' --work')[0]}` (`{SCALE_SHARDS}`).")
+
+
 def pq_codes() -> str:
     d = _load(PQ_CODES)
     rows = []
@@ -707,6 +731,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "scale_paper": scale_paper,
     "sizing": sizing,
     "pq_codes": pq_codes,
+    "scale_shards": scale_shards,
     "server_load": server_load,
     "search_r1_side_by_side": search_r1_side_by_side,
     "mmap_memory": mmap_memory,
@@ -737,6 +762,7 @@ TABLE_PAGES: dict[str, str] = {
     "scale_paper": "docs/benchmarks/scale.md",
     "sizing": "docs/benchmarks/scale.md",
     "pq_codes": "docs/benchmarks/scale.md",
+    "scale_shards": "docs/benchmarks/scale.md",
     "bench_train": "docs/benchmarks/training.md",
     "bm25_engines": "docs/benchmarks/scale.md",
     "ann_curve": "docs/benchmarks/scale.md",
