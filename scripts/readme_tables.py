@@ -301,7 +301,7 @@ def server_load() -> str:
         "`--search-r1`: Search-R1's own `retrieval_server.py` over the same index.")
 
 
-SEARCH_R1_SIDE_BY_SIDE = "scripts/results/bench_search_sr1_threads.json"  # bench_search.py --search-r1 ... --search-r1-only
+SEARCH_R1_SIDE_BY_SIDE = "scripts/results/bench_search_sr1_quiet.json"  # bench_search.py --search-r1 ... --search-r1-only
 
 
 def search_r1_side_by_side() -> str:
@@ -342,7 +342,8 @@ def search_r1_side_by_side() -> str:
         f"MiniLM on every server{version}; Python load generator; medians of {r['reps']} passes of {r['seconds_per_cell']:.0f} s "
         f"per cell, on the machine as it is and with 2 busy processes; {errs}. One run, "
         f"{r['started'][:16].replace('T', ' ')} UTC, 1-minute load {r['load_avg_1_5_15_at_start'][0]:.1f} at the start and "
-        f"{r['load_avg_1_5_15_at_end'][0]:.1f} at the end, on 2 cores shared with other jobs. "
+        f"{r['load_avg_1_5_15_at_end'][0]:.1f} at the end (the load generator and the busy processes of the loaded "
+        f"passes count in it), on 2 cores. "
         f"`{_command(r['command'])}` (`{SEARCH_R1_SIDE_BY_SIDE}`).")
 
 
