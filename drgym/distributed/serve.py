@@ -187,6 +187,10 @@ class _RemoteDense:
     def reset(self) -> None:
         self._local.missing = set()
 
+    def close(self) -> None:
+        """Nothing to stop here: the shard actors hold the indexes (as :meth:`DenseIndex.close
+        <drgym.index.dense.DenseIndex.close>` for the router's engine)."""
+
     def search(self, queries: np.ndarray, k: int, *, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """As :meth:`DenseIndex.search <drgym.index.dense.DenseIndex.search>`; ``threads``
         is ignored (each shard searches in its own process with its own threads)."""

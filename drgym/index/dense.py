@@ -727,10 +727,13 @@ class DenseIndex:
                 raise IndexError(f"row {r} out of range 0..{self.n_passages - 1}")
         return out
 
+    def _reranks(self, i: int) -> bool:
+        """Shard ``i``'s candidates are re-scored exactly (lossy codes, float16 rows, rerank > 0)."""
+        return self._lossy[i] and self._embeddings[i] is not None and self.rerank > 0
+
     def _depth(self, i: int, k: int) -> int:
         """Candidates shard ``i`` returns per query for a top-``k`` search."""
-        rerank = self._lossy[i] and self._embeddings[i] is not None and self.rerank > 0
-        return min(self.shards[i].count, max(k + TIE_MARGIN, self.rerank if rerank else 0))
+        return min(self.shards[i].count, max(k + TIE_MARGIN, self.rerank if self._reranks(i) else 0))
 
     def _shard_pool(self):
         with self._lock:
@@ -741,11 +744,11 @@ class DenseIndex:
             return self._pool
 
     def _search_shard(self, i: int, q: np.ndarray, k: int, threads: int | None) -> tuple[np.ndarray, np.ndarray]:
-        """Shard ``i``'s candidates for ``q``: scores and global rows (``-1`` padding)."""
-        s, index, emb, lossy = self.shards[i], self._indexes[i], self._embeddings[i], self._lossy[i]
-        rerank = lossy and emb is not None and self.rerank > 0
+        """Shard ``i``'s candidates for ``q`` (FAISS on ``threads`` OpenMP threads, None:
+        FAISS's setting): scores and global rows (``-1`` padding)."""
+        s, index, emb = self.shards[i], self._indexes[i], self._embeddings[i]
+        rerank = self._reranks(i)
         kk = self._depth(i, k)
-        nq = q.shape[0]
         fp = self.folder / s.faiss
         try:
             if self.on_gpu:  # GPU indexes are not safe for concurrent calls
@@ -753,8 +756,6 @@ class DenseIndex:
                     D, I = index.search(q, kk)
             elif threads is not None:
                 D, I = _search_on_threads(index, q, kk, threads)
-            elif nq < SMALL_BATCH:
-                D, I = _search_on_threads(index, q, kk, 1)
             else:  # CPU FAISS search is const and thread-safe
                 D, I = index.search(q, kk)
         except (RuntimeError, MemoryError) as e:
@@ -803,9 +804,10 @@ class DenseIndex:
         if threads is not None and int(threads) < 1:
             raise ConfigError(f"threads must be >= 1, got {threads}.")
         nq = q.shape[0]
-        one_thread = threads == 1 or (threads is None and nq < SMALL_BATCH)
+        if threads is None and nq < SMALL_BATCH:
+            threads = 1
         jobs = [i for i in range(len(self.shards)) if self._depth(i, k) > 0]
-        if one_thread and not self.on_gpu and len(jobs) > 1 and self.shard_workers > 1:
+        if threads == 1 and not self.on_gpu and len(jobs) > 1 and self.shard_workers > 1:
             # each shard's call runs on one thread, so shards search side by side on
             # shard_workers threads (FAISS and numpy release the GIL); same results
             pool = self._shard_pool()

@@ -147,9 +147,8 @@ class _Shared:
             return self._bm25
 
     def close(self) -> None:
-        dense = self._dense
-        if dense is not None and hasattr(dense, "close"):  # the shard threads of a DenseIndex
-            dense.close()
+        if self._dense is not None:  # the shard threads of a DenseIndex
+            self._dense.close()
         self.docstore.close()
 
 
