@@ -27,6 +27,7 @@ Rank Learning Methods", SIGIR, eq. 1): ``score(p) = sum_r 1 / (k + rank_r(p))`` 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import re
 from pathlib import Path
@@ -72,6 +73,11 @@ _TOKEN_RE = re.compile(f"((?:(?=\\w)[{CJK_RANGES}])+)|([^\\W{CJK_RANGES}]{{2,}})
 """Group 1: a run of CJK word characters; group 2: a run of two or more other word
 characters (bm25s's ``\\b\\w\\w+\\b`` on text without CJK characters)."""
 
+_CJK_RE = re.compile(f"[{CJK_RANGES}]")
+_WORD_RE = re.compile(r"\w{2,}")
+"""Text without a character of :data:`CJK_RANGES`: ``_TOKEN_RE``'s group 2 is then
+``\\w{2,}``, so the common case takes one simpler pattern."""
+
 
 @functools.cache
 def _bm25s():
@@ -101,8 +107,11 @@ def tokenize(text: str) -> list[str]:
     ['moon', '低头', '头思', '思故', '故乡', '月']
     """
     stop = _stopwords()
+    low = text.lower()
+    if _CJK_RE.search(low) is None:
+        return list(itertools.filterfalse(stop.__contains__, _WORD_RE.findall(low)))
     out: list[str] = []
-    for cjk, word in _TOKEN_RE.findall(text.lower()):
+    for cjk, word in _TOKEN_RE.findall(low):
         if cjk:
             if len(cjk) == 1:
                 out.append(cjk)
@@ -277,6 +286,20 @@ class _TokenIds:
             yield self.flat[a:b].tolist()
 
 
+def _sorted_unique(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, return_counts=True)`` by one sort (NumPy 2's hash-based unique is
+    several times slower on the million-element int64 keys of a chunk).
+
+    >>> _sorted_unique(np.array([3, 1, 3, 3]))
+    (array([1, 3]), array([1, 3]))
+    """
+    a = np.sort(x)
+    if not len(a):
+        return a, np.zeros(0, dtype=np.int64)
+    first = np.flatnonzero(np.concatenate(([True], a[1:] != a[:-1])))
+    return a[first], np.diff(np.append(first, len(a)))
+
+
 def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int = 10_000,
                tokenizer: str = TOKENIZER, streaming: bool | None = None) -> dict:
     """Build and save the BM25 index of ``texts`` (one per passage row) in ``folder/bm25``.
@@ -311,7 +334,6 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
     Raises:
         ConfigError: an unknown ``tokenizer``.
     """
-    import itertools
     import shutil
 
     from drgym.errors import ConfigError
@@ -331,15 +353,23 @@ def write_bm25(folder: Path, texts, *, max_memory: int | None = None, chunk: int
         with open(tmp / "ids.bin", "wb") as f:
             it = iter(texts)
             while batch := list(itertools.islice(it, chunk)):
-                for doc in map(tok_fn, batch):
-                    ids = np.fromiter((vocab.setdefault(t, len(vocab)) for t in doc), dtype=np.int32, count=len(doc))
-                    f.write(ids.tobytes())
-                    lengths.append(len(ids))
-                    u = np.unique(ids)
-                    if len(vocab) > len(df):
-                        df = np.concatenate([df, np.zeros(max(len(df), len(vocab) - len(df)), dtype=np.int64)])
-                    df[u] += 1
-                    pairs += len(u)
+                docs = list(map(tok_fn, batch))
+                tokens = list(itertools.chain.from_iterable(docs))
+                # ids in first-seen order, as one setdefault per token would give them
+                new = [t for t in dict.fromkeys(tokens) if t not in vocab]
+                vocab.update(zip(new, range(len(vocab), len(vocab) + len(new))))
+                ids = np.fromiter(map(vocab.__getitem__, tokens), dtype=np.int32, count=len(tokens))
+                f.write(ids.tobytes())
+                lens = np.fromiter(map(len, docs), dtype=np.int64, count=len(docs))
+                lengths.extend(lens.tolist())
+                if len(vocab) > len(df):
+                    df = np.concatenate([df, np.zeros(max(len(df), len(vocab) - len(df)), dtype=np.int64)])
+                # document frequencies: the distinct (passage, term) pairs of the chunk
+                doc_of = np.repeat(np.arange(len(docs), dtype=np.int64), lens)
+                terms = _sorted_unique(doc_of * len(vocab) + ids)[0] % len(vocab)
+                u, c = _sorted_unique(terms)
+                df[u] += c
+                pairs += len(terms)
         need = BM25_BYTES_PER_PAIR * pairs + BM25_BYTES_PER_TERM * len(vocab)
         if max_memory is None:
             import psutil
@@ -383,8 +413,10 @@ def _write_csc_streaming(out_dir: Path, retriever, flat: np.ndarray, offsets: np
 
     Scores are bm25s's to the bit: the IDF of each document frequency by bm25s's own
     function (stored as float32, as ``_build_idf_array`` does), and each passage's
-    term-frequency component by bm25s's ``_get_counts_from_token_ids`` and its tfc
-    function, with the corpus's mean passage length. The column-major arrays are
+    term-frequency component from its term counts (what bm25s's
+    ``_get_counts_from_token_ids`` counts, here a chunk of passages at a time) by bm25s's
+    tfc function, with the corpus's mean passage length, in the float64 arithmetic of
+    bm25s's per-passage call. The column-major arrays are
     written in place on disk (``np.lib.format.open_memmap``): the column pointers come
     from the document frequencies, and each chunk of passages is sorted by term and
     written at each term's cursor, so every column lists its passages in row order.
@@ -417,18 +449,23 @@ def _write_csc_streaming(out_dir: Path, retriever, flat: np.ndarray, offsets: np
         data = np.lib.format.open_memmap(out_dir / "data.csc.index.npy", mode="w+", dtype=dtype, shape=(nnz,))
         indices = np.lib.format.open_memmap(out_dir / "indices.csc.index.npy", mode="w+", dtype=int_dtype, shape=(nnz,))
     cursor = indptr[:-1].copy()
+    lengths = np.diff(offsets)
     for start in range(0, n, chunk):
-        terms, docs, scores = [], [], []
-        for doc in range(start, min(n, start + chunk)):
-            ids = flat[offsets[doc]: offsets[doc + 1]].tolist()
-            voc, tf = scoring._get_counts_from_token_ids(ids, dtype=dtype, int_dtype=int_dtype)
-            tfc = tfc_fn(tf_array=tf, l_d=len(ids), l_avg=avg_len, k1=retriever.k1, b=retriever.b, delta=retriever.delta)
-            terms.append(voc)
-            scores.append(idf[voc] * tfc)
-            docs.append(np.full(len(voc), doc, dtype=int_dtype))
-        if data is None or not terms:
+        stop = min(n, start + chunk)
+        if data is None or offsets[stop] == offsets[start]:
             continue
-        t, d_, s_ = np.concatenate(terms), np.concatenate(docs), np.concatenate(scores).astype(dtype)
+        # the chunk's (passage, term) pairs and their counts, by passage then term: what
+        # bm25s's _get_counts_from_token_ids counts passage by passage
+        ids = np.asarray(flat[offsets[start]: offsets[stop]], dtype=np.int64)
+        doc_of = np.repeat(np.arange(start, stop, dtype=np.int64), lengths[start:stop])
+        key, tf = _sorted_unique((doc_of - start) * v + ids)
+        d_, t = key // v + start, (key % v).astype(int_dtype)
+        # bm25s's tfc on each pair, in float64 as its per-passage call computes it (a
+        # Python int l_d and numpy float64 l_avg), then idf (float32) times it, cast to float32
+        tfc = tfc_fn(tf_array=tf.astype(dtype), l_d=lengths[d_].astype(np.float64), l_avg=np.float64(avg_len),
+                     k1=retriever.k1, b=retriever.b, delta=retriever.delta)
+        s_ = (idf[t] * tfc).astype(dtype)
+        d_ = d_.astype(int_dtype)
         order = np.argsort(t, kind="stable")  # by term; rows stay ascending within a term
         t, d_, s_ = t[order], d_[order], s_[order]
         uniq, first, counts = np.unique(t, return_index=True, return_counts=True)
