@@ -194,8 +194,14 @@ the same for one query alone (about 3 ms). And a query's scores are then bit-ide
 alone and in a batch of any size (checked for 1 to 64 in ``tests/test_scale_rules.py``);
 they differ from the loop's by rounding (at most 3e-7 measured). The cost: in ``drgym
 serve`` with one client (every batch one query) a request cost 6.4-8.7 ms of CPU this way
-against 4.2-4.9 by the loop (int8 encoder, scripts/bench_search.py), for a reason not found;
-with 16 and 64 clients it cost 3.0 and 2.3 ms against 3.8 and 3.2."""
+against 4.2-4.9 by the loop (int8 encoder, scripts/bench_search.py); with 16 and 64
+clients it cost 3.0 and 2.3 ms against 3.8 and 3.2. The reason is OpenBLAS's ``sgemm``
+with one query row: it packs the database block by block however few rows it multiplies,
+and with one row that packing is the work. On wiki-default, one thread, one query a call:
+3.8 ms of CPU a call back to back and 6.2 ms with 4 ms pauses between calls (the index
+leaves the cache) through FAISS's BLAS path, against 1.3 and 2.1 ms by its loop and 1.2
+and 2.5 ms for numpy's ``sgemv`` on the same rows. Taking the loop for one query would
+make a query's scores depend on whether it was batched, so drgym does not."""
 
 
 def _faiss():
