@@ -623,7 +623,7 @@ def main() -> None:
                             for p in CURVE_NPROBE for r in CURVE_RERANK]
             elif fam == "IVF-PQ":
                 settings += [("IVF-PQ nprobe 16", {"nprobe": 16}), ("IVF-PQ rerank 0", {"rerank": 0})]
-                if n > a.shard_size:  # several shards: also searched in turn, as before they were searched side by side
+                if n > a.shard_size:  # several shards: also searched one after another (shard_workers=1), beside the default side by side
                     settings += [("IVF-PQ shards in turn", {"shard_workers": 1})]
             for label, params in settings:
                 if label not in r["search"] or "error" in r["search"][label]:
