@@ -18,13 +18,14 @@ REPO = Path(__file__).resolve().parents[1]
 def test_bench_scale_tiny_run_has_dense_bm25_and_hybrid_rows(tmp_path):
     out = tmp_path / "scale.json"
     subprocess.run([sys.executable, str(REPO / "scripts/bench_scale.py"), "--sizes", "20000", "--hnsw-max", "0",
-                    "--bm25-max", "20000", "--budget", "1", "--work", str(tmp_path / "work"), "--out", str(out)],
+                    "--bm25-max", "20000", "--gzip-above", "10000", "--budget", "1", "--work", str(tmp_path / "work"), "--out", str(out)],
                    check=True, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
                                                                     "HOME": str(tmp_path)})
     res = json.loads(out.read_text())
     r = res["sizes"]["20000"]
     assert [k for k in ("gen", "import", "bm25") if "error" in r[k]] == []  # a stage that raised is recorded, not fatal
     assert r["gen"]["topics"] == 625 and r["gen"]["median_nn_cosine"] > 0.5
+    assert r["gen"]["corpus_file"] == "corpus.jsonl.gz"  # above --gzip-above; the import reads it whole
     assert not [k for k, v in r["search"].items() if "error" in v]
     assert r["dense"]["IVF-PQ"]["factory"] == "IVF256,PQ48x4fs"
     assert r["search"]["Flat"]["recall@10"] == 1.0
