@@ -171,8 +171,9 @@ def corpus_file(work: Path) -> Path:
 
 
 def stage_gen(n: int, work: Path, gz: bool = False) -> dict:
-    """Synthetic corpus JSONL (gzip level 1 with ``gz``, for disk: the import reads it
-    whole either way), float16 vector shards, queries, exact top-10."""
+    """Synthetic corpus JSONL (gzip level 1 with ``gz``, for disk; the import reads a
+    ``.jsonl.gz`` in spans too, decompressing it once), float16 vector shards, queries,
+    exact top-10."""
     import gzip
 
     t0 = time.perf_counter()

@@ -25,7 +25,7 @@ def test_bench_scale_tiny_run_has_dense_bm25_and_hybrid_rows(tmp_path):
     r = res["sizes"]["20000"]
     assert [k for k in ("gen", "import", "bm25") if "error" in r[k]] == []  # a stage that raised is recorded, not fatal
     assert r["gen"]["topics"] == 625 and r["gen"]["median_nn_cosine"] > 0.5
-    assert r["gen"]["corpus_file"] == "corpus.jsonl.gz"  # above --gzip-above; the import reads it whole
+    assert r["gen"]["corpus_file"] == "corpus.jsonl.gz"  # above --gzip-above; the import reads it in spans
     assert not [k for k, v in r["search"].items() if "error" in v]
     assert r["dense"]["IVF-PQ"]["factory"] == "IVF256,PQ48x4fs"
     assert r["search"]["Flat"]["recall@10"] == 1.0

@@ -160,6 +160,30 @@ def test_units_of_a_jsonl_file_read_as_the_whole_file():
     assert [d for u in units for d in u.read()] == whole
 
 
+def test_units_of_a_gzip_jsonl_file_are_spans_read_with_one_decompression(tmp_path, monkeypatch):
+    """Search-R1 ships wiki-18 as ``wiki-18.jsonl.gz``: its units are spans of the
+    decompressed bytes, read in order by one gzip stream, not the whole file in memory."""
+    import gzip
+
+    from drgym.corpus import readers
+    from drgym.corpus.readers import read_corpus
+    from drgym.index.units import plan_units
+
+    gz = tmp_path / "wiki-18.jsonl.gz"
+    gz.write_bytes(gzip.compress(WIKI18.read_bytes()))
+    units, _, _ = plan_units(str(gz), chunk_docs=300)
+    plain, _, _ = plan_units(str(WIKI18), chunk_docs=300)
+    assert [u.kind for u in units] == ["span"] * 4 and [u.span for u in units] == [u.span for u in plain]
+    opened = []
+    real_open = gzip.open
+    monkeypatch.setattr(readers.gzip, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    whole = list(read_corpus(WIKI18))
+    assert [d for u in units for d in u.read()] == whole
+    assert len(opened) == 1  # each span went on where the last one stopped
+    assert units[1].read() == whole[300:600] and len(opened) == 2  # out of order: decompressed from the start
+    assert [d for u in units[2:] for d in u.read()] == whole[600:] and len(opened) == 2
+
+
 def test_units_of_a_folder_of_jsonl_and_parquet_shards(tmp_path):
     """A corpus folder of two shards (JSONL, and parquet in 3 row groups) in wiki-18
     layout: units cut the parquet file by row group, and the units read back the 1,000

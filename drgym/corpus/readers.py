@@ -28,6 +28,7 @@ import gzip
 import json
 import os
 import re
+import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,18 +75,62 @@ class Span:
     first: int
 
 
+_GZ_READERS: dict[tuple[str, int, int], list[gzip.GzipFile]] = {}
+"""Open gzip readers left at the end of the span each last read, per (file, size, mtime),
+so that spans read in order decompress the file once. Guarded by ``_GZ_LOCK``."""
+_GZ_LOCK = threading.Lock()
+_GZ_KEEP = 4
+"""Readers kept per file (more are closed): one per thread reading that file's spans."""
+
+
+def _gz_key(path: Path) -> tuple[str, int, int]:
+    st = path.stat()
+    return str(path.resolve()), st.st_size, st.st_mtime_ns
+
+
+def _gz_reader_at(path: Path, start: int) -> gzip.GzipFile:
+    """A gzip reader of ``path`` at decompressed byte ``start``: a kept one that is at or
+    before ``start`` (moved forward by decompressing the gap), else a new one. A gzip file
+    has no random access, so a span read out of order decompresses from the start."""
+    key = _gz_key(path)
+    with _GZ_LOCK:
+        kept = _GZ_READERS.get(key, [])
+        best = max((r for r in kept if r.tell() <= start), key=lambda r: r.tell(), default=None)
+        if best is not None:
+            kept.remove(best)
+    f = best if best is not None else gzip.open(path, "rb")
+    if f.tell() < start:
+        f.seek(start)
+    return f
+
+
+def _gz_keep(path: Path, f: gzip.GzipFile) -> None:
+    """Keep ``f`` open for the span that starts where it stopped (see :data:`_GZ_READERS`)."""
+    key = _gz_key(path)
+    with _GZ_LOCK:
+        kept = _GZ_READERS.setdefault(key, [])
+        kept.append(f)
+        while len(kept) > _GZ_KEEP:
+            kept.pop(0).close()
+
+
 def _iter_jsonl(path: Path, span: Span | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Rows of a JSONL file, or of the byte range ``span`` (for a ``.gz`` file, a range of
+    its decompressed bytes), with their 1-based line numbers."""
     from drgym.atomic import decode_line
 
+    gz = path.suffix == ".gz"
     if span is None:
-        f, lines = (gzip.open if path.suffix == ".gz" else open)(path, "rb"), None
+        f, lines = (gzip.open if gz else open)(path, "rb"), None
     else:
-        if path.suffix == ".gz":
-            raise CorpusError(f"{path}: a gzip file cannot be read by byte range; read it whole.")
-        f = open(path, "rb")
-        f.seek(span.start)
+        if gz:
+            f = _gz_reader_at(path, span.start)
+        else:
+            f = open(path, "rb")
+            f.seek(span.start)
         lines = _byte_lines(f, span.stop - span.start)
-    with f:
+    done = False
+    try:
         first = 1 if span is None else span.first
         for lineno, line in enumerate(lines if lines is not None else f, first):
             line = decode_line(line, path, lineno, error=CorpusError)
@@ -100,6 +145,12 @@ def _iter_jsonl(path: Path, span: Span | None = None) -> Iterator[tuple[int, dic
             if not isinstance(row, dict):
                 raise CorpusError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}.")
             yield lineno, row
+        done = True
+    finally:
+        if done and gz and span is not None:
+            _gz_keep(path, f)
+        else:
+            f.close()
 
 
 def _byte_lines(f, length: int) -> Iterator[bytes]:

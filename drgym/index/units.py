@@ -1,9 +1,11 @@
 """Work units of a streaming index build: a corpus cut into pieces of about
 :data:`CHUNK_DOCS` documents, read, split and embedded one at a time.
 
-A unit is a byte range of a JSONL file, a run of parquet row groups, a whole file of a
-format that cannot be read by range (``.gz``, HippoRAG/ovos JSON, a ``datasets``
-folder), or a slice of an in-memory or named corpus. Units are planned once, up front, by
+A unit is a byte range of a JSONL file (of its decompressed bytes for ``.jsonl.gz``:
+units read in order decompress it once, see :func:`drgym.corpus.readers._iter_jsonl`),
+a run of parquet row groups, a whole file of a format that cannot be read by range
+(gzip JSON, HippoRAG/ovos JSON, a ``datasets`` folder), or a slice of an in-memory or
+named corpus. Units are planned once, up front, by
 scanning line ends (no JSON parsing), so the plan of a 13 GB wiki-18 file costs one
 sequential read; the plan is stored with a partial build, so a resumed build never
 re-plans. The same unit list drives the local build (:mod:`drgym.index.build`) and the
@@ -147,10 +149,13 @@ def source_stat(path: Path, role: str = "corpus") -> dict[str, Any]:
 
 
 def _plan_jsonl(path: Path, chunk_docs: int) -> list[tuple[Span, int]]:
-    """Cut a JSONL file into spans of ``chunk_docs`` non-blank lines (one binary scan)."""
+    """Cut a JSONL file into spans of ``chunk_docs`` non-blank lines (one binary scan;
+    for a ``.gz`` file, of the decompressed bytes, which its spans then address)."""
+    import gzip
+
     out: list[tuple[Span, int]] = []
     start, first, n, pos = 0, 1, 0, 0
-    with open(path, "rb", buffering=1 << 20) as f:
+    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb", buffering=1 << 20)) as f:
         lineno = 0
         for lineno, line in enumerate(f, 1):
             pos += len(line)
@@ -229,7 +234,7 @@ def plan_units(
         sources.append(source_stat(f))
         if fmt in SPAN_FORMATS and f.is_file() and f.suffix == ".parquet":
             pieces = _plan_parquet(f, chunk_docs)
-        elif fmt in SPAN_FORMATS and f.is_file() and not f.name.endswith(".gz"):
+        elif fmt in SPAN_FORMATS and f.is_file() and (f.name.endswith(".jsonl.gz") or f.suffix != ".gz"):
             pieces = _plan_jsonl(f, chunk_docs)
         else:
             units.append(Unit(no=len(units), kind="file", path=str(f.resolve()), format=fmt))
