@@ -585,6 +585,9 @@ def main() -> None:
         work = a.work / f"n{n}"
         if work.exists() and "import" not in r:
             shutil.rmtree(work)
+        imported = "import" in r and "error" not in r["import"]
+        if not work.exists() and not imported:  # the generated files are gone (another machine): make them again
+            r.pop("gen", None)
         if "gen" not in r or "error" in r["gen"]:
             r["gen"] = run_stage(["gen", key, str(work)] + (["gz"] if n > a.gzip_above else []), log)
             write(res, a.out)
@@ -592,6 +595,12 @@ def main() -> None:
             imp_factory = "Flat" if n <= a.flat_max else ivfpq(n, a.shard_size)
             r["import"] = run_stage(["import", key, str(work), str(a.shard_size), imp_factory], log)
             write(res, a.out)
+        if "error" in r["gen"] or "error" in r["import"]:
+            # every later stage needs the index: stop this size, and keep its work folder so
+            # that a rerun goes on from the stage that failed
+            print(f"N={n}: {'gen' if 'error' in r['gen'] else 'import'} failed; the work folder {work} is kept",
+                  file=sys.stderr)
+            continue
         sys.path.insert(0, str(REPO))
         from drgym.index.build import FLAT_MAX
         from drgym.index.dense import DEFAULT_SEARCH_PARAMS
