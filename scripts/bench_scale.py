@@ -62,6 +62,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -472,6 +473,11 @@ def run_stage(args: list[str], log) -> dict:
     p = subprocess.run(cmd, capture_output=True, text=True)
     log.write(f"{now()} {' '.join(args)} rc={p.returncode} {time.perf_counter() - t:.0f}s\n{p.stderr[-3000:]}\n")
     log.flush()
+    if p.returncode < 0:  # killed: its last stderr line is whatever it printed before, not the cause
+        sig = signal.Signals(-p.returncode).name
+        why = " (SIGKILL: the kernel's OOM killer, see dmesg, or a user)" if sig == "SIGKILL" else ""
+        return {"error": f"killed by {sig}{why} after {time.perf_counter() - t:.0f} s",
+                "load_avg": os.getloadavg()}
     if p.returncode != 0:
         return {"error": p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"rc {p.returncode}",
                 "load_avg": os.getloadavg()}
