@@ -591,9 +591,9 @@ def main() -> None:
         work = a.work / f"n{n}"
         if work.exists() and "import" not in r:
             shutil.rmtree(work)
-        imported = "import" in r and "error" not in r["import"]
-        if not work.exists() and not imported:  # the generated files are gone (another machine): make them again
-            r.pop("gen", None)
+        if not work.exists() and r and not r.get("complete"):
+            # an unfinished size whose files are gone (another machine): every stage again
+            r.clear()
         if "gen" not in r or "error" in r["gen"]:
             r["gen"] = run_stage(["gen", key, str(work)] + (["gz"] if n > a.gzip_above else []), log)
             write(res, a.out)
@@ -655,6 +655,8 @@ def main() -> None:
                                                 json.dumps(DEFAULT_SEARCH_PARAMS), str(a.budget)], log)
                 write(res, a.out)
             shutil.rmtree(alt_folder(work, factory), ignore_errors=True)
+        r["complete"] = True
+        write(res, a.out)
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
     res["finished"] = now()
