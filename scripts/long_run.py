@@ -6,12 +6,14 @@ The run folder lives outside the work tree (``$DRGYM_RUNS/<name>``, default
 1. when the run folder has no complete checkpoint but the repository holds one
    (``training/checkpoints/<name>/``, written by a snapshot), restores it: the
    checkpoint (LoRA adapter, optimizer, scheduler, RNG states, trainer state) and the
-   logs (``metrics.jsonl``, ``batches.jsonl``), so the run goes on from that step with
-   the data order continued, on any machine where only the repository survived;
+   logs (``metrics.jsonl``, ``batches.jsonl``) and the dev evaluations already made
+   (``training/results/<name>/eval_metrics.json``), so the run goes on from that step
+   with the data order continued, on any machine where only the repository survived;
 2. runs ``drgym train grpo --config NAME --output-dir RUN [--resume]`` in a child
    process (``--resume`` whenever a checkpoint is there);
 3. every ``--snapshot-every`` seconds, and when the child ends, snapshots into the
-   repository: the logs and the eval metrics into ``training/results/<name>/``, the curves
+   repository: the logs and the eval metrics (those committed before kept) into
+   ``training/results/<name>/``, the curves
    (``drgym plot``), a window summary (and the docs' tables rendered from it,
    ``scripts/readme_tables.py --write``), and the last complete checkpoint into
    ``training/checkpoints/<name>/`` (the previous one replaced). Committing them is the
@@ -90,8 +92,23 @@ def restore(name: str, run: Path) -> str | None:
     for f in LOGS:
         if (saved / f).is_file():
             _copy_file(saved / f, run / f)
+    # the dev evaluations made before (on another machine): the run's curves and the next
+    # snapshot keep them
+    for step, m in _committed_evals(name).items():
+        out = run / "eval" / step / "metrics.json"
+        if not out.is_file():
+            from drgym.atomic import atomic_write_json
+
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(out, m)
     print(f"long_run: restored {ck.relative_to(ROOT)} into {run}", file=sys.stderr)
     return ck.name
+
+
+def _committed_evals(name: str) -> dict:
+    """``training/results/<name>/eval_metrics.json`` (``{"step_N": metrics}``), or {}."""
+    f = ROOT / "training" / "results" / name / "eval_metrics.json"
+    return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
 
 
 def snapshot(name: str, run: Path) -> dict:
@@ -110,9 +127,10 @@ def snapshot(name: str, run: Path) -> dict:
         if (run / f).is_file():
             _copy_file(run / f, res / f)
             files.append(str((res / f).relative_to(ROOT)))
-    evals = {}
+    evals = _committed_evals(name)  # evaluations of earlier machines stay; this run's replace their steps
     for m in sorted((run / "eval").glob("step_*/metrics.json")) if (run / "eval").is_dir() else []:
         evals[m.parent.name] = json.loads(m.read_text(encoding="utf-8"))
+    evals = dict(sorted(evals.items(), key=lambda kv: int(kv[0].split("_")[1])))
     if evals:
         from drgym.atomic import atomic_write_json
 

@@ -1,0 +1,40 @@
+"""scripts/long_run.py keeps the dev evaluations of earlier machines: a restore puts the
+committed ones into the new run folder, and a snapshot merges, never drops them."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _long_run(monkeypatch, root: Path):
+    sys.path.insert(0, str(REPO / "scripts"))
+    import long_run
+
+    monkeypatch.setattr(long_run, "ROOT", root)
+    return long_run
+
+
+def test_evaluations_of_an_earlier_machine_survive_restore_and_snapshot(tmp_path, monkeypatch):
+    lr = _long_run(monkeypatch, tmp_path)
+    name = "arm"
+    res = tmp_path / "training" / "results" / name
+    res.mkdir(parents=True)
+    (res / "eval_metrics.json").write_text(json.dumps({"step_0": {"f1": 0.3}, "step_25": {"f1": 0.221}}))
+    ck = tmp_path / "training" / "checkpoints" / name / "checkpoint-40"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text(json.dumps({"global_step": 40}))
+    run = tmp_path / "run"
+    assert lr.restore(name, run) == "checkpoint-40"
+    assert json.loads((run / "eval" / "step_25" / "metrics.json").read_text()) == {"f1": 0.221}
+    # this machine evaluates step 50 (and again step 25): the snapshot holds all three, this run's step 25
+    for step, f1 in (("step_50", 0.25), ("step_25", 0.2)):
+        (run / "eval" / step).mkdir(parents=True, exist_ok=True)
+        (run / "eval" / step / "metrics.json").write_text(json.dumps({"f1": f1}))
+    lr.snapshot(name, run)
+    merged = json.loads((res / "eval_metrics.json").read_text())
+    assert merged == {"step_0": {"f1": 0.3}, "step_25": {"f1": 0.2}, "step_50": {"f1": 0.25}}
+    assert list(merged) == ["step_0", "step_25", "step_50"]
