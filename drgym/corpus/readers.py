@@ -41,10 +41,18 @@ from drgym.types import Document
 FORMATS = ("wiki18", "web", "clueweb22", "browsecomp-plus", "hipporag", "ovos", "drgym")
 
 
+def open_bytes(path: Path):
+    """``path`` opened for binary reading, decompressed when its name ends in ``.gz``.
+
+    Raises:
+        OSError: the file cannot be opened.
+    """
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb", buffering=1 << 20)
+
+
 def _load_json(path: Path) -> Any:
     """A whole JSON corpus file; not UTF-8 or not JSON is a CorpusError naming the place."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
+    with open_bytes(path) as f:
         raw = f.read()
     try:
         text = raw.decode("utf-8")
@@ -121,7 +129,7 @@ def _iter_jsonl(path: Path, span: Span | None = None) -> Iterator[tuple[int, dic
 
     gz = path.suffix == ".gz"
     if span is None:
-        f, lines = (gzip.open if gz else open)(path, "rb"), None
+        f, lines = open_bytes(path), None
     else:
         if gz:
             f = _gz_reader_at(path, span.start)

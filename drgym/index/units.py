@@ -151,11 +151,11 @@ def source_stat(path: Path, role: str = "corpus") -> dict[str, Any]:
 def _plan_jsonl(path: Path, chunk_docs: int) -> list[tuple[Span, int]]:
     """Cut a JSONL file into spans of ``chunk_docs`` non-blank lines (one binary scan;
     for a ``.gz`` file, of the decompressed bytes, which its spans then address)."""
-    import gzip
+    from drgym.corpus.readers import open_bytes
 
     out: list[tuple[Span, int]] = []
     start, first, n, pos = 0, 1, 0, 0
-    with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb", buffering=1 << 20)) as f:
+    with open_bytes(path) as f:
         lineno = 0
         for lineno, line in enumerate(f, 1):
             pos += len(line)
