@@ -244,9 +244,10 @@ def stage_gen(n: int, work: Path, gz: bool = False) -> dict:
 
 def stage_import(n: int, work: Path, shard_size: int, factory: str = "Flat") -> dict:
     """``drgym index import`` of the generated corpus and vectors. ``factory`` is the FAISS
-    index the import builds (then deleted: the dense stage builds each factory); ``Flat``
+    index the import builds: ``Flat`` (then deleted: the dense stage builds each factory)
     except above ``--flat-max``, where a Flat file (4 bytes a dimension) would not fit
-    on the disk beside the rest."""
+    on the disk beside the rest; that IVF-PQ index is moved into the dense stage's folder
+    and searched there, not built a second time."""
     from drgym.index.importer import import_index
 
     files = sorted(str(p) for p in work.glob("vectors-*.npy"))
@@ -262,8 +263,18 @@ def stage_import(n: int, work: Path, shard_size: int, factory: str = "Flat") -> 
            "embeddings_bytes": sum(du(folder / s.embeddings) for s in m.shards),
            "tie_rank_bytes": du(folder / "dense" / "tie_rank.npy"),
            "peak_rss_mb": round(peak_rss_mb(), 1)}
-    for s in m.shards:  # the dense stage rebuilds every factory the same way
-        (folder / s.faiss).unlink()
+    if factory == "Flat":
+        for s in m.shards:  # the dense stage rebuilds every factory the same way
+            (folder / s.faiss).unlink()
+    else:
+        # an IVF-PQ import (above --flat-max) built the very files the dense stage would
+        # build again (the same ShardTask and factory): move them into that stage's folder,
+        # with the build time, so that it does not spend the FAISS step a second time
+        alt = alt_folder(work, factory)
+        (alt / "dense").mkdir(parents=True, exist_ok=True)
+        for s in m.shards:
+            (folder / s.faiss).rename(alt / s.faiss)
+        (alt / IMPORT_BUILT).write_text(json.dumps({"seconds": m.timings.get("faiss"), "peak_rss_mb": out["peak_rss_mb"]}))
     for p in files:  # the embedding shards now hold the vectors; free the disk
         Path(p).unlink()
     corpus_file(work).unlink()
@@ -271,6 +282,10 @@ def stage_import(n: int, work: Path, shard_size: int, factory: str = "Flat") -> 
 
 
 # -- stage: dense -------------------------------------------------------------------------
+
+
+IMPORT_BUILT = "built_by_import.json"
+"""In an alternative index folder: the import built its FAISS files (``{"seconds": ...}``)."""
 
 
 def alt_folder(work: Path, factory: str) -> Path:
@@ -292,6 +307,11 @@ def stage_dense(work: Path, factory: str) -> dict:
     link = alt / "dense" / "tie_rank.npy"
     if not link.exists():
         link.symlink_to(main / "dense" / "tie_rank.npy")
+    built = alt / IMPORT_BUILT
+    if built.exists() and all((alt / s.faiss).exists() for s in m.shards):
+        b = json.loads(built.read_text())  # the import's FAISS step and the import's peak
+        return {"factory": factory, "seconds": b["seconds"], "built_by": "import",
+                "index_bytes": sum(du(alt / s.faiss) for s in m.shards), "peak_rss_mb": b["peak_rss_mb"]}
     t = time.perf_counter()
     per_shard = []
     for no, s in enumerate(m.shards):

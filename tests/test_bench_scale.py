@@ -42,3 +42,22 @@ def test_bench_scale_tiny_run_has_dense_bm25_and_hybrid_rows(tmp_path):
     assert "IVF256,PQ48x4fs" in bench_scale.table(res)
     sizing = bench_scale.sizing(res)
     assert "BM25 files, disk GB" in sizing and "wiki-18" in sizing
+
+
+@pytest.mark.slow
+def test_bench_scale_ivf_import_is_searched_without_a_second_build(tmp_path):
+    """Above --flat-max the import builds IVF-PQ; the dense stage takes those files (and the
+    import's FAISS time) instead of building the same index again, and they search as built."""
+    out = tmp_path / "scale.json"
+    subprocess.run([sys.executable, str(REPO / "scripts/bench_scale.py"), "--sizes", "20000", "--hnsw-max", "0",
+                    "--bm25-max", "0", "--flat-max", "10000", "--budget", "1", "--work", str(tmp_path / "work"),
+                    "--out", str(out)],
+                   check=True, capture_output=True, text=True, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                                                                    "HOME": str(tmp_path)})
+    r = json.loads(out.read_text())["sizes"]["20000"]
+    assert r["import"]["factory"] == "IVF256,PQ48x4fs"
+    dense = r["dense"]["IVF-PQ"]
+    assert dense["built_by"] == "import" and dense["seconds"] == r["import"]["timings"]["faiss"]
+    assert dense["index_bytes"] > 0 and dense["peak_rss_mb"] == r["import"]["peak_rss_mb"]
+    assert "Flat" not in r["dense"]  # no Flat file above --flat-max
+    assert r["search"]["IVF-PQ"]["recall@10"] >= 0.9  # exact top 10 from the gen stage
