@@ -374,13 +374,39 @@ SCALE = "scripts/results/bench_scale_fastscan.json"  # python scripts/bench_scal
 PQ_CODES = "scripts/results/bench_pq_codes.json"  # python scripts/bench_pq_codes.py
 
 
+SCALE_WIKI18 = "scripts/results/bench_scale_wiki18.json"  # bench_scale.py --sizes 21015324 ... (a run of its own)
+
+
+def _scale_runs() -> list[tuple[str, dict]]:
+    """The scale runs whose sizes the tables show: 10^5-5x10^6 in one run, and the wiki-18
+    size (2.1x10^7) in a run of its own, once its import has finished."""
+    runs = [(SCALE, _load(SCALE))]
+    if (REPO / SCALE_WIKI18).is_file():
+        w = _load(SCALE_WIKI18)
+        if any("import" in r and "error" not in r["import"] for r in w["sizes"].values()):
+            runs.append((SCALE_WIKI18, w))
+    return runs
+
+
+def _scale_merged() -> dict:
+    """One result with the sizes of every run of :func:`_scale_runs` (same dim and settings
+    of the generated data; the runs' commands are in the captions)."""
+    runs = _scale_runs()
+    merged = dict(runs[0][1])
+    merged["sizes"] = {k: v for _, r in runs for k, v in r["sizes"].items()}
+    return merged
+
+
 def scale() -> str:
-    r = _load(SCALE)
-    m = r["machine"]
-    return _script("bench_scale").table(r).rstrip("\n") + (
-        f"\n\n`{r['command'].split(' --work')[0]}`, started {r['started'][:16].replace('T', ' ')}, on "
-        f"{m['affinity']} cores and {m['ram_gb']:.0f} GB (faiss {m['faiss']}); the load average of each stage "
-        f"is in `{SCALE}`.")
+    lines = []
+    for rel, r in _scale_runs():
+        m = r["machine"]
+        status = "" if r.get("finished") else " (not finished: its stages so far)"
+        lines.append(f"`{_command(r['command']).split(' --work')[0]}`{status}, started "
+                     f"{r['started'][:16].replace('T', ' ')}, on {m['affinity']} cores and {m['ram_gb']:.0f} GB "
+                     f"(faiss {m['faiss']}); the load average of each stage is in `{rel}`.")
+    return _script("bench_scale").table(_scale_merged()).rstrip("\n") + "\n\n" + "\n".join(
+        ("- " + x if len(lines) > 1 else x) for x in lines)
 
 
 def scale_paper() -> str:
@@ -388,9 +414,10 @@ def scale_paper() -> str:
 
 
 def sizing() -> str:
-    r = _load(SCALE)
+    r = _scale_merged()
+    src = " and ".join(f"`{rel}` (`python scripts/bench_scale.py --sizing {rel}`)" for rel, _ in _scale_runs())
     return _script("bench_scale").sizing(r).rstrip("\n") + (
-        f"\n\nFrom `{SCALE}` (`python scripts/bench_scale.py --sizing {SCALE}`): bytes on disk and seconds per 10^6 "
+        f"\n\nFrom {src}: bytes on disk and seconds per 10^6 "
         "passages at each measured size, peaks for the whole index; wiki-18 scaled linearly from the largest size, "
         "vector terms doubled for 768-d. Times are wall-clock on the benchmark machine (one FAISS thread, load in the "
         "JSON); private memory is RssAnon sampled every 0.2 s (\"-\": not sampled in that stage).")
