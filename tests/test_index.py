@@ -158,7 +158,11 @@ def test_shards_merge_equals_single_shard(flat, sharded, encoder, hotpot_docs):
     qs = queries(hotpot_docs)
     a, b = one.search_batch(qs, 10), many.search_batch(qs, 10)
     assert [[r.doc_id for r in x] for x in a] == [[r.doc_id for r in x] for x in b]
-    assert [[r.score for r in x] for x in a] == [[r.score for r in x] for x in b]
+    # BLAS sums a shard's inner products in another order than the whole file's on some
+    # OpenBLAS kernels: equal rankings, scores equal to float32 rounding
+    import numpy as np
+
+    np.testing.assert_allclose([[r.score for r in x] for x in a], [[r.score for r in x] for x in b], rtol=0, atol=1e-6)
     assert a[0][0].title in ("Lilu (mythology)", "Alû")
 
 
