@@ -451,3 +451,34 @@ def test_flat_scores_are_bit_identical_alone_and_in_any_batch(flat_index):
         parts = [dense.search(q[i:i + b], 10, threads=threads) for i in range(0, len(q), b)]
         np.testing.assert_array_equal(np.vstack([r for _, r in parts]), R1)
         np.testing.assert_array_equal(np.vstack([s for s, _ in parts]), S1)  # bit for bit
+
+
+def test_flat_scores_do_not_depend_on_faiss_rounding_by_batch(flat_index):
+    """On some CPUs OpenBLAS picks its sgemm kernel by matrix size, so FAISS's scores for
+    one query differ in the last bit alone and in a batch. drgym re-scores a Flat shard's
+    candidates (exact_scores), so that rounding never reaches the results: here FAISS's
+    scores are nudged by an amount that depends on the batch size, and the answers stay
+    bit for bit those of the query alone."""
+    from drgym.index.dense import DenseIndex
+    from drgym.index.manifest import IndexManifest
+
+    class BatchRounding:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def search(self, q, k):
+            D, I = self.inner.search(q, k)
+            steps = len(q) % 4  # 0 to 3 ulps, by batch size
+            for _ in range(steps):
+                D = np.nextafter(D, np.float32(np.inf))
+            return D, I
+
+    m = IndexManifest.read(flat_index.folder)
+    dense = DenseIndex(flat_index.folder, m.shards, m.dim, m.n_passages, device="cpu")
+    dense._indexes = [BatchRounding(ix) for ix in dense._indexes]
+    q = unit_rows(24, seed=5)
+    alone = [dense.search(q[i:i + 1], 10) for i in range(len(q))]
+    for b in (2, 3, 8, 24):
+        parts = [dense.search(q[i:i + b], 10) for i in range(0, len(q), b)]
+        np.testing.assert_array_equal(np.vstack([r for _, r in parts]), np.vstack([r for _, r in alone]))
+        np.testing.assert_array_equal(np.vstack([s for s, _ in parts]), np.vstack([s for s, _ in alone]))

@@ -190,9 +190,11 @@ products, and IVF's coarse assignment, go through BLAS for every batch size. fai
 default (128,000) sends any smaller batch to a per-query loop that reads all the vectors
 once per query; through BLAS a batch reads them once. Measured on wiki-default (21,126
 vectors, one thread): 1.12 ms per query in batches of 16 by the loop, 0.31 ms through BLAS,
-the same for one query alone (about 3 ms). And a query's scores are then bit-identical
-alone and in a batch of any size (checked for 1 to 64 in ``tests/test_scale_rules.py``);
-they differ from the loop's by rounding (at most 3e-7 measured). The cost: in ``drgym
+the same for one query alone (about 3 ms). FAISS's scores through BLAS differ from the
+loop's by rounding (at most 3e-7 measured), and on some CPUs between batch sizes in the
+last bit (OpenBLAS picks its kernel by matrix size); drgym does not keep them: a Flat
+shard's candidates are re-scored by :func:`exact_scores`, so a query scores bit for bit
+alike alone and in a batch of any size (``tests/test_scale_rules.py``). The cost: in ``drgym
 serve`` with one client (every batch one query) a request cost 6.4-8.7 ms of CPU this way
 against 4.2-4.9 by the loop (int8 encoder, scripts/bench_search.py); with 16 and 64
 clients it cost 3.0 and 2.3 ms against 3.8 and 3.2. The reason is OpenBLAS's ``sgemm``
@@ -317,11 +319,25 @@ def is_lossy(index) -> bool:
     return any(t in name for t in ("PQ", "Quantizer", "LSH"))
 
 
+EXACT_CHUNK = 64
+"""Queries re-scored at a time by :func:`exact_scores` (bounds its float64 temporaries to
+``EXACT_CHUNK * m * dim * 8`` bytes, 19.7 MB for ``m = 100`` and 384-d vectors)."""
+
+
 def exact_scores(emb: np.ndarray, q: np.ndarray, ids: np.ndarray) -> np.ndarray:
-    """Inner products of queries with stored vectors.
+    """Inner products of queries with stored vectors, the same on every path.
+
+    Each score is the float32 rounding of a float64 sum of exact products (a float16 or
+    float32 row times a float32 query is exact in float64), summed over the one row alone.
+    So a query's scores do not depend on the batch it came in, the shard layout, the
+    thread count, the BLAS build or the device: FAISS's own scores differ between these
+    in the last bit (OpenBLAS picks its kernel by matrix size and CPU). Two summation
+    orders could round differently only where the float64 sum lies within about 1e-16
+    (relative) of a float32 rounding boundary.
 
     Args:
-        emb: float16 ``(count, dim)`` shard embeddings (memory-mapped).
+        emb: ``(count, dim)`` shard vectors, float16 (memory-mapped embeddings) or float32
+            (an imported Flat index's own storage).
         q: float32 ``(nq, dim)`` queries.
         ids: int64 ``(nq, m)`` shard-local rows; ``-1`` entries get ``-inf``.
 
@@ -329,12 +345,28 @@ def exact_scores(emb: np.ndarray, q: np.ndarray, ids: np.ndarray) -> np.ndarray:
         float32 ``(nq, m)`` scores.
     """
     ok = ids >= 0
-    flat = np.where(ok, ids, 0).ravel()
-    order = np.argsort(flat, kind="stable")  # sorted reads from the memory map
-    vecs = np.empty((flat.size, emb.shape[1]), dtype=np.float32)
-    vecs[order] = emb[flat[order]]
-    scores = np.einsum("qmd,qd->qm", vecs.reshape(ids.shape[0], ids.shape[1], -1), q, dtype=np.float32)
-    return np.where(ok, scores, -np.inf).astype(np.float32)
+    out = np.full(ids.shape, -np.inf, dtype=np.float32)
+    for a in range(0, ids.shape[0], EXACT_CHUNK):
+        part, mask = ids[a:a + EXACT_CHUNK], ok[a:a + EXACT_CHUNK]
+        flat = np.where(mask, part, 0).ravel()
+        order = np.argsort(flat, kind="stable")  # sorted reads from the memory map
+        vecs = np.empty((flat.size, emb.shape[1]), dtype=np.float64)
+        vecs[order] = emb[flat[order]]
+        vecs = vecs.reshape(part.shape[0], part.shape[1], -1)
+        vecs *= np.asarray(q[a:a + EXACT_CHUNK], dtype=np.float64)[:, None, :]
+        scores = vecs.sum(axis=2).astype(np.float32)
+        out[a:a + EXACT_CHUNK] = np.where(mask, scores, -np.inf)
+    return out
+
+
+def flat_storage(index) -> np.ndarray | None:
+    """An exact (``IndexFlat``) FAISS index's float32 vectors as a zero-copy
+    ``(ntotal, d)`` view (valid while ``index`` lives), else None."""
+    faiss = _faiss()
+    inner = faiss.downcast_index(index)
+    if not isinstance(inner, faiss.IndexFlat) or inner.ntotal == 0:
+        return None
+    return faiss.rev_swig_ptr(inner.get_xb(), inner.ntotal * inner.d).reshape(inner.ntotal, inner.d)
 
 
 def build_faiss(vectors: np.ndarray, factory: str) -> "object":
@@ -631,6 +663,7 @@ class DenseIndex:
         self._lock = threading.Lock()
         self._pool = None  # the shard_workers threads, made on first use
         self._embeddings: list[np.ndarray | None] = []
+        self._exact: list[np.ndarray | None] = []  # rows that exact_scores reads, per shard
         self.on_gpu = False
         self.gpu_errors: list[str] = []  # why shards stayed on CPU on a GPU machine
         use_gpu = device != "cpu" and gpus_available() > 0
@@ -657,6 +690,7 @@ class DenseIndex:
             self._apply_params(index, params)
             self.shard_params.append(params)
             self._lossy.append(is_lossy(index))
+            self._exact.append(emb if emb is not None else flat_storage(index))
             if use_gpu:
                 index = self._to_gpu(index, params)
             self._indexes.append(index)
@@ -737,6 +771,13 @@ class DenseIndex:
         """Shard ``i``'s candidates are re-scored exactly (lossy codes, float16 rows, rerank > 0)."""
         return self._lossy[i] and self._embeddings[i] is not None and self.rerank > 0
 
+    def _rescores(self, i: int) -> bool:
+        """Shard ``i``'s scores come from :func:`exact_scores`, not from FAISS: a re-ranked
+        lossy shard, or an exact one whose rows are at hand (float16 embeddings, or an
+        imported Flat index's own vectors). Then a query scores alike alone and in any
+        batch, on CPU and GPU."""
+        return self._reranks(i) or (not self._lossy[i] and self._exact[i] is not None)
+
     def _depth(self, i: int, k: int) -> int:
         """Candidates shard ``i`` returns per query for a top-``k`` search."""
         return min(self.shards[i].count, max(k + TIE_MARGIN, self.rerank if self._reranks(i) else 0))
@@ -752,8 +793,8 @@ class DenseIndex:
     def _search_shard(self, i: int, q: np.ndarray, k: int, threads: int | None) -> tuple[np.ndarray, np.ndarray]:
         """Shard ``i``'s candidates for ``q`` (FAISS on ``threads`` OpenMP threads, None:
         FAISS's setting): scores and global rows (``-1`` padding)."""
-        s, index, emb = self.shards[i], self._indexes[i], self._embeddings[i]
-        rerank = self._reranks(i)
+        s, index, emb = self.shards[i], self._indexes[i], self._exact[i]
+        rescore = self._rescores(i)
         kk = self._depth(i, k)
         fp = self.folder / s.faiss
         try:
@@ -772,11 +813,11 @@ class DenseIndex:
             bad = int(I[(I < -1) | (I >= s.count)][0])
             raise corrupt_file_error(fp, f"is unreadable: FAISS returned row {bad}, outside the shard's "
                                          f"0..{s.count - 1}", self.folder)
-        if rerank:
+        if rescore:
             D = exact_scores(emb, q, I)
             if not np.isfinite(D[hit]).all():
-                raise corrupt_file_error(self.folder / s.embeddings, "is unreadable: it holds NaN or infinite "
-                                                                     "values", self.folder)
+                bad = self.folder / (s.embeddings or s.faiss)
+                raise corrupt_file_error(bad, "is unreadable: it holds NaN or infinite values", self.folder)
         elif not np.isfinite(D[hit]).all():
             raise corrupt_file_error(fp, "is unreadable: a stored vector scores NaN or infinity", self.folder)
         return D, np.where(hit, I + s.start, -1)
