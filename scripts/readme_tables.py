@@ -301,7 +301,7 @@ def server_load() -> str:
         "`--search-r1`: Search-R1's own `retrieval_server.py` over the same index.")
 
 
-SEARCH_R1_SIDE_BY_SIDE = "scripts/results/bench_search_sr1_blas.json"  # bench_search.py --search-r1 ... --search-r1-only
+SEARCH_R1_SIDE_BY_SIDE = "scripts/results/bench_search_sr1_rescore.json"  # bench_search.py --search-r1 ... --search-r1-only
 
 
 def search_r1_side_by_side() -> str:
