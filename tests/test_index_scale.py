@@ -89,6 +89,13 @@ def test_import_faiss_index_ranks_as_native_build(native_and_export, encoder):
         assert rankings(a.with_method(method), qs) == rankings(b.with_method(method), qs), method
     top = b.search(QUESTIONS[0], 1)[0]
     assert top.title == "Evan Morris" and b.fetch(top.url).text.startswith("Evan Morris Evan L. Morris")
+    # no embedding file: its scores come from the Flat index's own float32 rows, re-scored as a native shard's
+    from drgym.index.dense import DenseIndex
+
+    for mmap in (False, True):
+        d = DenseIndex(imp.folder, m.shards, m.dim, m.n_passages, device="cpu", mmap=mmap)
+        assert d._rescores(0) and d._exact[0].shape == (1000, 384) and d._exact[0].dtype == np.float32
+        np.testing.assert_array_equal(d._exact[0][:3], d._indexes[0].reconstruct_n(0, 3))
     again = import_index(ex / "wiki-18.jsonl", faiss_index=ex / "e5_Flat.index", encoder="all-MiniLM-L6-v2",
                          root=root, name="searchr1-import", id_prefix="wiki18-")
     assert not again.built

@@ -664,6 +664,7 @@ class DenseIndex:
         self._pool = None  # the shard_workers threads, made on first use
         self._embeddings: list[np.ndarray | None] = []
         self._exact: list[np.ndarray | None] = []  # rows that exact_scores reads, per shard
+        self._exact_owners: list = []  # CPU FAISS indexes whose storage _exact views (kept alive)
         self.on_gpu = False
         self.gpu_errors: list[str] = []  # why shards stayed on CPU on a GPU machine
         use_gpu = device != "cpu" and gpus_available() > 0
@@ -690,7 +691,14 @@ class DenseIndex:
             self._apply_params(index, params)
             self.shard_params.append(params)
             self._lossy.append(is_lossy(index))
-            self._exact.append(emb if emb is not None else flat_storage(index))
+            exact = emb
+            if exact is None and (mmap or not use_gpu):
+                # an imported Flat index's own vectors; kept only where that costs no second copy in RAM (a
+                # GPU copy would otherwise leave the CPU index alive beside it, as large as the shard)
+                exact = flat_storage(index)
+                if exact is not None:
+                    self._exact_owners.append(index)  # the view lives as long as this CPU index
+            self._exact.append(exact)
             if use_gpu:
                 index = self._to_gpu(index, params)
             self._indexes.append(index)
@@ -774,8 +782,9 @@ class DenseIndex:
     def _rescores(self, i: int) -> bool:
         """Shard ``i``'s scores come from :func:`exact_scores`, not from FAISS: a re-ranked
         lossy shard, or an exact one whose rows are at hand (float16 embeddings, or an
-        imported Flat index's own vectors). Then a query scores alike alone and in any
-        batch, on CPU and GPU."""
+        imported Flat index's own vectors, unless that index was moved to a GPU from a
+        file read into memory). Then a query scores alike alone and in any batch, on CPU
+        and GPU."""
         return self._reranks(i) or (not self._lossy[i] and self._exact[i] is not None)
 
     def _depth(self, i: int, k: int) -> int:
