@@ -272,3 +272,32 @@ def test_full_drgym_home(tmp_path):
     # only the partial build is left (resumed by the next build): nothing a load takes for an index
     left = res.stdout.strip().splitlines()[-1].removeprefix("left:").split()
     assert ".build-hotpotqa--all-MiniLM-L6-v2--Flat" in left and "hotpotqa--all-MiniLM-L6-v2--Flat" not in left
+
+
+def test_no_progress_hides_the_model_libraries_bars(monkeypatch, capsys):
+    """``--no-progress`` also silences transformers' "Loading weights" bar and the plain
+    tqdm bar of its GGUF reader, which a log or a pipe otherwise fills with."""
+    from tqdm.auto import tqdm
+    from transformers.utils import logging as hf_logging
+
+    from drgym.cli.rollout import quiet_model_loading
+
+    from functools import partialmethod
+
+    import tqdm as tqdm_module
+
+    monkeypatch.setenv("TQDM_DISABLE", "0")  # restored (unset) after the test
+    init = tqdm_module.std.tqdm.__dict__["__init__"]  # an earlier CLI test in this process may have patched it
+    monkeypatch.setattr(tqdm_module.std.tqdm, "__init__", init.func if isinstance(init, partialmethod) else init)
+    hf_logging.enable_progress_bar()
+    try:
+        list(tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+        assert "Converting" in capsys.readouterr().err  # shown before
+        quiet_model_loading()
+        assert not hf_logging.is_progress_bar_enabled()
+        list(tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."))
+        list(hf_logging.tqdm(range(3), desc="Loading weights"))
+        err = capsys.readouterr().err
+        assert "Converting" not in err and "Loading weights" not in err
+    finally:
+        hf_logging.enable_progress_bar()

@@ -52,7 +52,7 @@ def register(app: typer.Typer) -> None:
 
         Example (offline, replaying a recording): drgym compare -p scripted -p 'scripted fetch=false' -b local,serper --replay web.sqlite --n 30
         """
-        from drgym.cli.rollout import check_backend_keys, print_error
+        from drgym.cli.rollout import check_backend_keys, print_error, quiet_model_loading
         from drgym.errors import DrgymError
         from drgym.evaluation.compare import parse_policy_entry, run_compare
         from drgym.policies.factory import check_policy, check_policy_reachable, parse_options
@@ -76,6 +76,8 @@ def register(app: typer.Typer) -> None:
                 backend_options = {s: {"method": local_method} for s in specs if s.lower().startswith("local")}
             run_options = {"env": env, "seed": seed, "batch_size": batch_size, "max_turns": max_turns, "judge": judge,
                            "rewards": list(reward) or None, "env_options": parse_options(env_option), "progress": progress}
+            if not progress:
+                quiet_model_loading()
             result = run_compare(policies=policy, tasks=tasks, backends=specs, out=out, n=(n or None), replay=replay,
                                  record=record, prices=prices, backend_options=backend_options,
                                  run_options=run_options, metric=metric)

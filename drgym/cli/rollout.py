@@ -114,6 +114,8 @@ def register(app: typer.Typer) -> None:
                 valid, note = judge_validity(judge)
                 if not valid:
                     typer.secho(f"warning: judge {judge} is {note}.", fg="yellow", err=True)
+            if not progress:
+                quiet_model_loading()
             res = run_rollout(cfg, progress=progress, console=Console(stderr=True, markup=False), fresh=fresh,
                               allow_engine_change=allow_engine_change)
         except KeyboardInterrupt as e:
@@ -176,6 +178,34 @@ def print_error(message: object) -> None:
     """Print ``error: MESSAGE`` on stderr as one plain line: no rich markup, so a
     ``pip install 'drgym[gpu]'`` in the message is printed as is."""
     typer.secho(f"error: {message}", fg="red", err=True)
+
+
+def quiet_model_loading() -> None:
+    """Hide the model libraries' own progress bars (transformers' "Loading weights" and
+    GGUF conversion, huggingface_hub's downloads), for ``--no-progress``: a log or a
+    pipe then gets only drgym's lines. Library warnings are untouched. transformers' GGUF
+    reader uses plain ``tqdm``, so every ``tqdm`` bar of this process is disabled (and of
+    its children, by ``TQDM_DISABLE=1``); drgym's own bars are rich's."""
+    import os
+    from functools import partialmethod
+
+    import tqdm
+
+    os.environ["TQDM_DISABLE"] = "1"  # read by tqdm when a process imports it
+    if not isinstance(tqdm.std.tqdm.__dict__["__init__"], partialmethod):  # once: imported already here
+        tqdm.std.tqdm.__init__ = partialmethod(tqdm.std.tqdm.__init__, disable=True)
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    try:
+        from huggingface_hub.utils import disable_progress_bars
+
+        disable_progress_bars()
+    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
+        pass
 
 
 def check_backend_keys(spec: str) -> None:
