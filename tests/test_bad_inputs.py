@@ -277,14 +277,13 @@ def test_full_drgym_home(tmp_path):
 def test_no_progress_hides_the_model_libraries_bars(monkeypatch, capsys):
     """``--no-progress`` also silences transformers' "Loading weights" bar and the plain
     tqdm bar of its GGUF reader, which a log or a pipe otherwise fills with."""
+    from functools import partialmethod
+
+    import tqdm as tqdm_module
     from tqdm.auto import tqdm
     from transformers.utils import logging as hf_logging
 
     from drgym.cli.rollout import quiet_model_loading
-
-    from functools import partialmethod
-
-    import tqdm as tqdm_module
 
     monkeypatch.setenv("TQDM_DISABLE", "0")  # restored (unset) after the test
     init = tqdm_module.std.tqdm.__dict__["__init__"]  # an earlier CLI test in this process may have patched it
