@@ -190,22 +190,14 @@ def quiet_model_loading() -> None:
     from functools import partialmethod
 
     import tqdm
+    from huggingface_hub.utils import disable_progress_bars
+    from transformers.utils import logging as hf_logging
 
     os.environ["TQDM_DISABLE"] = "1"  # read by tqdm when a process imports it
     if not isinstance(tqdm.std.tqdm.__dict__["__init__"], partialmethod):  # once: imported already here
         tqdm.std.tqdm.__init__ = partialmethod(tqdm.std.tqdm.__init__, disable=True)
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        pass
-    try:
-        from huggingface_hub.utils import disable_progress_bars
-
-        disable_progress_bars()
-    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
-        pass
+    hf_logging.disable_progress_bar()
+    disable_progress_bars()
 
 
 def check_backend_keys(spec: str) -> None:
