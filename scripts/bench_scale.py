@@ -572,6 +572,10 @@ def main() -> None:
     ap.add_argument("--curve", action="store_true",
                     help="IVF-PQ only: recall@10 and latency over a grid of nprobe x exact re-rank depth "
                          "(CURVE_NPROBE x CURVE_RERANK), the curve the search defaults are chosen from")
+    ap.add_argument("--curve-nprobe", type=int, nargs="+", default=list(CURVE_NPROBE),
+                    help="the curve's nprobe values (default: CURVE_NPROBE)")
+    ap.add_argument("--curve-rerank", type=int, nargs="+", default=list(CURVE_RERANK),
+                    help="the curve's re-rank depths, candidates re-scored per query in all shards (default: CURVE_RERANK)")
     ap.add_argument("--table", type=Path, help="print the README table of a result JSON and exit")
     ap.add_argument("--paper", type=Path, help="print the README's extrapolation to wiki-18 and ClueWeb22-B and exit")
     ap.add_argument("--sizing", type=Path, help="print the sizing table (per 10^6 passages, and wiki-18) of a result JSON and exit")
@@ -656,7 +660,7 @@ def main() -> None:
             settings = [(fam, {})]  # drgym defaults
             if fam == "IVF-PQ" and a.curve:
                 settings = [(f"IVF-PQ nprobe {p} rerank {r}", {"nprobe": p, "rerank": r})
-                            for p in CURVE_NPROBE for r in CURVE_RERANK]
+                            for p in a.curve_nprobe for r in a.curve_rerank]
             elif fam == "IVF-PQ":
                 settings += [("IVF-PQ nprobe 16", {"nprobe": 16}), ("IVF-PQ rerank 0", {"rerank": 0})]
                 if n > a.shard_size:  # several shards: also searched one after another (shard_workers=1), beside the default side by side

@@ -516,6 +516,9 @@ ANSWERABLE_TABLE = "training/results/answerable_test_table.json"  # python scrip
 ANSWERABLE_CONTROL = "training/results/answerable_train_control.json"  # python scripts/eval_table.py --tasks answerable-train
 ANSWERABLE_HIPPO = "training/results/answerable_hipporag_test_table.json"  # ... --tasks hipporag-test
 TWO_HOP_TEST = "training/results/two_hop_hipporag_test_table.json"  # ... --trained-label "start + two-hop SFT"
+EVIDENCE_RUN = "training/results/smollm2_answerable_evidence_cpu/grpo_summary.json"  # long_run.py --config ..._evidence_cpu
+EVIDENCE_TEST = "training/results/evidence_test_table.json"  # eval_table.py ... --trained-label "start + GRPO (evidence)"
+EVIDENCE_HIPPO = "training/results/evidence_hipporag_test_table.json"  # ... --tasks hipporag-test
 
 
 def answerable_pool() -> str:
@@ -538,8 +541,8 @@ def answerable_pool() -> str:
         f"{r['settings']['env']['kwargs']}. `{ANSWERABLE_POOL}`.")
 
 
-def answerable_run() -> str:
-    r = _load(ANSWERABLE_RUN)
+def answerable_run(path: str = ANSWERABLE_RUN) -> str:
+    r = _load(path)
     cols = [("steps", "steps", "{}"), ("f1", "train F1 (T=1)", "{:.3f}"), ("format", "format penalty", "{:+.3f}"),
             ("filtered_frac", "zero-variance groups", "{:.2f}"), ("entropy", "entropy", "{:.2f}"),
             ("lr_scale", "brake lr scale", "{:.2f}"), ("invalid_actions", "invalid actions / ep", "{:.2f}"),
@@ -549,7 +552,11 @@ def answerable_run() -> str:
     evals = ", ".join(f"step {e['step']}: {e['f1']:.3f}" for e in r["evaluations"])
     return _table([c[1] for c in cols], rows) + (
         f"\n\n{r['steps']} steps so far. Dev F1 (greedy, `answerable-dev`, 30 questions) at each evaluation: "
-        f"{evals}. `{ANSWERABLE_RUN}` ({r['made_by']}).")
+        f"{evals}. `{path}` ({r['made_by']}).")
+
+
+def evidence_run() -> str:
+    return answerable_run(EVIDENCE_RUN)
 
 
 def _eval_table(path: str, why_missing: str = "") -> str:
@@ -571,6 +578,14 @@ def answerable_hipporag() -> str:
 
 def two_hop_test() -> str:
     return _eval_table(TWO_HOP_TEST)
+
+
+def evidence_test() -> str:
+    return _eval_table(EVIDENCE_TEST, ": it is measured once, when the run has finished its 300 steps")
+
+
+def evidence_hipporag() -> str:
+    return _eval_table(EVIDENCE_HIPPO, ": it is measured once, when the run has finished its 300 steps")
 
 
 def answerable_control() -> str:
@@ -752,6 +767,9 @@ TABLES: dict[str, Callable[[], str]] = {
     "answerable_table": answerable_table,
     "answerable_hipporag": answerable_hipporag,
     "two_hop_test": two_hop_test,
+    "evidence_run": evidence_run,
+    "evidence_test": evidence_test,
+    "evidence_hipporag": evidence_hipporag,
     "grpo_summary": grpo_summary,
     "bench_train_lora": bench_train_lora,
     "test_table": test_table,
@@ -805,6 +823,9 @@ TABLE_PAGES: dict[str, str] = {
     "answerable_table": "docs/training.md",
     "answerable_hipporag": "docs/training.md",
     "two_hop_test": "docs/training.md",
+    "evidence_run": "docs/training.md",
+    "evidence_test": "docs/training.md",
+    "evidence_hipporag": "docs/training.md",
     "bench_train_lora": "docs/training.md",
 }
 

@@ -185,6 +185,43 @@ def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder):
         e.close()
 
 
+def test_rerank_is_split_between_shards_alike_in_library_and_ray_shards(tmp_path, fake_encoder):
+    """``rerank`` counts the candidates re-scored per query across the index: three lossy
+    shards of 1,000 rows re-rank ceil(100 / 3) = 34 each (FAISS is asked for 34), a
+    ``drgym serve-ray`` shard server, which loads one shard, splits alike, and the library
+    and the Ray router then rank alike."""
+    from drgym.distributed.serve import ShardedSearchEngine, ShardServer, load_config
+    from drgym.index.dense import DenseIndex, rerank_depth
+
+    ids = [str(i) for i in range(3000)]
+    write_corpus(tmp_path / "wiki-18.jsonl", ids)
+    np.save(tmp_path / "emb.npy", unit_rows(3000, seed=5))
+    res = import_index(tmp_path / "wiki-18.jsonl", embeddings=[tmp_path / "emb.npy"], encoder=ENCODER,
+                       factory="IVF32,PQ8x4fs", shard_size=1000, root=tmp_path / "idx", bm25=False)
+    folder, m = res.folder, res.manifest
+    assert len(m.shards) == 3
+    lib = LocalSearchEngine(folder, method="dense", collapse="passage")
+    dense = lib._shared.dense
+    asked = []
+    for idx in dense._indexes:
+        real = idx.search
+        idx.search = lambda q, kk, _real=real: (asked.append(kk), _real(q, kk))[1]
+    queries = [f"q{i}" for i in range(12)]
+    want = ranking(lib.search_batch(queries, 10))
+    assert asked and set(asked) == {34}
+    assert [rerank_depth(100, s.count, m.n_passages, 10) for s in m.shards] == [34, 34, 34]
+    cfg = load_config()["shard"]
+    shards = [ShardServer(str(folder), i, cfg.get("search_params"), bool(cfg.get("mmap", True))) for i in range(3)]
+    assert [s.dense._depth(0, 10) for s in shards] == [34, 34, 34]
+    ray_engine = ShardedSearchEngine(folder, [LocalHandle(s) for s in shards], method="dense", collapse="passage")
+    assert ranking(ray_engine.search_batch(queries, 10)) == want
+    # the old per-shard depth (100 a shard) is rerank=300 in all; k larger than a shard's share wins
+    wide = DenseIndex(folder, m.shards, m.dim, m.n_passages, search_params={"rerank": 300})
+    assert [wide._depth(i, 10) for i in range(3)] == [100] * 3 and [dense._depth(i, 60) for i in range(3)] == [76] * 3
+    for e in (lib, ray_engine):
+        e.close()
+
+
 def test_search_params_for_fits_each_index_type():
     import faiss
 

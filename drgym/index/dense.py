@@ -62,10 +62,11 @@ resolved by passage_id rather than by FAISS's internal order."""
 DEFAULT_SEARCH_PARAMS: dict[str, int] = {"efSearch": 64, "nprobe": 0, "rerank": 100}
 """Search-time parameters, applied when the index has them. HNSW ``efSearch=64`` gives
 ANN recall@10 of 0.997 against exact search on wiki-default (scripts/bench_search.py).
-IVF ``nprobe=0`` means :func:`auto_nprobe` (1/16 of the lists, at least 16); a number
-fixes it. ``rerank`` (drgym's, not FAISS's): a shard whose codes are lossy (PQ, scalar
-quantizers) returns this many candidates per query, which are re-scored exactly with the
-shard's float16 embeddings (memory-mapped, so RAM holds only the codes); the scores are
+IVF ``nprobe=0`` means :func:`auto_nprobe` (a quarter of the lists, at least 16); a number
+fixes it. ``rerank`` (drgym's, not FAISS's): shards whose codes are lossy (PQ, scalar
+quantizers) return this many candidates per query in all, split between the shards by
+their rows (:func:`rerank_depth`), which are re-scored exactly with the shards' float16
+embeddings (memory-mapped, so RAM holds only the codes); the scores are
 then the same inner products a ``Flat`` index gives. 0 turns it off. Measured on
 synthetic 384-d vectors by scripts/bench_scale.py (docs/benchmarks/scale.md): at 10^6
 vectors with IVF1024,PQ48x4fs (``auto``), recall@10 is 0.63 with the 4-bit codes'
@@ -94,6 +95,35 @@ def auto_nprobe(nlist: int) -> int:
 
 
 RERANK_KEY = "rerank"
+
+
+def rerank_depth(rerank: int, shard_rows: int, all_rows: int, k: int) -> int:
+    """Candidates one re-ranking shard returns (and re-scores exactly) per query.
+
+    ``rerank`` is the number of candidates re-scored per query across the whole index,
+    split between the shards in proportion to their rows, and never fewer than
+    ``k + TIE_MARGIN`` a shard (nor more than it holds). One shard holding every row
+    re-ranks ``rerank``; nine shards of 2.3x10^6 rows re-rank 26 each at k=10 instead of
+    100 each, so a query reads 234 float16 rows from disk instead of 900: a shard holds only
+    its part of the true top-k, and recall is set by the lists probed (docs/benchmarks/scale.md
+    measures recall against re-rank depth). The split depends only on the manifest,
+    so a ``drgym serve-ray`` shard server (which loads one shard) re-ranks as the library.
+
+    Args:
+        rerank: the ``rerank`` search parameter (> 0).
+        shard_rows, all_rows: rows of this shard and of the whole index.
+        k: results asked for.
+
+    Returns:
+        the depth, in ``[min(shard_rows, k + TIE_MARGIN), shard_rows]``.
+
+    >>> rerank_depth(100, 1_000_000, 1_000_000, 10), rerank_depth(100, 2_335_036, 21_015_324, 10)
+    (100, 26)
+    >>> rerank_depth(300, 2_500_000, 5_000_000, 10), rerank_depth(100, 5, 5, 10)
+    (150, 5)
+    """
+    share = -(-int(rerank) * int(shard_rows) // max(1, int(all_rows)))  # ceil
+    return min(int(shard_rows), max(int(k) + TIE_MARGIN, share))
 
 
 def search_params_for(index, requested: dict[str, int] | None = None) -> dict[str, int]:
@@ -654,6 +684,7 @@ class DenseIndex:
         self.shards = list(shards) if shard_ids is None else [shards[i] for i in shard_ids]
         self.dim = int(dim)
         self.n_passages = int(n_passages)
+        self._all_rows = all_rows  # every shard's rows, loaded here or not (the re-rank split)
         self.tie_rank = load_tie_rank(self.folder, self.n_passages)
         self.search_params = {**DEFAULT_SEARCH_PARAMS, **(search_params or {})}
         self.rerank = int(self.search_params[RERANK_KEY])
@@ -789,8 +820,13 @@ class DenseIndex:
         return self._reranks(i) or (not self._lossy[i] and self._exact[i] is not None)
 
     def _depth(self, i: int, k: int) -> int:
-        """Candidates shard ``i`` returns per query for a top-``k`` search."""
-        return min(self.shards[i].count, max(k + TIE_MARGIN, self.rerank if self._reranks(i) else 0))
+        """Candidates shard ``i`` returns per query for a top-``k`` search: ``k`` +
+        :data:`TIE_MARGIN`, or where it re-ranks, its share of ``rerank`` if larger
+        (:func:`rerank_depth`)."""
+        s = self.shards[i]
+        if not self._reranks(i):
+            return min(s.count, k + TIE_MARGIN)
+        return rerank_depth(self.rerank, s.count, self._all_rows, k)
 
     def _shard_pool(self):
         with self._lock:
