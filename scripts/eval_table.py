@@ -145,6 +145,27 @@ def reusable_rows(path: Path, policies: dict[str, tuple[str, dict]], tasks: str,
     return out
 
 
+def other_row(path: Path, label: str, tasks: str, env_desc: str) -> dict:
+    """Row ``label`` of another table (``path``, written by this script on the same ``tasks``
+    in the same env), as :func:`reusable_rows` gives a row: ``{"policy", "run_dir",
+    "per_question", "metrics"}``.
+
+    Raises:
+        SystemExit: ``path`` was made on other tasks or in another env, or has no row ``label``
+            with per-question scores (its labels are named).
+    """
+    old = json.loads(path.read_text())
+    if old.get("tasks") != tasks or old.get("env") != env_desc:
+        raise SystemExit(f"--also {path}: made on tasks {old.get('tasks')!r} in env {old.get('env')!r}, "
+                         f"not on {tasks!r} in {env_desc!r}; its rows cannot be paired with this table's.")
+    row = old.get("rows", {}).get(label)
+    if not row or label not in old.get("per_question", {}):
+        raise SystemExit(f"--also {path}: no row {label!r} with per-question scores; its rows: {sorted(old.get('rows', {}))}")
+    logging.info("%s (%s): taken from %s", label, row["policy"], path)
+    return {"policy": row["policy"], "run_dir": row["run_dir"], "per_question": old["per_question"][label],
+            "metrics": {("answer_rate" if k == "answered" else k): v["mean"] for k, v in row["scores"].items()}}
+
+
 def markdown(table: dict) -> str:
     """The table as markdown (means with their 95% intervals)."""
     def cell(d, pct=False, nd=3):
@@ -229,6 +250,10 @@ def main() -> int:
                     help="a table JSON this script wrote for the same --tasks and env: its rows whose policy is the "
                          "same are taken from its per-question scores instead of being run again (greedy rows are "
                          "deterministic on a CPU in float32)")
+    ap.add_argument("--also", action="append", default=[], metavar="LABEL=TABLE",
+                    help="with --start: the row LABEL of another table JSON this script wrote on the same --tasks and "
+                         "env (e.g. another arm's 'start + GRPO'), shown under that label and paired with the trained "
+                         "row question by question; repeatable")
     a = ap.parse_args()
     if bool(a.start) == bool(a.sft) or (a.sft and not a.grpo):
         ap.error("give --sft and --grpo (the bundled agent's table), or --start [--trained] (an RL run's table)")
@@ -286,6 +311,13 @@ def main() -> int:
     results = {label: reused.get(label) or run_policy(label.replace(" ", "_").replace(",", "").replace("+", "plus"),
                                                       spec, a.tasks, runs, opt, env)
                for label, (spec, opt) in policies.items()}
+    for item in a.also:
+        label, sep, path = item.partition("=")
+        if not sep or not label or not path:
+            ap.error(f"--also {item!r}: give LABEL=TABLE, e.g. 'start + GRPO=training/results/answerable_test_table.json'")
+        if label in results:
+            ap.error(f"--also {label!r} is the label of a row of this table; rows must have different labels")
+        results[label] = other_row(Path(path), label, a.tasks, env_desc)
     if only and not a.partial:
         for label, r in results.items():
             print(label, {k: r["metrics"].get(k) for k in ("em", "f1", "answer_rate", "searches")})
@@ -299,7 +331,7 @@ def main() -> int:
         for q in rows_.values():
             q["searched_twice"] = 1.0 if q["searches"] >= 2 else 0.0
     if a.start:
-        top = a.trained_label if a.trained_label in pq else "start"
+        top = a.trained_label if a.trained and a.trained_label in pq else "start"
         if "start" not in pq:
             ap.error("the table needs the 'start' row")
         pairs = {}
@@ -317,6 +349,10 @@ def main() -> int:
             # the same first search for both: what training changed in reading alone
             pairs["F1: trained reads - start reads (retrieve-then-read)"] = (
                 "retrieve-then-read, trained reads", "retrieve-then-read, start reads", "f1")
+        for item in a.also:  # another run's row on the same questions: what this one changed against it
+            label = item.partition("=")[0]
+            if label != top:
+                pairs[f"F1: {top} - {label}"] = (top, label, "f1")
         paired_rows = {name: paired(pq[x], pq[y], m) for name, (x, y, m) in pairs.items()}
         n_key = "start"
     else:

@@ -51,3 +51,35 @@ def test_trained_label_may_not_replace_another_row(capsys):
     finally:
         sys.argv = argv
     assert "--trained-label 'start' is the label of another row" in capsys.readouterr().err
+
+
+def test_also_pairs_another_tables_row_question_by_question(tmp_path, monkeypatch):
+    """``--also LABEL=TABLE`` takes another run's row on the same questions (no rollout runs
+    here: every row comes from the committed table) and pairs the top row with it."""
+    et = load_script("eval_table")
+    import sys
+
+    old = json.loads(TABLE.read_text())
+    out = tmp_path / "t.json"
+    monkeypatch.setattr(sys, "argv", [
+        "eval_table.py", "--start", "smollm2-drgym", "--config", "smollm2_answerable_cpu", "--dtype", "float32",
+        "--tasks", "answerable-test", "--reuse", str(TABLE), "--only", "start;retrieve-then-read", "--partial",
+        "--also", f"start + GRPO={TABLE}", "--runs", str(tmp_path / "runs"), "--out", str(out)])
+    assert et.main() == 0
+    t = json.loads(out.read_text())
+    assert sorted(t["rows"]) == ["retrieve-then-read", "start", "start + GRPO"]
+    assert t["per_question"]["start + GRPO"] == old["per_question"]["start + GRPO"]
+    d = t["paired"]["F1: start - start + GRPO"]
+    want = old["paired"]["F1: start + GRPO - start"]
+    assert d["n"] == 400 and d["mean"] == pytest.approx(-want["mean"], abs=1e-12)
+    assert (d["wins"], d["losses"]) == (want["losses"], want["wins"])
+    assert not (tmp_path / "runs").exists()  # nothing was run
+
+
+def test_also_refuses_a_row_the_table_does_not_have(tmp_path):
+    et = load_script("eval_table")
+    old = json.loads(TABLE.read_text())
+    with pytest.raises(SystemExit, match="no row 'start \\+ GRPO \\(evidence\\)'"):
+        et.other_row(TABLE, "start + GRPO (evidence)", old["tasks"], old["env"])
+    with pytest.raises(SystemExit, match="cannot be paired"):
+        et.other_row(TABLE, "start", "hipporag-test", old["env"])
