@@ -138,9 +138,7 @@ def reusable_rows(path: Path, policies: dict[str, tuple[str, dict]], tasks: str,
     for label, (spec, _opt) in policies.items():
         row = old.get("rows", {}).get(label)
         if row and row.get("policy") == _shown_path(spec) and label in old.get("per_question", {}):
-            out[label] = {"policy": spec, "run_dir": row["run_dir"], "per_question": old["per_question"][label],
-                          "metrics": {("answer_rate" if k == "answered" else k): v["mean"]
-                                       for k, v in row["scores"].items()}}
+            out[label] = {**_taken_row(old, label), "policy": spec}
             logging.info("%s (%s): reused from %s", label, spec, path)
     return out
 
@@ -162,7 +160,14 @@ def other_row(path: Path, label: str, tasks: str, env_desc: str) -> dict:
     if not row or label not in old.get("per_question", {}):
         raise SystemExit(f"--also {path}: no row {label!r} with per-question scores; its rows: {sorted(old.get('rows', {}))}")
     logging.info("%s (%s): taken from %s", label, row["policy"], path)
-    return {"policy": row["policy"], "run_dir": row["run_dir"], "per_question": old["per_question"][label],
+    return _taken_row(old, label)
+
+
+def _taken_row(table: dict, label: str) -> dict:
+    """Row ``label`` of a table JSON as a result of this script's runs (its per-question
+    scores, metric means)."""
+    row = table["rows"][label]
+    return {"policy": row["policy"], "run_dir": row["run_dir"], "per_question": table["per_question"][label],
             "metrics": {("answer_rate" if k == "answered" else k): v["mean"] for k, v in row["scores"].items()}}
 
 
