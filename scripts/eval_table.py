@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -344,6 +345,7 @@ def main() -> int:
             pairs[f"F1: {top} - start"] = (top, "start", "f1")
             pairs[f"EM: {top} - start"] = (top, "start", "em")
             pairs[f"searched twice: {top} - start"] = (top, "start", "searched_twice")
+            pairs[f"saw the gold: {top} - start"] = (top, "start", "saw_gold")
         for base in ("retrieve-then-read", "retrieve-then-read, start reads", "retrieve-then-read, trained reads",
                      "scripted", "zero-shot, scaffolded"):
             if base in pq and base != top:
@@ -371,7 +373,7 @@ def main() -> int:
         }
         n_key = "SFT"
     table = {
-        "made_by": "python scripts/eval_table.py " + " ".join(_shown_args(sys.argv[1:])),
+        "made_by": "python scripts/eval_table.py " + shlex.join(_shown_args(sys.argv[1:])),
         "tasks": a.tasks, "n_questions": len(pq[n_key]),
         "env": env_desc, "env_name": env_name,
         "bootstrap": {"method": "percentile", "n_resamples": N_RESAMPLES, "confidence": 0.95, "seed": SEED,
