@@ -263,6 +263,8 @@ def main() -> int:
     a = ap.parse_args()
     if bool(a.start) == bool(a.sft) or (a.sft and not a.grpo):
         ap.error("give --sft and --grpo (the bundled agent's table), or --start [--trained] (an RL run's table)")
+    if a.also and not a.start:
+        ap.error("--also pairs a row with an RL run's trained row: give it with --start")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     from drgym.atomic import atomic_write_json, atomic_write_text
 
@@ -345,7 +347,8 @@ def main() -> int:
             pairs[f"F1: {top} - start"] = (top, "start", "f1")
             pairs[f"EM: {top} - start"] = (top, "start", "em")
             pairs[f"searched twice: {top} - start"] = (top, "start", "searched_twice")
-            pairs[f"saw the gold: {top} - start"] = (top, "start", "saw_gold")
+            if all("saw_gold" in q for x in (top, "start") for q in pq[x].values()):
+                pairs[f"saw the gold: {top} - start"] = (top, "start", "saw_gold")
         for base in ("retrieve-then-read", "retrieve-then-read, start reads", "retrieve-then-read, trained reads",
                      "scripted", "zero-shot, scaffolded"):
             if base in pq and base != top:
