@@ -439,12 +439,13 @@ def scale_shards() -> str:
         rows.append([f"{x['factory']}", str(x["shards"]), str(x["shard_workers"]),
                      str(p["nprobe"] or "auto"), str(p["rerank"]), f"{x['single_ms_p50']:.1f} / {x['single_ms_p99']:.1f}",
                      f"{x['batch64_ms_p50']:.1f}", f"{x['recall@10']:.3f}", f"{x['load_avg'][0]:.1f}" if "load_avg" in x else "-"])
-    return _table(["index", "shards", "shard threads", "nprobe", "re-rank", "1 query p50 / p99 ms", "64 queries p50 ms",
+    return _table(["index", "shards", "shard threads", "nprobe", "re-rank (a shard)", "1 query p50 / p99 ms", "64 queries p50 ms",
                    "recall@10", "load (1 min)"], rows) + (
         f"\n\n{int(n):,} synthetic 384-d vectors, 200 queries, recall@10 against exact search; one FAISS thread per "
         f"shard call (OMP_NUM_THREADS=1); shard threads 2: the two shards searched side by side, 1: in turn; the "
         f"GRPO run that shares this machine was paused during the search stages. Started "
-        f"{r['started'][:16].replace('T', ' ')}, 2 cores. `{r['command'].split(' --work')[0]}` (`{SCALE_SHARDS}`).")
+        f"{r['started'][:16].replace('T', ' ')}, 2 cores, when each shard re-ranked `rerank` candidates (now they are "
+        f"split between the shards). `{r['command'].split(' --work')[0]}` (`{SCALE_SHARDS}`).")
 
 
 def pq_codes() -> str:
