@@ -552,8 +552,15 @@ def answerable_run(path: str = ANSWERABLE_RUN) -> str:
     rows = [[fmt.format(w[k]) if w.get(k) is not None else "" for k, _, fmt in cols] for w in r["windows"]]
     evals = ", ".join(f"step {e['step']}: {e['f1']:.3f}" for e in r["evaluations"])
     return _table([c[1] for c in cols], rows) + (
-        f"\n\n{r['steps']} steps so far. Dev F1 (greedy, `answerable-dev`, 30 questions) at each evaluation: "
+        f"\n\n{r['steps']} steps{'' if _run_finished(r) else ' so far'}. Dev F1 (greedy, `answerable-dev`, 30 questions) at each evaluation: "
         f"{evals}. `{path}` ({r['made_by']}).")
+
+
+def _run_finished(summary: dict) -> bool:
+    """The run of a ``summarize_grpo.py`` summary reached its config's ``max_steps``."""
+    from drgym.training.config import load_config
+
+    return summary["steps"] >= int(load_config(summary["run"]).grpo.get("max_steps") or 0) > 0
 
 
 def evidence_run() -> str:
