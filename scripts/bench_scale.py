@@ -576,6 +576,9 @@ def main() -> None:
                     help="the curve's nprobe values (default: CURVE_NPROBE)")
     ap.add_argument("--curve-rerank", type=int, nargs="+", default=list(CURVE_RERANK),
                     help="the curve's re-rank depths, candidates re-scored per query in all shards (default: CURVE_RERANK)")
+    ap.add_argument("--ivf-factory", default=None,
+                    help="the IVF-PQ factory of the dense, search and curve stages (default: what `auto` picks for a "
+                         "shard, e.g. IVF2048,PQ48x4fs); the import stage still builds `auto`'s")
     ap.add_argument("--table", type=Path, help="print the README table of a result JSON and exit")
     ap.add_argument("--paper", type=Path, help="print the README's extrapolation to wiki-18 and ClueWeb22-B and exit")
     ap.add_argument("--sizing", type=Path, help="print the sizing table (per 10^6 passages, and wiki-18) of a result JSON and exit")
@@ -635,13 +638,14 @@ def main() -> None:
         from drgym.index.build import FLAT_MAX
         from drgym.index.dense import DEFAULT_SEARCH_PARAMS
 
-        families = {"Flat": "Flat", "IVF-PQ": ivfpq(n, a.shard_size)}
+        ivf = a.ivf_factory or ivfpq(n, a.shard_size)
+        families = {"Flat": "Flat", "IVF-PQ": ivf}
         if n > a.flat_max:  # exact top-10 comes from the gen stage; no Flat file on the disk
             del families["Flat"]
         if n <= a.hnsw_max:
             families["HNSW32"] = "HNSW32"
         if a.curve:
-            families = {"IVF-PQ": ivfpq(n, a.shard_size)}
+            families = {"IVF-PQ": ivf}
         r.setdefault("dense", {})
         r.setdefault("search", {})
         bm25_ok = False
