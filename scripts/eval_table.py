@@ -315,17 +315,19 @@ def main() -> int:
         if bad:
             ap.error(f"--only: unknown labels {bad}; labels: {sorted(policies)}")
         policies = {k: v for k, v in policies.items() if k in only}
-    reused = reusable_rows(Path(a.reuse), policies, a.tasks, env_desc) if a.reuse else {}
-    results = {label: reused.get(label) or run_policy(label.replace(" ", "_").replace(",", "").replace("+", "plus"),
-                                                      spec, a.tasks, runs, opt, env)
-               for label, (spec, opt) in policies.items()}
+    also = {}  # read before any rollout runs, so that a bad --also costs nothing
     for item in a.also:
         label, sep, path = item.partition("=")
         if not sep or not label or not path:
             ap.error(f"--also {item!r}: give LABEL=TABLE, e.g. 'start + GRPO=training/results/answerable_test_table.json'")
-        if label in results:
+        if label in policies:
             ap.error(f"--also {label!r} is the label of a row of this table; rows must have different labels")
-        results[label] = other_row(Path(path), label, a.tasks, env_desc)
+        also[label] = other_row(Path(path), label, a.tasks, env_desc)
+    reused = reusable_rows(Path(a.reuse), policies, a.tasks, env_desc) if a.reuse else {}
+    results = {label: reused.get(label) or run_policy(label.replace(" ", "_").replace(",", "").replace("+", "plus"),
+                                                      spec, a.tasks, runs, opt, env)
+               for label, (spec, opt) in policies.items()}
+    results.update(also)
     if only and not a.partial:
         for label, r in results.items():
             print(label, {k: r["metrics"].get(k) for k in ("em", "f1", "answer_rate", "searches")})
@@ -359,10 +361,8 @@ def main() -> int:
             # the same first search for both: what training changed in reading alone
             pairs["F1: trained reads - start reads (retrieve-then-read)"] = (
                 "retrieve-then-read, trained reads", "retrieve-then-read, start reads", "f1")
-        for item in a.also:  # another run's row on the same questions: what this one changed against it
-            label = item.partition("=")[0]
-            if label != top:
-                pairs[f"F1: {top} - {label}"] = (top, label, "f1")
+        for label in also:  # another run's row on the same questions: what this one changed against it
+            pairs[f"F1: {top} - {label}"] = (top, label, "f1")
         paired_rows = {name: paired(pq[x], pq[y], m) for name, (x, y, m) in pairs.items()}
         n_key = "start"
     else:

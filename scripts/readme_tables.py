@@ -589,11 +589,11 @@ def two_hop_test() -> str:
 
 
 def evidence_test() -> str:
-    return _eval_table(EVIDENCE_TEST, ": it is measured once, when the run has finished its 300 steps")
+    return _eval_table(EVIDENCE_TEST)
 
 
 def evidence_hipporag() -> str:
-    return _eval_table(EVIDENCE_HIPPO, ": it is measured once, when the run has finished its 300 steps")
+    return _eval_table(EVIDENCE_HIPPO)
 
 
 def answerable_control() -> str:
@@ -769,23 +769,19 @@ def ann_curve_5m() -> str:
                   "re-rank 100 here is 200 in all.", rerank="re-rank (a shard)")
 
 
-def ann_curve_wiki18() -> str:
-    if not (REPO / ANN_CURVE_WIKI18).is_file():
-        return f"Not measured yet (`{ANN_CURVE_WIKI18}` does not exist)."
-    return _curve(ANN_CURVE_WIKI18,
-                  "with the machine otherwise idle (load up to {load:.1f}), one FAISS thread a shard "
-                  "(OMP_NUM_THREADS=1), 9 shards searched side by side on 2 threads.", rerank="re-rank (in all)")
-
-
 ANN_CURVE_WIKI18 = "scripts/results/bench_ann_curve_wiki18.json"
 ANN_CURVE_WIKI18_PQ32 = "scripts/results/bench_ann_curve_wiki18_pq32.json"
+_WIKI18_IDLE = ("with the machine otherwise idle (load up to {load:.1f}), one FAISS thread a shard (OMP_NUM_THREADS=1), "
+                "9 shards searched side by side on 2 threads")
+
+
+def ann_curve_wiki18() -> str:
+    return _curve(ANN_CURVE_WIKI18, _WIKI18_IDLE + ".", rerank="re-rank (in all)")
 
 
 def ann_curve_wiki18_pq32() -> str:
-    return _curve(ANN_CURVE_WIKI18_PQ32,
-                  "with the machine otherwise idle (load up to {load:.1f}), one FAISS thread a shard "
-                  "(OMP_NUM_THREADS=1), 9 shards searched side by side on 2 threads; the corpus and embeddings of the "
-                  "run above, the IVF-PQ shards built anew with 32 sub-quantizers.", rerank="re-rank (in all)")
+    return _curve(ANN_CURVE_WIKI18_PQ32, _WIKI18_IDLE + "; the corpus and embeddings of the run above, the IVF-PQ "
+                  "shards built anew with 32 sub-quantizers.", rerank="re-rank (in all)")
 
 
 TABLES: dict[str, Callable[[], str]] = {

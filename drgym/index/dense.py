@@ -686,7 +686,6 @@ class DenseIndex:
         self.shards = list(shards) if shard_ids is None else [shards[i] for i in shard_ids]
         self.dim = int(dim)
         self.n_passages = int(n_passages)
-        self._all_rows = all_rows  # every shard's rows, loaded here or not (the re-rank split)
         self.tie_rank = load_tie_rank(self.folder, self.n_passages)
         self.search_params = {**DEFAULT_SEARCH_PARAMS, **(search_params or {})}
         self.rerank = int(self.search_params[RERANK_KEY])
@@ -828,7 +827,7 @@ class DenseIndex:
         s = self.shards[i]
         if not self._reranks(i):
             return min(s.count, k + TIE_MARGIN)
-        return rerank_depth(self.rerank, s.count, self._all_rows, k)
+        return rerank_depth(self.rerank, s.count, self.n_passages, k)  # n_passages: every shard's rows (checked)
 
     def _shard_pool(self):
         with self._lock:
