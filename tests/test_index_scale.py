@@ -370,4 +370,5 @@ def test_auto_factory_by_size():
     assert choose_factory(1_000_001, 384) == "IVF1024,PQ48x4fs"
     assert choose_factory(5_000_000, 384) == "IVF2048,PQ48x4fs"
     assert choose_factory(87_000_000, 768, shard_size=25_000_000) == "IVF4096,PQ96x4fs"
+    assert choose_factory(21_015_324, 384, shard_size=2_500_000) == "IVF2048,PQ48x4fs"
     assert choose_factory(87_000_000, 770) == "IVF8192,PQ77x4fs"

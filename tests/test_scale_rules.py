@@ -142,14 +142,18 @@ class LocalHandle:
         self.search = _Method(server.search)
 
 
+def import_random(tmp_path, n: int, seed: int, factory: str, shard_size: int):
+    """``n`` random unit vectors (ids ``"0"``...) imported as a wiki-18 corpus into ``tmp_path / "idx"``."""
+    write_corpus(tmp_path / "wiki-18.jsonl", [str(i) for i in range(n)])
+    np.save(tmp_path / "emb.npy", unit_rows(n, seed=seed))
+    return import_index(tmp_path / "wiki-18.jsonl", embeddings=[tmp_path / "emb.npy"], encoder=ENCODER,
+                        factory=factory, shard_size=shard_size, root=tmp_path / "idx", bm25=False)
+
+
 @pytest.fixture
 def ivf_index(tmp_path):
     """2,000 random unit vectors, 2 shards of IVF512,Flat: drgym's rule probes 32 lists."""
-    ids = [str(i) for i in range(2000)]
-    write_corpus(tmp_path / "wiki-18.jsonl", ids)
-    np.save(tmp_path / "emb.npy", unit_rows(2000, seed=1))
-    return import_index(tmp_path / "wiki-18.jsonl", embeddings=[tmp_path / "emb.npy"], encoder=ENCODER,
-                        factory="IVF512,Flat", shard_size=1000, root=tmp_path / "idx", bm25=False)
+    return import_random(tmp_path, 2000, 1, "IVF512,Flat", shard_size=1000)
 
 
 def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder):
@@ -193,19 +197,15 @@ def test_rerank_is_split_between_shards_alike_in_library_and_ray_shards(tmp_path
     from drgym.distributed.serve import ShardedSearchEngine, ShardServer, load_config
     from drgym.index.dense import DenseIndex, rerank_depth
 
-    ids = [str(i) for i in range(3000)]
-    write_corpus(tmp_path / "wiki-18.jsonl", ids)
-    np.save(tmp_path / "emb.npy", unit_rows(3000, seed=5))
-    res = import_index(tmp_path / "wiki-18.jsonl", embeddings=[tmp_path / "emb.npy"], encoder=ENCODER,
-                       factory="IVF32,PQ8x4fs", shard_size=1000, root=tmp_path / "idx", bm25=False)
+    res = import_random(tmp_path, 3000, 5, "IVF32,PQ8x4fs", shard_size=1000)
     folder, m = res.folder, res.manifest
     assert len(m.shards) == 3
     lib = LocalSearchEngine(folder, method="dense", collapse="passage")
     dense = lib._shared.dense
     asked = []
     for idx in dense._indexes:
-        real = idx.search
-        idx.search = lambda q, kk, _real=real: (asked.append(kk), _real(q, kk))[1]
+        real = idx.search_preassigned  # drgym assigns the queries to lists itself (coarse_assign)
+        idx.search_preassigned = lambda q, kk, *a, _real=real: (asked.append(kk), _real(q, kk, *a))[1]
     queries = [f"q{i}" for i in range(12)]
     want = ranking(lib.search_batch(queries, 10))
     assert asked and set(asked) == {34}
@@ -220,6 +220,92 @@ def test_rerank_is_split_between_shards_alike_in_library_and_ray_shards(tmp_path
     assert [wide._depth(i, 10) for i in range(3)] == [100] * 3 and [dense._depth(i, 60) for i in range(3)] == [76] * 3
     for e in (lib, ray_engine):
         e.close()
+
+
+def test_shards_of_an_ivf_index_share_one_trained_quantizer_and_one_coarse_search(tmp_path, fake_encoder):
+    """Three IVF-PQ shards are clones of one trained index (``dense/trained.index``): the
+    same centroids, so a query is assigned to lists once for all of them; the rows and
+    scores are those FAISS gives when each shard assigns the query itself, and a
+    ``drgym serve-ray`` shard server, which loads one shard, probes the same lists."""
+    import faiss
+
+    from drgym.distributed.serve import ShardedSearchEngine, ShardServer, load_config
+    from drgym.index.dense import TRAINED_FILE, DenseIndex
+
+    res = import_random(tmp_path, 3000, 11, "IVF64,PQ8x4fs", shard_size=1000)
+    folder, m = res.folder, res.manifest
+    assert len(m.shards) == 3 and TRAINED_FILE in m.files
+    def centroids(path):
+        index = faiss.read_index(str(path))  # kept alive while its quantizer is read
+        quantizer = faiss.downcast_index(faiss.extract_index_ivf(index).quantizer)
+        return faiss.rev_swig_ptr(quantizer.get_xb(), 64 * DIM).copy()
+
+    want_c = centroids(folder / TRAINED_FILE)
+    for s in m.shards:
+        np.testing.assert_array_equal(centroids(folder / s.faiss), want_c)
+    dense = DenseIndex(folder, m.shards, m.dim, m.n_passages, device="cpu")
+    assert dense.coarse_searches == 1 and dense.shard_params[0]["nprobe"] == 16
+    alone = DenseIndex(folder, m.shards, m.dim, m.n_passages, device="cpu")
+    alone._coarse_of = [None] * 3  # each shard's FAISS search assigns its queries itself
+    for q in (unit_rows(1, seed=12), unit_rows(40, seed=13)):
+        S0, R0 = dense.search(q, 10)
+        S1, R1 = alone.search(q, 10)
+        np.testing.assert_array_equal(R0, R1)
+        np.testing.assert_array_equal(S0, S1)
+    cfg = load_config()["shard"]
+    shards = [ShardServer(str(folder), i, cfg.get("search_params"), bool(cfg.get("mmap", True))) for i in range(3)]
+    assert [s.dense.coarse_searches for s in shards] == [1, 1, 1]
+    lib = LocalSearchEngine(folder, method="dense", collapse="passage")
+    ray_engine = ShardedSearchEngine(folder, [LocalHandle(s) for s in shards], method="dense", collapse="passage")
+    queries = [f"q{i}" for i in range(16)]
+    assert ranking(ray_engine.search_batch(queries, 10)) == ranking(lib.search_batch(queries, 10))
+    for e in (lib, ray_engine, dense, alone):
+        e.close()
+
+
+def test_one_shard_or_an_untrained_factory_writes_no_trained_index(tmp_path):
+    """A one-shard IVF index trains on its own rows, and a Flat index needs no training:
+    neither writes ``dense/trained.index``; a several-shard build reuses the file a killed
+    build left (the resume), and refuses one that is not an empty trained index."""
+    from drgym.errors import CorruptIndexError
+    from drgym.index.build import shard_tasks
+    from drgym.index.dense import TRAINED_FILE, build_faiss
+
+    np.save(tmp_path / "emb.npy", unit_rows(3000, seed=14).astype(np.float16))
+    parts = [(str(tmp_path / "emb.npy"), 0, 3000)]
+    assert [t.trained for t in shard_tasks(tmp_path / "a", 3000, 5000, parts, DIM, "IVF64,PQ8x4fs")] == [""]
+    assert [t.trained for t in shard_tasks(tmp_path / "b", 3000, 1000, parts, DIM, "Flat")] == ["", "", ""]
+    assert not (tmp_path / "a" / TRAINED_FILE).exists() and not (tmp_path / "b" / TRAINED_FILE).exists()
+    tasks = shard_tasks(tmp_path / "c", 3000, 1000, parts, DIM, "IVF64,PQ8x4fs")
+    assert {t.trained for t in tasks} == {TRAINED_FILE}
+    mtime = (tmp_path / "c" / TRAINED_FILE).stat().st_mtime_ns
+    shard_tasks(tmp_path / "c", 3000, 1000, parts, DIM, "IVF64,PQ8x4fs")
+    assert (tmp_path / "c" / TRAINED_FILE).stat().st_mtime_ns == mtime
+    tasks[0].run()
+    with pytest.raises(CorruptIndexError, match="not an empty trained index"):
+        build_faiss(unit_rows(10, seed=1), "IVF64,PQ8x4fs", tmp_path / "c" / "dense" / "faiss-00000.index")
+
+
+def test_coarse_assign_probes_the_lists_faiss_probes():
+    """:func:`coarse_assign` picks the lists FAISS's flat inner-product quantizer picks, in
+    its order, with the same inner products, and the same lists for a query alone and in a
+    batch."""
+    import faiss
+
+    from drgym.index.dense import coarse_assign
+
+    c = unit_rows(500, seed=15)
+    quantizer = faiss.IndexFlatIP(DIM)
+    quantizer.add(c)
+    q = unit_rows(30, seed=16)
+    D, I = coarse_assign(c, q, 40)
+    D0, I0 = quantizer.search(q, 40)
+    np.testing.assert_array_equal(I, I0)
+    np.testing.assert_allclose(D, D0, rtol=1e-5)
+    for j in (0, 17):  # a query probes the same lists alone and in a batch
+        np.testing.assert_array_equal(coarse_assign(c, q[j:j + 1], 40)[1][0], I[j])
+    D, I = coarse_assign(c, q[:1], 500)
+    assert sorted(I[0].tolist()) == list(range(500)) and (np.diff(D[0]) <= 0).all()
 
 
 def test_search_params_for_fits_each_index_type():

@@ -97,7 +97,10 @@ def ivfpq_factory(rows: int, dim: int) -> str:
     """``IVF{nlist},PQ{m}x4fs`` for a shard of ``rows`` vectors (see :func:`choose_factory`).
 
     ``nlist`` is the power of two nearest ``sqrt(rows)`` (the low end of FAISS's
-    1-16 sqrt(N) guideline, so that k-means stays affordable on CPUs); ``m`` is the largest
+    1-16 sqrt(N) guideline, so that k-means stays affordable on CPUs), also when several
+    shards share one quantizer (:func:`shard_tasks`): at wiki-18's size in 9 shards, 8,192
+    shared lists needed the same share of the codes scanned for recall@10 0.95 as 2,048
+    (``docs/benchmarks/scale.md``), and scanned them slower. ``m`` is the largest
     divisor of ``dim`` up to ``dim / 8`` (48 for 384-d). The codes are 4-bit PQ in FAISS's
     fast-scan layout (``x4fs``, SIMD look-up tables): ``m / 2`` bytes a vector, scanned
     several times faster than 8-bit PQ. Their coarser scores do not cost recall, because
@@ -367,13 +370,34 @@ class ShardTask:
     parts: list[tuple[str, int, int]]
     dim: int
     factory: str
+    trained: str = ""
 
     def run(self) -> ShardInfo:
         """Build the shard (skipped when a previous run finished it)."""
         from drgym.index.dense import write_dense_shard
 
         return write_dense_shard(Path(self.folder), self.shard_no, self.start, self.count, self.parts, self.dim,
-                                 self.factory)
+                                 self.factory, self.trained)
+
+
+def shard_tasks(folder: str | Path, n: int, shard_size: int, parts: list[tuple[str, int, int]], dim: int,
+                factory: str) -> list[ShardTask]:
+    """The shards of an ``n``-row dense index, ``shard_size`` rows each: the one place a
+    build, an import and the benchmarks cut an index into shards. With more than one shard
+    an IVF ``factory`` is trained once on a sample of all rows
+    (:func:`drgym.index.dense.write_trained`, which runs here) and every shard is a clone
+    of it, so that they share one coarse quantizer.
+
+    Raises:
+        ConfigError: bad factory or failed training.
+        CorruptIndexError: a part is not as announced.
+    """
+    from drgym.index.dense import write_trained
+
+    starts = range(0, n, shard_size)
+    trained = write_trained(folder, parts, n, dim, factory) if len(starts) > 1 else ""
+    return [ShardTask(str(folder), no, s, min(n, s + shard_size) - s, parts, dim, factory, trained)
+            for no, s in enumerate(starts)]
 
 
 @dataclass
@@ -734,8 +758,7 @@ def finalize(build_dir: Path, m: IndexManifest, writer, runner, timings: dict, *
     t = time.perf_counter()
     if dense is None:
         parts = [(str(part_path(build_dir, u)), first, cnt) for u, first, cnt, _ in writer.done_units()]
-        tasks = [ShardTask(str(build_dir), no, start, min(n, start + m.shard_size) - start, parts, m.dim, m.factory)
-                 for no, start in enumerate(range(0, n, m.shard_size))]
+        tasks = shard_tasks(build_dir, n, m.shard_size, parts, m.dim, m.factory)
         m.shards = runner.build_shards(tasks, progress=progress)
     else:
         m.shards, extra_sources = dense(build_dir, n)

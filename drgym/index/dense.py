@@ -6,6 +6,8 @@ Layout inside an index folder (rows are passage rows of the docstore)::
     dense/faiss-00000.index FAISS index over those rows (local ids 0..count-1)
     dense/tie_rank.npy      int64 (n_passages,): rank of each row's passage_id in
                             sorted order, used to break score ties
+    dense/trained.index     several IVF shards only: the empty trained index every
+                            shard was cloned from (one coarse quantizer for all)
 
 Every shard is searched, the candidates are merged by score and equal scores are
 ordered by passage_id (which starts with the doc_id), so a ranking never depends on
@@ -16,8 +18,11 @@ FAISS indexes come from ``faiss.index_factory(dim, factory, METRIC_INNER_PRODUCT
 A shard is built from its memory-mapped float16 embeddings, so the build holds the FAISS
 index plus one batch of :data:`ADD_BATCH` rows, never a float32 copy of the shard.
 Indexes that need training (``IVF...``, ``PQ...``) are trained on a fixed random sample
-of their shard (:func:`train_sample_rows`: all rows up to 65,536, then 64 per IVF list,
-at most 1,048,576). HNSW graphs of up to 200k vectors are built single-threaded so that a
+(:func:`train_sample_rows`: all rows up to 65,536, then 64 per IVF list, at most
+1,048,576): of their shard, or, for an IVF index in several shards, of all rows once
+(:func:`write_trained`), every shard then being a clone of that trained index, so that
+the shards share one coarse quantizer and a query is assigned to lists once
+(:func:`coarse_assign`). HNSW graphs of up to 200k vectors are built single-threaded so that a
 rebuild gives the same graph.
 On a machine where faiss sees GPUs, IVF coarse quantizers are trained on the GPU and
 shards are moved to the GPU for search (HNSW stays on CPU: faiss has no GPU HNSW): by
@@ -218,7 +223,8 @@ below 39 points per centroid; 64 per list follows its wiki's guideline of 30-256
 
 FLAT_BLAS_THRESHOLD = 1
 """``faiss.cvar.distance_compute_blas_threshold`` that drgym sets: exact (``Flat``) inner
-products, and IVF's coarse assignment, go through BLAS for every batch size. faiss 1.15's
+products go through BLAS for every batch size (an IVF shard with a flat inner-product
+quantizer is assigned its lists by drgym's :func:`coarse_assign`, not by FAISS). faiss 1.15's
 default (128,000) sends any smaller batch to a per-query loop that reads all the vectors
 once per query; through BLAS a batch reads them once. Measured on wiki-default (21,126
 vectors, one thread): 1.12 ms per query in batches of 16 by the loop, 0.31 ms through BLAS,
@@ -277,16 +283,60 @@ wiki-default took 24 ms p50 with 2 OpenMP threads and 0.95 ms with 1, so small b
 run with one thread (the setting is per calling thread and restored afterwards)."""
 
 
-def _search_on_threads(index, q: np.ndarray, k: int, threads: int = 1):
+def _search_on_threads(index, q: np.ndarray, k: int, threads: int = 1, assign=None):
     """``index.search(q, k)`` on ``threads`` OpenMP threads (the setting is the calling
-    thread's, restored afterwards)."""
+    thread's, restored afterwards); with ``assign`` (:func:`coarse_assign`'s ``(D, I)``),
+    ``index.search_preassigned``."""
     faiss = _faiss()
     before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(int(threads))
     try:
-        return index.search(q, k)
+        return _search(index, q, k, assign)
     finally:
         faiss.omp_set_num_threads(before)
+
+
+def _search(index, q: np.ndarray, k: int, assign=None):
+    if assign is None:
+        return index.search(q, k)
+    return index.search_preassigned(q, k, assign[1], assign[0])
+
+
+def coarse_assign(centroids: np.ndarray, q: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``nprobe`` IVF lists of each query: those whose centroids have the largest
+    inner products with it, best first, ties by list number.
+
+    The one coarse search of drgym's IVF shards with a flat inner-product quantizer; the
+    library, ``drgym serve`` and ``drgym serve-ray``'s shard servers all call it, so they
+    probe the same lists, and shards cloned from one trained index (:func:`write_trained`)
+    are assigned once for all. Each query is scored alone (numpy's matrix-vector product,
+    ``centroids @ q``), so a query probes the same lists alone and in any batch: FAISS's
+    own assignment multiplies a batch at once, whose rounding depends on the batch, and
+    for one query that product costs several times the matrix-vector one (measured at
+    8,192 x 384 centroids: 7 ms against 2 ms, on a busy 2-core machine).
+
+    Args:
+        centroids: float32 ``(nlist, dim)`` coarse centroids (inner-product quantizer).
+        q: float32 ``(nq, dim)`` queries.
+        nprobe: lists per query, ``1 <= nprobe <= nlist``.
+
+    Returns:
+        ``(D, I)``: float32 inner products and int64 list numbers, ``(nq, nprobe)``.
+
+    >>> c = np.eye(3, dtype=np.float32)
+    >>> coarse_assign(c, np.array([[0.1, 0.9, 0.5]], dtype=np.float32), 2)[1].tolist()
+    [[1, 2]]
+    """
+    nlist = len(centroids)
+    D = np.empty((len(q), nprobe), dtype=np.float32)
+    I = np.empty((len(q), nprobe), dtype=np.int64)
+    for i in range(len(q)):
+        s = centroids @ q[i]
+        top = np.argpartition(-s, nprobe - 1)[:nprobe] if nprobe < nlist else np.arange(nlist)
+        d = s[top]
+        order = np.lexsort((top, -d))
+        I[i], D[i] = top[order], d[order]
+    return D, I
 
 
 def new_faiss_index(dim: int, factory: str):
@@ -402,13 +452,97 @@ def flat_storage(index) -> np.ndarray | None:
     return faiss.rev_swig_ptr(inner.get_xb(), inner.ntotal * inner.d).reshape(inner.ntotal, inner.d)
 
 
-def build_faiss(vectors: np.ndarray, factory: str) -> "object":
+TRAINED_FILE = f"{DENSE_DIR}/trained.index"
+"""The empty, trained IVF index that every shard of a several-shard IVF index is cloned
+from (:func:`write_trained`)."""
+
+
+def read_rows(parts, rows: np.ndarray, dim: int) -> np.ndarray:
+    """Rows of an index's embedding parts, as float32 rounded through float16 (the
+    values the shards store), so that training sees what search scores.
+
+    Args:
+        parts: ``(npy path, first global row, rows)`` in row order, float16 or float32
+            ``(rows, dim)`` arrays (memory-mapped).
+        rows: int64 sorted global rows.
+        dim: embedding dimension.
+
+    Returns:
+        float32 ``(len(rows), dim)``.
+
+    Raises:
+        CorruptIndexError: a part has another shape than announced, or ``rows`` are not
+            all covered by the parts.
+    """
+    out = np.empty((len(rows), dim), dtype=np.float32)
+    done = 0
+    for path, p0, pn in parts:
+        a, b = np.searchsorted(rows, [p0, p0 + pn])
+        if a == b:
+            continue
+        src = np.load(path, mmap_mode="r")
+        if src.ndim != 2 or src.shape[1] != dim or len(src) != pn:
+            raise CorruptIndexError(f"Embedding part {path} has shape {src.shape}, expected ({pn}, {dim}).")
+        out[a:b] = np.asarray(src[rows[a:b] - p0]).astype(np.float16)
+        done += b - a
+        del src
+    if done != len(rows):
+        raise CorruptIndexError(f"Embedding parts cover {done} of the {len(rows)} training rows asked for.")
+    return out
+
+
+def write_trained(folder: str | Path, parts, n: int, dim: int, factory: str) -> str:
+    """Train an IVF ``factory`` once for all the shards of an index and write it, empty,
+    to :data:`TRAINED_FILE` (through a temporary file; a resumed build reuses it).
+
+    Every shard is then a clone of it plus its own rows (FAISS's recipe for building an
+    IVF index in pieces), so the shards share one coarse quantizer and one set of codes:
+    :class:`DenseIndex` assigns a query to its lists once, not once per shard, and the
+    lists are as fine as the whole index allows (:func:`drgym.index.build.ivfpq_factory`)
+    rather than as one shard's rows allow. The sample is :func:`train_sample_rows` of all
+    ``n`` rows (seed 0), read from every part.
+
+    Args:
+        folder: the index build folder.
+        parts: ``(npy path, first global row, rows)`` covering rows ``0..n-1``.
+        n: rows of the whole index.
+        dim: embedding dimension.
+        factory: FAISS factory string.
+
+    Returns:
+        :data:`TRAINED_FILE`, or ``""`` when ``factory`` is not an IVF index that needs
+        training (shards are then built alone, as :func:`build_faiss` does).
+
+    Raises:
+        ConfigError: bad factory or failed training.
+        CorruptIndexError: a part is not as announced.
+    """
+    faiss = _faiss()
+    index = new_faiss_index(dim, factory)
+    if index.is_trained or not isinstance(faiss.downcast_index(index), faiss.IndexIVF):
+        return ""
+    path = Path(folder) / TRAINED_FILE
+    if path.exists():
+        return TRAINED_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sample = read_rows(parts, train_sample_rows(index, n), dim)
+    _train(index, sample, factory)
+    del sample
+    tmp = path.with_name(f".{path.name}.tmp")
+    faiss.write_index(index, str(tmp))
+    os.replace(tmp, path)
+    return TRAINED_FILE
+
+
+def build_faiss(vectors: np.ndarray, factory: str, trained: str | Path | None = None) -> "object":
     """Build a FAISS index over ``vectors`` with ``index_factory``.
 
     Args:
         vectors: ``(n, dim)`` unit rows, float32 or float16 (a memory-mapped array is
             read :data:`ADD_BATCH` rows at a time, converted to float32).
         factory: FAISS factory string, e.g. ``"Flat"``, ``"HNSW32"``, ``"IVF64,PQ16"``.
+        trained: an empty trained index file of this factory (:func:`write_trained`) to
+            start from instead of training on ``vectors``.
 
     Returns:
         A CPU FAISS index holding the ``n`` vectors with ids ``0..n-1``.
@@ -419,7 +553,17 @@ def build_faiss(vectors: np.ndarray, factory: str) -> "object":
     """
     faiss = _faiss()
     n, dim = vectors.shape
-    index = new_faiss_index(dim, factory)
+    if trained:
+        try:
+            index = faiss.read_index(str(trained))
+        except RuntimeError as e:
+            raise corrupt_file_error(Path(trained), f"is unreadable (FAISS: {_last_line(e)})",
+                                     Path(trained).parent.parent) from e
+        if index.d != dim or index.ntotal != 0 or not index.is_trained:
+            raise corrupt_file_error(Path(trained), f"is not an empty trained index of dim {dim}",
+                                     Path(trained).parent.parent)
+    else:
+        index = new_faiss_index(dim, factory)
     if not index.is_trained:
         rows = train_sample_rows(index, n)
         sample = vectors[:] if len(rows) == n else vectors[rows]
@@ -450,6 +594,7 @@ def write_dense_shard(
     parts: list[tuple[str | Path, int, int]],
     dim: int,
     factory: str,
+    trained: str = "",
 ) -> ShardInfo:
     """Assemble one dense shard from embedding parts and build its FAISS index.
 
@@ -466,6 +611,8 @@ def write_dense_shard(
             order, covering ``[start, start + count)``; float16 or float32 ``(rows, dim)``.
         dim: embedding dimension.
         factory: FAISS factory string.
+        trained: :data:`TRAINED_FILE` when the shards share one trained index
+            (:func:`write_trained`), else ``""`` (the shard is trained on its own rows).
 
     Returns:
         The shard's :class:`ShardInfo`.
@@ -488,7 +635,7 @@ def write_dense_shard(
         raise CorruptIndexError(f"Embedding shard {d / emb} has shape {vectors.shape}, expected ({count}, {dim}).")
     # Built from the stored float16 values so that the FAISS scores equal those of the
     # memory-mapped embeddings (exact re-scoring and recall checks agree bit for bit).
-    index = build_faiss(vectors, factory)
+    index = build_faiss(vectors, factory, Path(folder) / trained if trained else None)
     del vectors
     tmpf = d / f".{fai}.tmp"
     faiss.write_index(index, str(tmpf))
@@ -744,6 +891,46 @@ class DenseIndex:
 
             shard_workers = min(len(self.shards), thread_count())
         self.shard_workers = max(1, int(shard_workers))
+        self._coarse, self._coarse_of = self._coarse_groups()
+
+    @property
+    def coarse_searches(self) -> int:
+        """Coarse searches a query costs: one per distinct IVF quantizer among the loaded
+        shards. Shards cloned from one trained index (:func:`write_trained`) share theirs,
+        so a query is assigned to lists once for all of them."""
+        return len(self._coarse)
+
+    def _coarse_groups(self) -> tuple[list[tuple[np.ndarray, int]], list[int | None]]:
+        """The distinct ``(centroids, nprobe)`` of the loaded CPU IVF shards whose
+        quantizer is a flat inner-product index, and each shard's group (None: FAISS
+        assigns the shard's queries itself, e.g. behind an OPQ pre-transform, or on GPU).
+        Every such shard is probed through :func:`coarse_assign`, whether it shares its
+        quantizer or not, so a shard server holding one shard probes the lists the whole
+        index probes."""
+        groups: list[tuple[np.ndarray, int]] = []
+        of: list[int | None] = [None] * len(self._indexes)
+        if self.on_gpu:
+            return groups, of
+        faiss = _faiss()
+        for i, (index, params) in enumerate(zip(self._indexes, self.shard_params)):
+            ivf = faiss.downcast_index(index)
+            if not isinstance(ivf, faiss.IndexIVF):
+                continue
+            quantizer = faiss.downcast_index(ivf.quantizer)
+            if not isinstance(quantizer, faiss.IndexFlat) or quantizer.metric_type != faiss.METRIC_INNER_PRODUCT:
+                continue
+            centroids = flat_storage(quantizer)
+            if centroids is None:
+                continue
+            nprobe = int(params["nprobe"])
+            for g, (c, p) in enumerate(groups):
+                if p == nprobe and np.array_equal(c, centroids):
+                    of[i] = g
+                    break
+            else:
+                of[i] = len(groups)
+                groups.append((centroids, nprobe))  # a view: valid while self._indexes holds the shard
+        return groups, of
 
     def close(self) -> None:
         """Stop the shard search threads, if any were started (searching again restarts them)."""
@@ -837,9 +1024,11 @@ class DenseIndex:
                 self._pool = ThreadPoolExecutor(self.shard_workers, thread_name_prefix="drgym-shard")
             return self._pool
 
-    def _search_shard(self, i: int, q: np.ndarray, k: int, threads: int | None) -> tuple[np.ndarray, np.ndarray]:
+    def _search_shard(self, i: int, q: np.ndarray, k: int, threads: int | None,
+                      assign: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Shard ``i``'s candidates for ``q`` (FAISS on ``threads`` OpenMP threads, None:
-        FAISS's setting): scores and global rows (``-1`` padding)."""
+        FAISS's setting; ``assign``: the lists to probe, from :func:`coarse_assign`):
+        scores and global rows (``-1`` padding)."""
         s, index, emb = self.shards[i], self._indexes[i], self._exact[i]
         rescore = self._rescores(i)
         kk = self._depth(i, k)
@@ -849,9 +1038,9 @@ class DenseIndex:
                 with self._lock:
                     D, I = index.search(q, kk)
             elif threads is not None:
-                D, I = _search_on_threads(index, q, kk, threads)
+                D, I = _search_on_threads(index, q, kk, threads, assign)
             else:  # CPU FAISS search is const and thread-safe
-                D, I = index.search(q, kk)
+                D, I = _search(index, q, kk, assign)
         except (RuntimeError, MemoryError) as e:
             raise corrupt_file_error(fp, f"is unreadable: FAISS search failed ({_last_line(e)})", self.folder) from e
         I = I.astype(np.int64)
@@ -901,13 +1090,17 @@ class DenseIndex:
         if threads is None and nq < SMALL_BATCH:
             threads = 1
         jobs = [i for i in range(len(self.shards)) if self._depth(i, k) > 0]
+        # each distinct quantizer assigns the queries to lists once, for all its shards
+        assigns = {g: coarse_assign(self._coarse[g][0], q, self._coarse[g][1])
+                   for g in sorted({self._coarse_of[i] for i in jobs} - {None})} if nq else {}
         if threads == 1 and not self.on_gpu and len(jobs) > 1 and self.shard_workers > 1:
             # each shard's call runs on one thread, so shards search side by side on
             # shard_workers threads (FAISS and numpy release the GIL); same results
             pool = self._shard_pool()
-            parts = list(pool.map(lambda i: self._search_shard(i, q, k, threads), jobs))
+            parts = list(pool.map(lambda i: self._search_shard(i, q, k, threads, assigns.get(self._coarse_of[i])),
+                                  jobs))
         else:
-            parts = [self._search_shard(i, q, k, threads) for i in jobs]
+            parts = [self._search_shard(i, q, k, threads, assigns.get(self._coarse_of[i])) for i in jobs]
         parts_s = [d for d, _ in parts]
         parts_r = [r for _, r in parts]
         return merge_shard_results(parts_s, parts_r, self.tie_rank, nq, k)

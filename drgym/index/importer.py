@@ -47,12 +47,12 @@ from drgym.index.build import (
     BuildResult,
     IndexSpec,
     LocalRunner,
-    ShardTask,
     build_into_place,
     build_lock,
     choose_factory,
     planned_manifest,
     reusable_index,
+    shard_tasks,
     source_key,
 )
 from drgym.index.manifest import UNKNOWN_REVISION, ShardInfo
@@ -328,8 +328,7 @@ def import_index(
             for p, a in zip(paths, arrays):
                 parts.append((str(p), start, len(a)))
                 start += len(a)
-            tasks = [ShardTask(str(bdir), no, s, min(n, s + shard_size) - s, parts, dim, factory)
-                     for no, s in enumerate(range(0, n, shard_size))]
+            tasks = shard_tasks(bdir, n, shard_size, parts, dim, factory)
             return LocalRunner().build_shards(tasks, progress=progress), vec_sources
 
         manifest, resumed = build_into_place(root, planned, state, units, BuildContext(None, 0, 0, None, progress),
