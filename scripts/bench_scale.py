@@ -288,12 +288,17 @@ IMPORT_BUILT = "built_by_import.json"
 """In an alternative index folder: the import built its FAISS files (``{"seconds": ...}``)."""
 
 
+OWN_QUANTIZERS = "+own"
+"""Suffix of a factory label whose shards are each trained on their own rows (the layout
+of indexes built before the shards shared one trained quantizer), for side-by-side runs."""
+
+
 def alt_folder(work: Path, factory: str) -> Path:
     return work / "indexes" / ("alt-" + factory.replace(",", "_"))
 
 
 def stage_dense(work: Path, factory: str) -> dict:
-    from drgym.index.build import ShardTask
+    from drgym.index.build import ShardTask, shard_tasks
     from drgym.index.manifest import IndexManifest
 
     main = work / "indexes" / "bench"
@@ -313,14 +318,24 @@ def stage_dense(work: Path, factory: str) -> dict:
         return {"factory": factory, "seconds": b["seconds"], "built_by": "import",
                 "index_bytes": sum(du(alt / s.faiss) for s in m.shards), "peak_rss_mb": b["peak_rss_mb"]}
     t = time.perf_counter()
+    parts = [(str(alt / s.embeddings), s.start, s.count) for s in m.shards]
+    if factory.endswith(OWN_QUANTIZERS):  # each shard trained on its own rows, as before shared quantizers
+        tasks = [ShardTask(str(alt), no, s.start, s.count, parts, m.dim, factory.removesuffix(OWN_QUANTIZERS))
+                 for no, s in enumerate(m.shards)]
+    else:
+        tasks = shard_tasks(alt, m.n_passages, m.shard_size, parts, m.dim, factory)  # trains once for several shards
+    train_s = time.perf_counter() - t
     per_shard = []
-    for no, s in enumerate(m.shards):
+    for task in tasks:
         ts = time.perf_counter()
-        ShardTask(str(alt), no, s.start, s.count, [], m.dim, factory).run()
+        task.run()
         per_shard.append(round(time.perf_counter() - ts, 1))
     secs = time.perf_counter() - t
+    trained = [alt / tk.trained for tk in tasks[:1] if tk.trained]
     return {"factory": factory, "seconds": round(secs, 1), "seconds_per_shard": per_shard,
-            "index_bytes": sum(du(alt / s.faiss) for s in m.shards), "peak_rss_mb": round(peak_rss_mb(), 1)}
+            "train_seconds": round(train_s, 1) if trained else None,
+            "index_bytes": sum(du(alt / s.faiss) for s in m.shards) + sum(du(p) for p in trained),
+            "peak_rss_mb": round(peak_rss_mb(), 1)}
 
 
 # -- stage: search ------------------------------------------------------------------------
@@ -363,7 +378,7 @@ def stage_search(work: Path, factory: str, params: dict, budget_s: float) -> dic
             break
     idx.close()
     return {"factory": factory, "params": params, "shards": len(m.shards), "shard_workers": idx.shard_workers,
-            "load_s": round(load_s, 2),
+            "coarse_searches": idx.coarse_searches, "load_s": round(load_s, 2),
             "single_ms_p50": pct(single, 50), "single_ms_p99": pct(single, 99), "single_n": len(single),
             "batch64_ms_p50": pct(batch, 50), "batch64_ms_p99": pct(batch, 99), "batch64_n": len(batch),
             "recall@10": round(recall, 4), "recall_queries": len(rows),
@@ -578,7 +593,9 @@ def main() -> None:
                     help="the curve's re-rank depths, candidates re-scored per query in all shards (default: CURVE_RERANK)")
     ap.add_argument("--ivf-factory", default=None,
                     help="the IVF-PQ factory of the dense, search and curve stages (default: what `auto` picks for a "
-                         "shard, e.g. IVF2048,PQ48x4fs); the import stage still builds `auto`'s")
+                         "shard, e.g. IVF2048,PQ48x4fs); the import stage "
+                         "still builds `auto`'s. A suffix +own trains each shard on its own rows instead of one "
+                         "quantizer for all (the layout before shared quantizers), e.g. IVF2048,PQ48x4fs+own")
     ap.add_argument("--table", type=Path, help="print the README table of a result JSON and exit")
     ap.add_argument("--paper", type=Path, help="print the README's extrapolation to wiki-18 and ClueWeb22-B and exit")
     ap.add_argument("--sizing", type=Path, help="print the sizing table (per 10^6 passages, and wiki-18) of a result JSON and exit")
@@ -682,7 +699,8 @@ def main() -> None:
                 r["search"][label] = run_stage(["text_search", str(work), "hybrid", factory,
                                                 json.dumps(DEFAULT_SEARCH_PARAMS), str(a.budget)], log)
                 write(res, a.out)
-            shutil.rmtree(alt_folder(work, factory), ignore_errors=True)
+            if not a.keep:
+                shutil.rmtree(alt_folder(work, factory), ignore_errors=True)
         r["complete"] = True
         write(res, a.out)
         if not a.keep:

@@ -784,6 +784,72 @@ def ann_curve_wiki18_pq32() -> str:
                   "shards built anew with 32 sub-quantizers.", rerank="re-rank (in all)")
 
 
+ANN_CURVE_WIKI18_OWN = "scripts/results/bench_ann_curve_wiki18_own.json"
+ANN_CURVE_WIKI18_SHARED = "scripts/results/bench_ann_curve_wiki18_shared2048.json"
+ANN_CURVE_WIKI18_SHARED8192 = "scripts/results/bench_ann_curve_wiki18_shared8192.json"
+
+
+def ann_curve_wiki18_shared() -> str:
+    """wiki-18's 9 shards each trained on its own rows, beside the same shards cloned from
+    one quantizer trained once for all (drgym's layout), with as many lists and with 4x
+    more."""
+    rows, loads, runs = [], [], []
+    for path, layout in ((ANN_CURVE_WIKI18_OWN, "one a shard"), (ANN_CURVE_WIKI18_SHARED, "one for all 9 shards"),
+                         (ANN_CURVE_WIKI18_SHARED8192, "one for all 9 shards")):
+        d = _load(path)
+        runs.append(d)
+        for key in sorted(d["sizes"], key=int):
+            r = d["sizes"][key]
+            factory = r["dense"]["IVF-PQ"]["factory"].removesuffix("+own")
+            nlist = int(factory.split(",")[0][3:])
+            for s in r.get("search", {}).values():
+                if "error" in s:
+                    continue
+                p = s["params"]
+                loads.append(s.get("load_avg", [0])[0])
+                rows.append([factory, layout, str(s.get("coarse_searches", "-")), str(p["nprobe"]),
+                             _pct(p["nprobe"] / nlist), str(p["rerank"]), f"{s['recall@10']:.3f}",
+                             f"{s['single_ms_p50']:.1f}", f"{s['batch64_ms_p50']:.0f}"])
+    head = ["index", "coarse quantizer", "coarse searches a query", "nprobe", "lists probed", "re-rank (in all)",
+            "recall@10", "1 query p50 ms", "64 queries p50 ms"]
+    own, shared, wide = runs
+    return (_table(head, rows)
+            + f"\n\n21,015,324 synthetic 384-d vectors in 9 shards (the corpus and embeddings of the tables above), "
+            f"recall@10 against exact search of 200 queries; three runs on "
+            f"{own['started'][:10]} (8,192 lists first, then one quantizer, then one a shard, one after the other), on {own['machine']['cpus']} cores with the machine otherwise idle (load up to "
+            f"{max(loads):.1f}), one FAISS thread a shard (OMP_NUM_THREADS=1), 9 shards searched side by side on 2 "
+            f"threads; the FAISS shards of each built beforehand on both cores by `python scripts/bench_scale.py "
+            f"_stage dense WORK/n21015324 FACTORY`. Each shard trained alone: `{_command(own['command'])}`; one "
+            f"quantizer: `{_command(shared['command'])}`; 8,192 lists: `{_command(wide['command_now'])}`.")
+
+
+SHARED_QUANTIZER = "scripts/results/bench_shared_quantizer_wiki18.json"
+
+
+def shared_quantizer() -> str:
+    """The same 9 wiki-18 shards with one quantizer for all and with one each, timed query
+    by query in turns, in each repeat of the comparison."""
+    d = _load(SHARED_QUANTIZER)
+    rows, loads = [], []
+    passes = d["runs"][0]["layouts"][next(iter(d["runs"][0]["layouts"]))]["n"] // d["queries"]
+    for run in d["runs"]:
+        own, shared = (run["layouts"][f] for f in run["layouts"])  # the order of --factories: own first
+        loads += run["load_avg_1min"]
+        rows.append([str(run["repeat"] + 1), str(run["nprobe"]), f"{own['recall@10']:.3f} / {shared['recall@10']:.3f}",
+                     f"{own['single_ms_p50']:.1f} / {own['single_ms_p99']:.1f}",
+                     f"{shared['single_ms_p50']:.1f} / {shared['single_ms_p99']:.1f}",
+                     f"{shared['ratio_to_first_p50']:.2f}"])
+    head = ["run", "nprobe (of 2,048)", "recall@10, one a shard / one for all", "one quantizer a shard: p50 / p99 ms",
+            "one for all: p50 / p99 ms", "median ratio, one for all / one a shard"]
+    return (_table(head, rows)
+            + f"\n\n{d['n_passages']:,} synthetic 384-d vectors in {d['shards']} shards of IVF2048,PQ48x4fs (the "
+            f"embeddings of the tables above), re-rank 100 in all; {d['queries']} queries one at a time, the two "
+            f"layouts in turns query by query ({passes} passes, order alternating), each run loading both anew; one FAISS "
+            f"thread a shard (OMP_NUM_THREADS={d['machine']['omp_num_threads']}), shards side by side on 2 threads; "
+            f"{d['started'][:10]}, {d['machine']['cpus']} cores, machine otherwise idle (load {min(loads):.1f}-"
+            f"{max(loads):.1f}, the benchmark's own 2 threads included). `{_command(d['command'])}`.")
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "policy_options": policy_options,
     "answerable_pool": answerable_pool,
@@ -816,6 +882,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "ann_curve_5m": ann_curve_5m,
     "ann_curve_wiki18": ann_curve_wiki18,
     "ann_curve_wiki18_pq32": ann_curve_wiki18_pq32,
+    "ann_curve_wiki18_shared": ann_curve_wiki18_shared,
+    "shared_quantizer": shared_quantizer,
     "search_profile": search_profile,
     "search_encoders": search_encoders,
 }
@@ -842,6 +910,8 @@ TABLE_PAGES: dict[str, str] = {
     "ann_curve_5m": "docs/benchmarks/scale.md",
     "ann_curve_wiki18": "docs/benchmarks/scale.md",
     "ann_curve_wiki18_pq32": "docs/benchmarks/scale.md",
+    "ann_curve_wiki18_shared": "docs/benchmarks/scale.md",
+    "shared_quantizer": "docs/benchmarks/scale.md",
     "search_profile": "docs/benchmarks/search.md",
     "search_encoders": "docs/benchmarks/search.md",
     "grpo_summary": "docs/training.md",

@@ -1,0 +1,104 @@
+"""Side by side: IVF shards that share one trained quantizer against shards trained alone.
+
+Loads two (or more) alternative FAISS layouts of one ``bench_scale.py`` work folder (the
+``alt-*`` folders its dense stage leaves with ``--keep``, e.g. ``IVF2048,PQ48x4fs`` and
+``IVF2048,PQ48x4fs+own``; a suffix ``@N`` loads the same folder with FAISS's fast-scan
+``implem`` N instead of its default 0), and times one query at a time through
+:class:`drgym.index.dense.DenseIndex` with each, alternating the layouts query by query
+and the order between passes, so that both see the same machine state. Writes medians,
+p99, the median of the per-query ratios and recall@10 against the exact top 10 of the
+work folder. Run it with ``OMP_NUM_THREADS=1`` (one FAISS thread a shard, shards side by
+side on the shard threads), as ``bench_scale.py``'s search stages do::
+
+    OMP_NUM_THREADS=1 python scripts/bench_shared_quantizer.py --work WORK/n21015324 \\
+        --factories IVF2048,PQ48x4fs+own IVF2048,PQ48x4fs --nprobe 384 512 --repeat 3 \\
+        --out scripts/results/bench_shared_quantizer_wiki18.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+def main() -> None:
+    from bench_scale import alt_folder
+
+    import faiss
+
+    from drgym.index.dense import DenseIndex
+    from drgym.index.manifest import IndexManifest
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, required=True, help="a bench_scale.py work folder of one size (WORK/n<N>)")
+    ap.add_argument("--factories", nargs="+", required=True, help="alt layouts to compare (bench_scale factory labels)")
+    ap.add_argument("--nprobe", type=int, nargs="+", default=[384, 512])
+    ap.add_argument("--rerank", type=int, default=100)
+    ap.add_argument("--passes", type=int, default=3, help="passes over the queries (the order of layouts alternates)")
+    ap.add_argument("--repeat", type=int, default=1, help="runs of the whole comparison, each loading the indexes anew")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    m = IndexManifest.read(a.work / "indexes" / "bench")
+    q = np.load(a.work / "queries.npy")
+    truth = np.load(a.work / "truth.npy")
+    res = {"command": " ".join(["python", *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                       "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+           "code_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                                         text=True).stdout.strip(),
+           "n_passages": m.n_passages, "shards": len(m.shards), "queries": len(q), "k": 10, "runs": []}
+    for repeat, nprobe in [(r, p) for r in range(a.repeat) for p in a.nprobe]:
+        idx = {f: DenseIndex(alt_folder(a.work, f.split("@")[0]),
+                             m.shards, m.dim, m.n_passages, device="cpu", mmap=True,
+                             search_params={"nprobe": nprobe, "rerank": a.rerank}) for f in a.factories}
+        for f in a.factories:
+            if "@" in f:  # another FAISS fast-scan implementation than its default (0, chosen by batch)
+                for index in idx[f]._indexes:
+                    faiss.downcast_index(index).implem = int(f.split("@")[1])
+        times = {f: [] for f in a.factories}
+        rows = {f: [None] * len(q) for f in a.factories}
+        for f in a.factories:  # warm-up: page in each layout's codes once
+            for i in range(len(q)):
+                idx[f].search(q[i:i + 1], 10)
+        loads = [os.getloadavg()[0]]
+        for p in range(a.passes):
+            for i in range(len(q)):
+                order = a.factories if (i + p) % 2 == 0 else a.factories[::-1]
+                for f in order:
+                    t = time.perf_counter()
+                    _, r = idx[f].search(q[i:i + 1], 10)
+                    times[f].append((time.perf_counter() - t) * 1000)
+                    rows[f][i] = r[0]
+            loads.append(os.getloadavg()[0])
+        base = a.factories[0]
+        run = {"repeat": repeat, "nprobe": nprobe, "rerank": a.rerank, "load_avg_1min": [round(x, 2) for x in loads], "layouts": {}}
+        for f in a.factories:
+            t = np.asarray(times[f])
+            recall = float(np.mean([len(set(rows[f][i].tolist()) & set(truth[i].tolist())) / 10 for i in range(len(q))]))
+            run["layouts"][f] = {"coarse_searches": idx[f].coarse_searches, "single_ms_p50": round(float(np.median(t)), 3),
+                                 "single_ms_p99": round(float(np.percentile(t, 99)), 3), "n": len(t),
+                                 "ratio_to_first_p50": round(float(np.median(t / np.asarray(times[base]))), 3),
+                                 "recall@10": round(recall, 4)}
+            idx[f].close()
+        res["runs"].append(run)
+        print(json.dumps(run), flush=True)
+    res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    tmp = a.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    os.replace(tmp, a.out)
+
+
+if __name__ == "__main__":
+    main()
