@@ -263,6 +263,29 @@ def test_shards_of_an_ivf_index_share_one_trained_quantizer_and_one_coarse_searc
         e.close()
 
 
+def test_shards_trained_alone_are_assigned_one_by_one(tmp_path):
+    """An index whose shards were each trained on their own rows (built before the shards
+    shared a quantizer) loads and searches: one coarse search a shard, with the rows and
+    scores FAISS gives when each shard assigns the queries itself."""
+    from drgym.index.build import ShardTask
+    from drgym.index.dense import DenseIndex, write_tie_rank
+
+    np.save(tmp_path / "emb.npy", unit_rows(3000, seed=17).astype(np.float16))
+    parts = [(str(tmp_path / "emb.npy"), 0, 3000)]
+    shards = [ShardTask(str(tmp_path), no, s, 1000, parts, DIM, "IVF64,PQ8x4fs").run()
+              for no, s in enumerate(range(0, 3000, 1000))]
+    write_tie_rank(tmp_path, range(3000), 3000)
+    dense = DenseIndex(tmp_path, shards, DIM, 3000, device="cpu")
+    alone = DenseIndex(tmp_path, shards, DIM, 3000, device="cpu")
+    alone._coarse_of = [None] * 3
+    assert dense.coarse_searches == 3
+    q = unit_rows(30, seed=18)
+    for a, b in zip(dense.search(q, 10), alone.search(q, 10)):
+        np.testing.assert_array_equal(a, b)
+    dense.close()
+    alone.close()
+
+
 def test_one_shard_or_an_untrained_factory_writes_no_trained_index(tmp_path):
     """A one-shard IVF index trains on its own rows, and a Flat index needs no training:
     neither writes ``dense/trained.index``; a several-shard build reuses the file a killed
