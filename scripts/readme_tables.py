@@ -847,7 +847,8 @@ def shared_quantizer() -> str:
             f"layouts in turns query by query ({passes} passes, order alternating), each run loading both anew; one FAISS "
             f"thread a shard (OMP_NUM_THREADS={d['machine']['omp_num_threads']}), shards side by side on 2 threads; "
             f"{d['started'][:10]}, {d['machine']['cpus']} cores, machine otherwise idle (load {min(loads):.1f}-"
-            f"{max(loads):.1f}, the benchmark's own 2 threads included). `{_command(d['command'])}`.")
+            f"{max(loads):.1f}, the benchmark's own 2 threads included). "
+            f"`{_command(d['command']).replace('--work WORK', '--work WORK/n' + str(d['n_passages']))}`.")
 
 
 TABLES: dict[str, Callable[[], str]] = {
