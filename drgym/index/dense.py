@@ -311,9 +311,9 @@ def coarse_assign(centroids: np.ndarray, q: np.ndarray, nprobe: int) -> tuple[np
     probe the same lists, and shards cloned from one trained index (:func:`write_trained`)
     are assigned once for all. Each query is scored alone (numpy's matrix-vector product,
     ``centroids @ q``), so a query probes the same lists alone and in any batch: FAISS's
-    own assignment multiplies a batch at once, whose rounding depends on the batch, and
-    for one query that product costs several times the matrix-vector one (measured at
-    8,192 x 384 centroids: 7 ms against 2 ms, on a busy 2-core machine).
+    own assignment multiplies a batch at once, whose rounding depends on the batch. The
+    cost is one matrix-vector product a query (it reads the ``nlist x dim`` centroids
+    once a query), also in a batch.
 
     Args:
         centroids: float32 ``(nlist, dim)`` coarse centroids (inner-product quantizer).
@@ -457,6 +457,14 @@ TRAINED_FILE = f"{DENSE_DIR}/trained.index"
 from (:func:`write_trained`)."""
 
 
+def _open_part(path, rows: int, dim: int) -> np.ndarray:
+    """An embedding part, memory-mapped; CorruptIndexError unless it is ``(rows, dim)``."""
+    src = np.load(path, mmap_mode="r")
+    if src.ndim != 2 or src.shape[1] != dim or len(src) != rows:
+        raise CorruptIndexError(f"Embedding part {path} has shape {src.shape}, expected ({rows}, {dim}).")
+    return src
+
+
 def read_rows(parts, rows: np.ndarray, dim: int) -> np.ndarray:
     """Rows of an index's embedding parts, as float32 rounded through float16 (the
     values the shards store), so that training sees what search scores.
@@ -480,9 +488,7 @@ def read_rows(parts, rows: np.ndarray, dim: int) -> np.ndarray:
         a, b = np.searchsorted(rows, [p0, p0 + pn])
         if a == b:
             continue
-        src = np.load(path, mmap_mode="r")
-        if src.ndim != 2 or src.shape[1] != dim or len(src) != pn:
-            raise CorruptIndexError(f"Embedding part {path} has shape {src.shape}, expected ({pn}, {dim}).")
+        src = _open_part(path, pn, dim)
         out[a:b] = np.asarray(src[rows[a:b] - p0]).astype(np.float16)
         done += b - a
         del src
@@ -497,10 +503,8 @@ def write_trained(folder: str | Path, parts, n: int, dim: int, factory: str) -> 
 
     Every shard is then a clone of it plus its own rows (FAISS's recipe for building an
     IVF index in pieces), so the shards share one coarse quantizer and one set of codes:
-    :class:`DenseIndex` assigns a query to its lists once, not once per shard, and the
-    lists are as fine as the whole index allows (:func:`drgym.index.build.ivfpq_factory`)
-    rather than as one shard's rows allow. The sample is :func:`train_sample_rows` of all
-    ``n`` rows (seed 0), read from every part.
+    :class:`DenseIndex` assigns a query to its lists once, not once per shard. The sample
+    is :func:`train_sample_rows` of all ``n`` rows (seed 0), read from every part.
 
     Args:
         folder: the index build folder.
@@ -550,6 +554,8 @@ def build_faiss(vectors: np.ndarray, factory: str, trained: str | Path | None = 
     Raises:
         ConfigError: the factory string is invalid, or training failed (e.g. fewer
             vectors than IVF lists).
+        CorruptIndexError: ``trained`` is unreadable or not an empty trained index of
+            this dimension.
     """
     faiss = _faiss()
     n, dim = vectors.shape
@@ -653,9 +659,7 @@ def _copy_rows(dest: Path, start: int, count: int, parts, dim: int) -> None:
         a, b = max(start, p0), min(stop, p0 + pn)
         if a >= b:
             continue
-        src = np.load(path, mmap_mode="r")
-        if src.ndim != 2 or src.shape[1] != dim or len(src) != pn:
-            raise CorruptIndexError(f"Embedding part {path} has shape {src.shape}, expected ({pn}, {dim}).")
+        src = _open_part(path, pn, dim)
         for c in range(a, b, ADD_BATCH):
             e = min(b, c + ADD_BATCH)
             out[c - start : e - start] = src[c - p0 : e - p0]
