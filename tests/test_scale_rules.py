@@ -309,6 +309,22 @@ def test_one_shard_or_an_untrained_factory_writes_no_trained_index(tmp_path):
         build_faiss(unit_rows(10, seed=1), "IVF64,PQ8x4fs", tmp_path / "c" / "dense" / "faiss-00000.index")
 
 
+def test_training_sample_of_bad_parts_is_refused_by_name(tmp_path):
+    """The shared training sample reads every part: a part of another shape than announced,
+    or parts that do not cover the sample's rows, raise CorruptIndexError naming them."""
+    from drgym.errors import CorruptIndexError
+    from drgym.index.dense import read_rows
+
+    np.save(tmp_path / "a.npy", unit_rows(100, seed=19).astype(np.float16))
+    rows = np.array([3, 50, 99], dtype=np.int64)
+    got = read_rows([(str(tmp_path / "a.npy"), 0, 100)], rows, DIM)
+    np.testing.assert_array_equal(got, unit_rows(100, seed=19).astype(np.float16)[rows].astype(np.float32))
+    with pytest.raises(CorruptIndexError, match=r"a\.npy has shape \(100, 32\), expected \(120, 32\)"):
+        read_rows([(str(tmp_path / "a.npy"), 0, 120)], rows, DIM)
+    with pytest.raises(CorruptIndexError, match="cover 2 of the 3"):
+        read_rows([(str(tmp_path / "a.npy"), 0, 100)], np.array([3, 50, 150]), DIM)
+
+
 def test_coarse_assign_probes_the_lists_faiss_probes():
     """:func:`coarse_assign` picks the lists FAISS's flat inner-product quantizer picks, in
     its order, with the same inner products, and the same lists for a query alone and in a
