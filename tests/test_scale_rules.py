@@ -143,11 +143,13 @@ class LocalHandle:
 
 
 def import_random(tmp_path, n: int, seed: int, factory: str, shard_size: int):
-    """``n`` random unit vectors (ids ``"0"``...) imported as a wiki-18 corpus into ``tmp_path / "idx"``."""
+    """``n`` random unit vectors (ids ``"0"``...) imported as a wiki-18 corpus into ``tmp_path / "idx"``,
+    not calibrated (IVF shards probe :func:`~drgym.index.dense.auto_nprobe`'s quarter of the lists;
+    tests/test_calibrate.py covers calibrated indexes)."""
     write_corpus(tmp_path / "wiki-18.jsonl", [str(i) for i in range(n)])
     np.save(tmp_path / "emb.npy", unit_rows(n, seed=seed))
     return import_index(tmp_path / "wiki-18.jsonl", embeddings=[tmp_path / "emb.npy"], encoder=ENCODER,
-                        factory=factory, shard_size=shard_size, root=tmp_path / "idx", bm25=False)
+                        factory=factory, shard_size=shard_size, root=tmp_path / "idx", bm25=False, target_recall=None)
 
 
 @pytest.fixture

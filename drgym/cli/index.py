@@ -1,4 +1,4 @@
-"""``drgym index ...`` commands: build, import, info, verify and list indexes."""
+"""``drgym index ...`` commands: build, import, info, calibrate, verify and list indexes."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def build(
     force: bool = typer.Option(False, "--force", help="Rebuild even if an identical index exists."),
     chunk_docs: int = typer.Option(None, "--chunk-docs", help="Documents per build unit, the resumption step (default 10,000)."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Discard a partial build left by a killed run instead of resuming it."),
+    target_recall: float = typer.Option(0.95, "--target-recall", help="IVF indexes: record the smallest nprobe whose recall@10 on the index's own rows reaches this (0: a quarter of the lists)."),
     ray: bool = typer.Option(False, "--ray", help="Encode units and build shards on a Ray cluster (pip install 'drgym[distributed]')."),
     ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: start or join a local one)."),
 ) -> None:
@@ -51,7 +52,8 @@ def build(
     corpus = corpus_arg or corpus or "wiki-default"
     spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
                      shard_size=shard_size or DEFAULT_SHARD_SIZE, max_tokens=max_tokens, overlap=overlap,
-                     bm25=not no_bm25, name=name, chunk_docs=chunk_docs or CHUNK_DOCS, bm25_engine=bm25_engine)
+                     bm25=not no_bm25, name=name, chunk_docs=chunk_docs or CHUNK_DOCS, bm25_engine=bm25_engine,
+                     target_recall=target_recall)
     runner = None
     try:
         if ray:
@@ -98,6 +100,7 @@ def import_cmd(
     link: str = typer.Option("auto", "--link", help="How the FAISS file enters the index: auto (hard link, else copy), hardlink, copy, symlink."),
     force: bool = typer.Option(False, "--force", help="Import again even if an identical index exists."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Discard a partial import instead of resuming it."),
+    target_recall: float = typer.Option(0.95, "--target-recall", help="IVF indexes: record the smallest nprobe whose recall@10 on the index's own rows reaches this (0: a quarter of the lists)."),
     id_prefix: str = typer.Option("", "--id-prefix", help="Put this in front of every row id (default: the corpus's ids as they are, e.g. Search-R1's passage ids)."),
 ) -> None:
     """Import a corpus plus its ready-made vectors (a FAISS index or .npy shards): writes the docstore, manifest and BM25; nothing is re-encoded. Passage ids are the corpus's own."""
@@ -117,7 +120,7 @@ def import_cmd(
         res = import_index(corpus, encoder=encoder, faiss_index=faiss_index, embeddings=files, format=format,
                            factory=factory, shard_size=shard_size or DEFAULT_SHARD_SIZE, bm25=not no_bm25, name=name,
                            root=root, link=link, force=force, resume=not no_resume, progress=True,
-                           id_prefix=id_prefix, bm25_engine=bm25_engine)
+                           id_prefix=id_prefix, bm25_engine=bm25_engine, target_recall=target_recall)
     except DrgymError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from e
@@ -134,6 +137,38 @@ def info(index: str = typer.Argument(..., help="Index folder or name under $DRGY
     if not (p / "manifest.json").exists():
         p = indexes_dir() / index
     typer.echo(json.dumps(IndexManifest.read(p).to_dict(), indent=2, ensure_ascii=False))
+
+
+@index_app.command("calibrate")
+def calibrate(
+    index: str = typer.Argument(..., help="Index folder, name under $DRGYM_HOME/indexes, or corpus name when one built index matches."),
+    target_recall: float = typer.Option(0.95, "--target-recall", help="recall@10 on the index's own rows that the recorded nprobe must reach."),
+    queries: int = typer.Option(200, "--queries", help="Rows drawn as queries."),
+) -> None:
+    """Measure an IVF index's recall curve on its own rows and record the smallest nprobe reaching --target-recall in its manifest (every search of it then starts from that nprobe)."""
+    from drgym.errors import ConfigError, DrgymError
+    from drgym.index.calibrate import calibrate_nprobe
+    from drgym.index.manifest import IndexManifest
+    from drgym.search.local import resolve_index_folder
+
+    try:
+        folder = resolve_index_folder(index)
+        m = IndexManifest.read(folder)
+        cal = calibrate_nprobe(folder, m.shards, m.dim, m.n_passages, target=target_recall, queries=queries)
+        if cal is None:
+            raise ConfigError(f"index {m.name} (factory {m.factory}) is not an IVF index with stored float16 rows: "
+                              "nothing to calibrate.")
+        m.calibration = cal
+        m.write(folder)
+    except DrgymError as e:
+        typer.secho(f"error: {e}", fg="red", err=True)
+        raise typer.Exit(2) from e
+    curve = ", ".join(f"{p['nprobe']}: {p['recall']:.3f}" for p in cal["curve"])
+    typer.echo(f"{'ok' if cal['reached'] else 'not reached'}: index {m.name}: nprobe {cal['search_params']['nprobe']} "
+               f"of {cal['nlist']} lists, recall@{cal['k']} {cal['recall']:.3f} on {cal['queries']} of its rows "
+               f"(target {cal['target_recall']}; curve {curve}; {cal['seconds']:.1f} s)")
+    if not cal["reached"]:
+        raise typer.Exit(1)
 
 
 @index_app.command("verify")

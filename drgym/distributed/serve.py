@@ -161,8 +161,8 @@ class ShardServer:
         self.shard_id = int(shard_id)
         if not 0 <= self.shard_id < len(m.shards):
             raise ConfigError(f"index {folder} has {len(m.shards)} shards, no shard {shard_id}.")
-        self.dense = DenseIndex(folder, m.shards, m.dim, m.n_passages, search_params=search_params,
-                                shard_ids=[self.shard_id], mmap=mmap, gpu_shard=gpu_shard, gpu_float16=gpu_float16)
+        self.dense = DenseIndex.from_manifest(folder, m, search_params=search_params, shard_ids=[self.shard_id],
+                                              mmap=mmap, gpu_shard=gpu_shard, gpu_float16=gpu_float16)
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` of this shard: float32 scores and int64 global rows, ``(nq, k)``."""

@@ -48,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from drgym.errors import ConfigError, CorpusError, CorruptIndexError, IndexNotFoundError, unknown_name
+from drgym.index.calibrate import TARGET_RECALL
 from drgym.index.manifest import IndexManifest, ShardInfo, record_checksums, record_files
 from drgym.index.units import CHUNK_DOCS, EncodedUnit, Unit, encode_unit, plan_units
 from drgym.types import Document
@@ -106,7 +107,7 @@ def ivfpq_factory(rows: int, dim: int) -> str:
     several times faster than 8-bit PQ. Their coarser scores do not cost recall, because
     the top candidates are re-scored exactly from the memory-mapped float16 embeddings
     (``rerank`` in :data:`drgym.index.dense.DEFAULT_SEARCH_PARAMS`), and recall is set
-    by the share of lists probed (:func:`drgym.index.dense.auto_nprobe`). Measured side
+    by the share of lists probed (measured per index, :mod:`drgym.index.calibrate`). Measured side
     by side by ``scripts/bench_pq_codes.py`` (``scripts/results/bench_pq_codes.json``)
     on 10^6 synthetic MiniLM-like vectors, one thread, nprobe 256 of 1,024, re-rank 100:
     recall@10 0.973 (4-bit fast scan) and 0.974 (8-bit PQ), single-query p50 10.3 against
@@ -148,6 +149,10 @@ class IndexSpec:
         name: index folder name; None derives one from corpus, encoder and factory.
         chunk_docs: documents per build unit (resumption granularity; does not change
             the index).
+        target_recall: an IVF index records the smallest ``nprobe`` whose recall@10 on
+            its own rows reaches this (:mod:`drgym.index.calibrate`); None or 0 keeps
+            :func:`drgym.index.dense.auto_nprobe`'s quarter of the lists. Not part of
+            the index's identity.
     """
 
     corpus: str = "wiki-default"
@@ -162,6 +167,7 @@ class IndexSpec:
     chunk_docs: int = CHUNK_DOCS
     bm25_tokenizer: str | None = None
     bm25_engine: str = "bm25s"
+    target_recall: float | None = TARGET_RECALL
 
     def index_name(self, encoder_name: str) -> str:
         """The folder name: given, or ``<corpus>--<encoder>--<factory>[--s<shard_size>]``."""
@@ -269,6 +275,9 @@ def planned_manifest(spec: IndexSpec, label: str, fingerprint: str, sources: lis
     max_tokens = default_max_tokens(encoder.max_length) if spec.max_tokens is None else int(spec.max_tokens)
     if spec.shard_size < 1:
         raise ConfigError(f"shard_size must be >= 1, got {spec.shard_size}.")
+    target = spec.target_recall
+    if target is not None and (isinstance(target, bool) or not 0 <= float(target) <= 1):
+        raise ConfigError(f"target_recall must be in [0, 1] (0 or None: no calibration), got {target!r}.")
     return IndexManifest(
         name=spec.index_name(encoder.name),
         corpus=label,
@@ -288,6 +297,7 @@ def planned_manifest(spec: IndexSpec, label: str, fingerprint: str, sources: lis
         bm25=_planned_bm25(spec.bm25_tokenizer, spec.bm25_engine) if spec.bm25 else None,
         drgym_version=__version__,
         sources=sources,
+        calibration={"target_recall": float(target)} if target else {},
     )
 
 
@@ -731,8 +741,10 @@ def run_build(build_dir: Path, planned: IndexManifest, units: list[Unit], ctx: B
 def finalize(build_dir: Path, m: IndexManifest, writer, runner, timings: dict, *, bm25: bool, dense=None,
              progress: bool = False) -> IndexManifest:
     """Turn a filled docstore and its embedding parts into a complete index folder:
-    fingerprint, tie ranks, dense shards, BM25, file sizes and checksums, manifest (all
-    streamed).
+    fingerprint, tie ranks, dense shards, the IVF ``nprobe`` measured on the index's own
+    rows when ``m.calibration`` names a ``target_recall``
+    (:func:`drgym.index.calibrate.calibrate_nprobe`), BM25, file sizes and checksums,
+    manifest (all streamed).
 
     Raises:
         ConfigError: empty corpus, failed FAISS training, BM25 too large for memory.
@@ -764,6 +776,15 @@ def finalize(build_dir: Path, m: IndexManifest, writer, runner, timings: dict, *
         m.shards, extra_sources = dense(build_dir, n)
         m.sources = list(m.sources) + extra_sources
     timings["faiss"] = time.perf_counter() - t
+    target = (m.calibration or {}).get("target_recall")
+    m.calibration = {}
+    if target:
+        from drgym.index.calibrate import calibrate_nprobe
+
+        t = time.perf_counter()
+        m.calibration = calibrate_nprobe(build_dir, m.shards, m.dim, int(n), target=float(target)) or {}
+        if m.calibration:
+            timings["calibrate"] = time.perf_counter() - t
     if bm25:
         t = time.perf_counter()
         tokenizer = (m.bm25 or {}).get("tokenizer") or _planned_bm25()["tokenizer"]

@@ -68,7 +68,9 @@ DEFAULT_SEARCH_PARAMS: dict[str, int] = {"efSearch": 64, "nprobe": 0, "rerank": 
 """Search-time parameters, applied when the index has them. HNSW ``efSearch=64`` gives
 ANN recall@10 of 0.997 against exact search on wiki-default (scripts/bench_search.py).
 IVF ``nprobe=0`` means :func:`auto_nprobe` (a quarter of the lists, at least 16); a number
-fixes it. ``rerank`` (drgym's, not FAISS's): shards whose codes are lossy (PQ, scalar
+fixes it. An index whose build measured its own ``nprobe``
+(:func:`drgym.index.calibrate.calibrate_nprobe`) is searched from that one instead
+(:meth:`DenseIndex.from_manifest`). ``rerank`` (drgym's, not FAISS's): shards whose codes are lossy (PQ, scalar
 quantizers) return this many candidates per query in all, split between the shards by
 their rows (:func:`rerank_depth`), which are re-scored exactly with the shards' float16
 embeddings (memory-mapped, so RAM holds only the codes); the scores are
@@ -85,7 +87,8 @@ smallest share that reached recall@10 >= 0.95 on the measured curve at every siz
 
 
 def auto_nprobe(nlist: int) -> int:
-    """IVF lists probed per query by default: ``max(16, nlist // 4)`` (capped at nlist).
+    """IVF lists probed per query when the index has no measured ``nprobe``
+    (:mod:`drgym.index.calibrate`): ``max(16, nlist // 4)`` (capped at nlist).
 
     Chosen from a measured recall/latency curve (``python scripts/bench_scale.py --curve``,
     IVF-PQ with the exact re-rank, topic-clustered MiniLM-like vectors): recall@10 is set
@@ -787,7 +790,12 @@ class DenseIndex:
         n_passages: total rows.
         device: ``"cpu"`` forces CPU; None or ``"cuda"`` uses faiss GPUs when present.
         search_params: FAISS search parameters (``efSearch``, ``nprobe``...); each is
-            applied to the shards that have it. Defaults: :data:`DEFAULT_SEARCH_PARAMS`.
+            applied to the shards that have it. Defaults: ``defaults``, then
+            :data:`DEFAULT_SEARCH_PARAMS`.
+        defaults: the index's own measured parameters, under ``search_params``
+            (:attr:`drgym.index.manifest.IndexManifest.search_defaults`, e.g. the
+            ``nprobe`` of :func:`drgym.index.calibrate.calibrate_nprobe`); load an
+            index's shards with :meth:`from_manifest`, which passes them.
         shard_ids: load only these shards (a shard server of
             :mod:`drgym.distributed.serve`); rows stay global. None loads all.
         mmap: memory-map the shards' FAISS files (``IO_FLAG_MMAP_IFC``) instead of reading
@@ -828,6 +836,7 @@ class DenseIndex:
         gpu_shard: bool = False,
         gpu_float16: bool = False,
         shard_workers: int | None = None,
+        defaults: dict[str, int] | None = None,
     ) -> None:
         faiss = _faiss()
         if shard_workers is not None and int(shard_workers) < 1:
@@ -838,7 +847,7 @@ class DenseIndex:
         self.dim = int(dim)
         self.n_passages = int(n_passages)
         self.tie_rank = load_tie_rank(self.folder, self.n_passages)
-        self.search_params = {**DEFAULT_SEARCH_PARAMS, **(search_params or {})}
+        self.search_params = {**DEFAULT_SEARCH_PARAMS, **(defaults or {}), **(search_params or {})}
         self.rerank = int(self.search_params[RERANK_KEY])
         self.shard_params: list[dict[str, int]] = []
         self.gpu_shard, self.gpu_float16 = bool(gpu_shard), bool(gpu_float16)
@@ -896,6 +905,21 @@ class DenseIndex:
             shard_workers = min(len(self.shards), thread_count())
         self.shard_workers = max(1, int(shard_workers))
         self._coarse, self._coarse_of = self._coarse_groups()
+
+    @classmethod
+    def from_manifest(cls, folder: str | Path, manifest, **kwargs) -> "DenseIndex":
+        """The dense shards of the index in ``folder`` described by ``manifest`` (an
+        :class:`~drgym.index.manifest.IndexManifest`), searched from its measured
+        :attr:`~drgym.index.manifest.IndexManifest.search_defaults`: how the library,
+        ``drgym serve`` and ``drgym serve-ray``'s shard servers load an index, so that
+        they probe alike. ``kwargs`` are the constructor's (``search_params`` given there
+        win over the measured ones).
+
+        Raises:
+            as the constructor; CorruptIndexError for a malformed calibration.
+        """
+        m = manifest
+        return cls(folder, m.shards, m.dim, m.n_passages, defaults=m.search_defaults, **kwargs)
 
     @property
     def coarse_searches(self) -> int:

@@ -55,6 +55,7 @@ from drgym.index.build import (
     shard_tasks,
     source_key,
 )
+from drgym.index.calibrate import TARGET_RECALL
 from drgym.index.manifest import UNKNOWN_REVISION, ShardInfo
 from drgym.index.units import CHUNK_DOCS, plan_units, source_stat
 
@@ -192,6 +193,7 @@ def import_index(
     progress: bool = False,
     id_prefix: str = "",
     bm25_engine: str = "bm25s",
+    target_recall: float | None = TARGET_RECALL,
 ) -> BuildResult:
     """Import a corpus and its vectors as a drgym index (see the module docstring).
 
@@ -219,6 +221,10 @@ def import_index(
             their own; other formats keep drgym's doc_ids and refuse a prefix.
         bm25_engine: ``"bm25s"`` (in memory) or ``"fts5"`` (SQLite FTS5 on disk, bounded
             build memory: the one that fits wiki-18 on a 24-64 GB machine).
+        target_recall: an IVF index built from ``embeddings`` records the smallest
+            ``nprobe`` reaching this recall@10 on its own rows
+            (:mod:`drgym.index.calibrate`); None or 0: a quarter of the lists. An
+            imported ``faiss_index`` has no stored rows to measure and is not calibrated.
 
     Returns:
         A :class:`~drgym.index.build.BuildResult`.
@@ -299,7 +305,8 @@ def import_index(
                     "not cosines", float(norms.min()), float(norms.max()))
 
     spec = IndexSpec(corpus=str(corpus), format=format, encoder=encoder, factory=factory, shard_size=shard_size,
-                     max_tokens=0, overlap=0, bm25=bm25, name=name, chunk_docs=chunk_docs, bm25_engine=bm25_engine)
+                     max_tokens=0, overlap=0, bm25=bm25, name=name, chunk_docs=chunk_docs, bm25_engine=bm25_engine,
+                     target_recall=target_recall)
     planned = planned_manifest(spec, label, "", sources + vec_sources, _EncoderView(enc, dim))
     planned.normalized = normalized
     planned.chunking = {"max_tokens": 0, "overlap": 0, "tokenizer": "", "encoder_max_length": enc.max_length,

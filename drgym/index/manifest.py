@@ -114,6 +114,10 @@ class IndexManifest:
         sources: input files read from disk, ``{"path", "bytes", "mtime_ns", "role"}``
             (role ``corpus``, ``faiss`` or ``embeddings``); empty for named corpora. A
             file corpus whose sources are unchanged is not re-read to decide reuse.
+        calibration: an IVF index's ``nprobe`` measured on its own rows
+            (:func:`drgym.index.calibrate.calibrate_nprobe`): ``{"search_params":
+            {"nprobe": int}, "target_recall", "recall", "curve", ...}``; empty when not
+            measured (other index kinds, imported FAISS indexes, older manifests).
     """
 
     name: str
@@ -138,9 +142,25 @@ class IndexManifest:
     checksums: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     sources: list[dict[str, Any]] = field(default_factory=list)
+    calibration: dict[str, Any] = field(default_factory=dict)
 
     # Fields that describe a particular build rather than what was built.
-    VOLATILE = ("created", "files", "checksums", "timings", "shards", "n_documents", "n_passages")
+    VOLATILE = ("created", "files", "checksums", "timings", "shards", "n_documents", "n_passages", "calibration")
+
+    @property
+    def search_defaults(self) -> dict[str, int]:
+        """Search parameters measured for this index (``calibration["search_params"]``,
+        e.g. ``{"nprobe": 416}``), under any the caller gives; empty when not measured.
+
+        Raises:
+            CorruptIndexError: a recorded parameter that is not an integer >= 1.
+        """
+        params = (self.calibration or {}).get("search_params") or {}
+        if not isinstance(params, dict) or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                                   for v in params.values()):
+            raise CorruptIndexError(f"Index manifest {self.name!r} has a malformed calibration "
+                                    f"(search_params {params!r}); run `drgym index calibrate {self.name}`.")
+        return dict(params)
 
     def identity(self) -> dict[str, Any]:
         """The manifest without build-specific fields (see :attr:`VOLATILE`): equal

@@ -128,8 +128,8 @@ class _Shared:
                 from drgym.index.dense import DenseIndex
 
                 m = self.manifest
-                self._dense = DenseIndex(self.folder, m.shards, m.dim, m.n_passages, device=self.device,
-                                         search_params=self.search_params, **self.gpu)
+                self._dense = DenseIndex.from_manifest(self.folder, m, device=self.device,
+                                                       search_params=self.search_params, **self.gpu)
             return self._dense
 
     @property

@@ -1,0 +1,184 @@
+"""An IVF index's ``nprobe`` chosen from its own measured recall curve.
+
+How many IVF lists a query must probe for a given recall depends on the vectors: well
+clustered embeddings reach recall@10 0.95 with a few percent of the lists, the
+topic-mixture vectors of ``scripts/bench_scale.py`` need about a fifth of them. A fixed
+share (:func:`drgym.index.dense.auto_nprobe`, a quarter) is therefore too slow on the
+first and barely enough on the second. So a build measures, once, on its own rows:
+
+1. ``queries`` rows drawn at random (seed ``seed``) from the whole index are the queries,
+   read as stored (float16 rounded to float32);
+2. their exact top ``k + 1`` by inner product over every stored row, the query row itself
+   left out (the top ``k`` of the others);
+3. recall@k of :class:`~drgym.index.dense.DenseIndex` (drgym's search, exact re-rank
+   included) at each ``nprobe`` of :func:`nprobe_grid`, smallest first, the query row
+   left out again;
+
+and records the smallest ``nprobe`` whose recall@k reaches ``target`` in the manifest
+(``calibration``, see :func:`calibrate_nprobe`). Every dense search of the index starts
+from it (:meth:`drgym.index.dense.DenseIndex.from_manifest`: the library, ``drgym serve``
+and ``drgym serve-ray``'s shard servers); a ``search_params`` ``nprobe`` given by the
+caller still wins. ``drgym index calibrate`` measures an existing index again, with
+another target if wanted.
+
+The queries are the index's own passages, so the curve holds for queries distributed as
+the passages are; real questions encoded by an asymmetric encoder (e5's ``query:``) may
+need more lists. ``scripts/bench_scale.py`` checks the chosen ``nprobe`` against its
+held-out queries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+
+from drgym.errors import ConfigError
+from drgym.index.manifest import ShardInfo
+
+log = logging.getLogger(__name__)
+
+TARGET_RECALL = 0.95
+"""recall@k an index's recorded ``nprobe`` must reach on its own rows."""
+QUERIES = 200
+"""Rows drawn as calibration queries."""
+K = 10
+"""The k of recall@k."""
+SEED = 0
+"""Seed of the calibration rows."""
+FRACTIONS = (1 / 64, 1 / 32, 1 / 16, 3 / 32, 1 / 8, 5 / 32, 3 / 16, 7 / 32, 1 / 4, 5 / 16, 3 / 8, 1 / 2, 3 / 4, 1)
+"""Shares of the lists tried, smallest first (:func:`nprobe_grid`)."""
+EXACT_CHUNK_ROWS = 1 << 18
+"""Stored rows scored at a time by :func:`exact_neighbours` (a float32 copy of
+``EXACT_CHUNK_ROWS x dim``, 403 MB at 384-d, and ``nq x EXACT_CHUNK_ROWS`` scores)."""
+
+
+def nprobe_grid(nlist: int) -> list[int]:
+    """The ``nprobe`` values tried for an index of ``nlist`` lists: ``round(nlist * f)``
+    for each ``f`` of :data:`FRACTIONS` (at least 1), distinct, ascending.
+
+    >>> nprobe_grid(2048)[:4], nprobe_grid(2048)[-3:], nprobe_grid(8)
+    ([32, 64, 128, 192], [1024, 1536, 2048], [1, 2, 3, 4, 6, 8])
+    """
+    return sorted({max(1, min(int(nlist), round(int(nlist) * f))) for f in FRACTIONS})
+
+
+def exact_neighbours(parts: list[np.ndarray], q: np.ndarray, k: int) -> np.ndarray:
+    """Exact top ``k`` rows of each query by inner product over stored rows.
+
+    Args:
+        parts: the shards' stored vectors in row order, ``(count_i, dim)`` float16 or
+            float32 (memory-mapped is fine: read :data:`EXACT_CHUNK_ROWS` rows at a time).
+        q: float32 ``(nq, dim)`` queries.
+        k: rows per query (at most the rows stored).
+
+    Returns:
+        int64 ``(nq, k)`` global rows (the concatenation of ``parts``), best first, equal
+        scores by row.
+    """
+    best_s = np.full((len(q), 0), -np.inf, dtype=np.float32)
+    best_r = np.empty((len(q), 0), dtype=np.int64)
+    start = 0
+    for part in parts:
+        for a in range(0, len(part), EXACT_CHUNK_ROWS):
+            chunk = np.asarray(part[a:a + EXACT_CHUNK_ROWS], dtype=np.float32)
+            s = q @ chunk.T
+            kk = min(k, s.shape[1])
+            top = np.argpartition(-s, kk - 1, axis=1)[:, :kk]
+            best_s = np.concatenate([best_s, np.take_along_axis(s, top, 1)], axis=1)
+            best_r = np.concatenate([best_r, top + start + a], axis=1)
+            order = np.lexsort((best_r, -best_s), axis=1)[:, :k]
+            best_s, best_r = np.take_along_axis(best_s, order, 1), np.take_along_axis(best_r, order, 1)
+        start += len(part)
+    return best_r
+
+
+def _without(rows: np.ndarray, self_rows: np.ndarray, k: int) -> list[set[int]]:
+    """Each query's first ``k`` rows other than its own row (and ``-1`` padding)."""
+    out = []
+    for r, me in zip(rows.tolist(), self_rows.tolist()):
+        out.append(set([x for x in r if x != me and x >= 0][:k]))
+    return out
+
+
+def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_passages: int, *,
+                     target: float = TARGET_RECALL, queries: int = QUERIES, k: int = K,
+                     seed: int = SEED) -> dict | None:
+    """The smallest ``nprobe`` of :func:`nprobe_grid` whose recall@k on the index's own
+    rows reaches ``target`` (see the module docstring for the method).
+
+    Args:
+        folder: the index folder (its ``dense/`` shards and tie ranks are read).
+        shards, dim, n_passages: the manifest's.
+        target: recall@k to reach, in ``(0, 1]``.
+        queries: rows drawn as queries (fewer when the index holds fewer than
+            ``queries + k`` rows).
+        k: the k of recall@k, >= 1.
+        seed: seed of the rows drawn.
+
+    Returns:
+        None when the index is not IVF, a shard has no float16 embeddings (an imported
+        FAISS index) or it holds at most ``k + 1`` rows; else the manifest's
+        ``calibration``: ``{"search_params": {"nprobe": int}, "target_recall",
+        "recall": recall@k at that nprobe, "reached": bool, "k", "queries", "seed",
+        "curve": [{"nprobe", "recall"}] (the values tried, ascending, up to the one
+        chosen), "nlist", "rerank", "seconds"}``. When no ``nprobe`` reaches ``target``,
+        ``reached`` is False and every list is probed.
+
+    Raises:
+        ConfigError: ``target``, ``queries`` or ``k`` out of range.
+        CorruptIndexError: a shard file is unreadable (from
+            :class:`~drgym.index.dense.DenseIndex`).
+    """
+    from drgym.index.dense import DenseIndex
+
+    if isinstance(target, bool) or not 0 < float(target) <= 1:
+        raise ConfigError(f"target recall must be in (0, 1], got {target!r}.")
+    if int(queries) < 1 or int(k) < 1:
+        raise ConfigError(f"calibration needs queries >= 1 and k >= 1, got queries={queries}, k={k}.")
+    t0 = time.perf_counter()
+    folder, k = Path(folder), int(k)
+    if any(not s.embeddings for s in shards) or n_passages <= k + 1:
+        return None
+
+    def load(nprobe: int) -> DenseIndex:
+        return DenseIndex(folder, shards, dim, n_passages, device="cpu", mmap=True, search_params={"nprobe": nprobe})
+
+    probe = load(1 << 30)  # nprobe is cut to each shard's nlist
+    try:
+        if not all("nprobe" in p for p in probe.shard_params):
+            return None
+        nlist = max(p["nprobe"] for p in probe.shard_params)
+        rerank = probe.rerank
+        parts = [np.load(folder / s.embeddings, mmap_mode="r") for s in shards]
+    finally:
+        probe.close()
+    nq = min(int(queries), n_passages - k)
+    rows = np.sort(np.random.default_rng(int(seed)).choice(n_passages, nq, replace=False)).astype(np.int64)
+    starts = np.array([s.start for s in shards], dtype=np.int64)
+    which = np.searchsorted(starts, rows, side="right") - 1
+    q = np.stack([np.asarray(parts[w][r - shards[w].start], dtype=np.float32) for w, r in zip(which, rows)])
+    truth = _without(exact_neighbours(parts, q, k + 1), rows, k)
+    curve: list[dict] = []
+    chosen, recall = nlist, None
+    for nprobe in nprobe_grid(nlist):
+        dense = load(nprobe)
+        try:
+            found = _without(dense.search(q, k + 1)[1], rows, k)
+        finally:
+            dense.close()
+        r = float(np.mean([len(f & t) / max(1, len(t)) for f, t in zip(found, truth)]))
+        curve.append({"nprobe": nprobe, "recall": round(r, 4)})
+        if r >= target:
+            chosen, recall = nprobe, r
+            break
+    reached = recall is not None
+    if not reached:
+        recall = curve[-1]["recall"]
+        log.warning("no nprobe reaches recall@%d %.3f on this index's own rows (%.3f with all %d lists): every list "
+                    "is probed", k, target, recall, nlist)
+    return {"search_params": {"nprobe": int(chosen)}, "target_recall": float(target), "recall": round(float(recall), 4),
+            "reached": reached, "k": k, "queries": int(nq), "seed": int(seed), "nlist": int(nlist),
+            "rerank": int(rerank), "curve": curve, "seconds": round(time.perf_counter() - t0, 3)}
