@@ -31,7 +31,7 @@ def build(
     force: bool = typer.Option(False, "--force", help="Rebuild even if an identical index exists."),
     chunk_docs: int = typer.Option(None, "--chunk-docs", help="Documents per build unit, the resumption step (default 10,000)."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Discard a partial build left by a killed run instead of resuming it."),
-    target_recall: float = typer.Option(0.95, "--target-recall", help="IVF indexes: record the smallest nprobe whose recall@10 on the index's own rows reaches this (0: a quarter of the lists)."),
+    target_recall: float = typer.Option(0.95, "--target-recall", help="IVF indexes: record the smallest nprobe whose recall@10 on the index's own rows reaches this with 95% confidence (0: a quarter of the lists)."),
     ray: bool = typer.Option(False, "--ray", help="Encode units and build shards on a Ray cluster (pip install 'drgym[distributed]')."),
     ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: start or join a local one)."),
 ) -> None:
@@ -100,7 +100,7 @@ def import_cmd(
     link: str = typer.Option("auto", "--link", help="How the FAISS file enters the index: auto (hard link, else copy), hardlink, copy, symlink."),
     force: bool = typer.Option(False, "--force", help="Import again even if an identical index exists."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Discard a partial import instead of resuming it."),
-    target_recall: float = typer.Option(0.95, "--target-recall", help="IVF indexes: record the smallest nprobe whose recall@10 on the index's own rows reaches this (0: a quarter of the lists)."),
+    target_recall: float = typer.Option(0.95, "--target-recall", help="IVF indexes: record the smallest nprobe whose recall@10 on the index's own rows reaches this with 95% confidence (0: a quarter of the lists)."),
     id_prefix: str = typer.Option("", "--id-prefix", help="Put this in front of every row id (default: the corpus's ids as they are, e.g. Search-R1's passage ids)."),
 ) -> None:
     """Import a corpus plus its ready-made vectors (a FAISS index or .npy shards): writes the docstore, manifest and BM25; nothing is re-encoded. Passage ids are the corpus's own."""
@@ -142,10 +142,10 @@ def info(index: str = typer.Argument(..., help="Index folder or name under $DRGY
 @index_app.command("calibrate")
 def calibrate(
     index: str = typer.Argument(..., help="Index folder, name under $DRGYM_HOME/indexes, or corpus name when one built index matches."),
-    target_recall: float = typer.Option(0.95, "--target-recall", help="recall@10 on the index's own rows that the recorded nprobe must reach."),
+    target_recall: float = typer.Option(0.95, "--target-recall", help="recall@10 on the index's own rows that the recorded nprobe must reach with 95% confidence."),
     queries: int = typer.Option(200, "--queries", help="Rows drawn as queries."),
 ) -> None:
-    """Measure an IVF index's recall curve on its own rows and record the smallest nprobe reaching --target-recall in its manifest (every search of it then starts from that nprobe)."""
+    """Measure an IVF index's recall curve on its own rows and record the smallest nprobe reaching --target-recall (with 95% confidence) in its manifest; every search of it then starts from that nprobe."""
     from drgym.errors import ConfigError, DrgymError
     from drgym.index.calibrate import calibrate_nprobe
     from drgym.index.manifest import IndexManifest
@@ -165,7 +165,8 @@ def calibrate(
         raise typer.Exit(2) from e
     curve = ", ".join(f"{p['nprobe']}: {p['recall']:.3f}" for p in cal["curve"])
     typer.echo(f"{'ok' if cal['reached'] else 'not reached'}: index {m.name}: nprobe {cal['search_params']['nprobe']} "
-               f"of {cal['nlist']} lists, recall@{cal['k']} {cal['recall']:.3f} on {cal['queries']} of its rows "
+               f"of {cal['nlist']} lists, recall@{cal['k']} {cal['recall']:.3f} ({cal['recall_low']:.3f} with 95% "
+               f"confidence) on {cal['queries']} of its rows "
                f"(target {cal['target_recall']}; curve {curve}; {cal['seconds']:.1f} s)")
     if not cal["reached"]:
         raise typer.Exit(1)
