@@ -851,6 +851,55 @@ def shared_quantizer() -> str:
             f"`{_command(d['command']).replace('--work WORK', '--work WORK/n' + str(d['n_passages']))}`.")
 
 
+CALIBRATE = [("scripts/results/bench_calibrate_1e5.json", "IVF256,PQ48x4fs"),
+             ("scripts/results/bench_calibrate_1e6.json", "IVF1024,PQ48x4fs"),
+             ("scripts/results/bench_calibrate_5e6.json", "IVF2048,PQ48x4fs"),
+             ("scripts/results/bench_calibrate_wiki18.json", "IVF2048,PQ48x4fs")]
+
+
+def calibrate() -> str:
+    """The nprobe each index measured on its own rows, and what it gives on the held-out
+    queries against a quarter of the lists (scripts/bench_calibrate.py), one row a size."""
+    rows, loads, found = [], [], []
+    for path, _ in CALIBRATE:
+        if not (REPO / path).exists():
+            continue
+        d = _load(path)
+        found.append(d)
+        c, runs = d["calibration"], d["runs"]
+        loads += [x for r in runs for x in r["load_avg_1min"]]
+
+        def span(name: str, key: str, fmt: str = "{:.1f}") -> str:
+            v = [r["settings"][name][key] for r in runs]
+            return fmt.format(min(v)) if min(v) == max(v) else f"{fmt.format(min(v))}-{fmt.format(max(v))}"
+
+        cal, quarter = runs[0]["settings"]["calibrated"], runs[0]["settings"]["quarter"]
+        rows.append([f"{d['n_passages']:,}", f"{d['shards']} x {d['factory']}",
+                     f"{c['search_params']['nprobe']:,} of {c['nlist']:,}",
+                     f"{c['recall']:.3f} ({c['recall_low']:.3f})" if "recall_low" in c else f"{c['recall']:.3f}",
+                     f"{cal['recall@10']:.3f} / {quarter['recall@10']:.3f} ({quarter['nprobe']:,})",
+                     f"{span('calibrated', 'single_ms_p50')} / {span('quarter', 'single_ms_p50')}",
+                     span("calibrated", "ratio_to_quarter_p50", "{:.2f}"), f"{c['seconds']:.0f}"])
+    head = ["N", "shards x index", "nprobe measured (target 0.95)", "recall@10 on its own rows (95% lower bound)",
+            "recall@10 held out: measured / a quarter (nprobe)", "1 query p50 ms: measured / a quarter",
+            "median ratio", "calibration s"]
+    if not found:
+        return "(not measured yet)"
+    d = found[-1]
+    return (_table(head, rows)
+            + f"\n\nSynthetic topic-mixture vectors fitted to MiniLM (384-d, as in the tables above), shards of "
+            f"2,500,000 rows sharing one quantizer; the nprobe that `drgym.index.calibrate.calibrate_nprobe` records "
+            f"(200 of the index's own rows as queries, each left out of its own top 10), then the size's 200 held-out "
+            f"queries one at a time at that nprobe and at a quarter of the lists, in turns query by query (3 passes, "
+            f"order alternating), {len(d['runs'])} runs each loading both anew (p50 and ratio: the range over the "
+            f"runs); one FAISS thread a shard (OMP_NUM_THREADS={d['machine']['omp_num_threads']}), shards side by side "
+            f"on 2 threads; {d['started'][:10]}, {d['machine']['cpus']} cores, machine otherwise idle (load "
+            f"{min(loads):.1f}-{max(loads):.1f}, the benchmark's own 2 threads included). "
+            f"`{_command(d['command']).replace('--work WORK', '--work WORK/n' + str(d['n_passages']))}` (the other "
+            f"sizes: the same with their work folder, factory and output file, after `python scripts/bench_scale.py "
+            f"_stage gen N WORK/nN`, `_stage import N WORK/nN 2500000 Flat` and `_stage dense WORK/nN FACTORY`).")
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "policy_options": policy_options,
     "answerable_pool": answerable_pool,
@@ -885,6 +934,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "ann_curve_wiki18_pq32": ann_curve_wiki18_pq32,
     "ann_curve_wiki18_shared": ann_curve_wiki18_shared,
     "shared_quantizer": shared_quantizer,
+    "calibrate": calibrate,
     "search_profile": search_profile,
     "search_encoders": search_encoders,
 }
@@ -913,6 +963,7 @@ TABLE_PAGES: dict[str, str] = {
     "ann_curve_wiki18_pq32": "docs/benchmarks/scale.md",
     "ann_curve_wiki18_shared": "docs/benchmarks/scale.md",
     "shared_quantizer": "docs/benchmarks/scale.md",
+    "calibrate": "docs/benchmarks/scale.md",
     "search_profile": "docs/benchmarks/search.md",
     "search_encoders": "docs/benchmarks/search.md",
     "grpo_summary": "docs/training.md",

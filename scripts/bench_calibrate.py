@@ -1,0 +1,104 @@
+"""The ``nprobe`` an IVF index records for itself, checked on held-out queries.
+
+For one ``bench_scale.py`` work folder and FAISS layout (an ``alt-*`` folder its dense
+stage leaves with ``--keep``): runs :func:`drgym.index.calibrate.calibrate_nprobe` (the
+index's own rows as queries, the step a build runs), then times the work folder's 200
+held-out queries one at a time through :class:`drgym.index.dense.DenseIndex` at the
+calibrated ``nprobe`` and at :func:`drgym.index.dense.auto_nprobe`'s quarter of the lists,
+in turns query by query (the order alternating between passes), and measures recall@10
+of both against the queries' exact top 10. Writes JSON. Run it with
+``OMP_NUM_THREADS=1``, as ``bench_scale.py``'s search stages::
+
+    OMP_NUM_THREADS=1 python scripts/bench_calibrate.py --work WORK/n21015324 \\
+        --factory IVF2048,PQ48x4fs --repeat 3 --out scripts/results/bench_calibrate_wiki18.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "scripts"))
+
+
+def main() -> None:
+    from bench_scale import alt_folder
+
+    from drgym.index.calibrate import calibrate_nprobe
+    from drgym.index.dense import DenseIndex, auto_nprobe
+    from drgym.index.manifest import IndexManifest
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--work", type=Path, required=True, help="a bench_scale.py work folder of one size (WORK/n<N>)")
+    ap.add_argument("--factory", required=True, help="the alt layout (bench_scale factory label)")
+    ap.add_argument("--target", type=float, default=0.95)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=1, help="timing runs, each loading the indexes anew")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args()
+    m = IndexManifest.read(a.work / "indexes" / "bench")
+    folder = alt_folder(a.work, a.factory)
+    q = np.load(a.work / "queries.npy").astype(np.float32)
+    truth = np.load(a.work / "truth.npy")
+    load0 = os.getloadavg()[0]
+    cal = calibrate_nprobe(folder, m.shards, m.dim, m.n_passages, target=a.target)
+    if cal is None:
+        raise SystemExit(f"{folder} is not an IVF layout with float16 rows")
+    print(json.dumps(cal), flush=True)
+    settings = {"calibrated": cal["search_params"]["nprobe"], "quarter": auto_nprobe(cal["nlist"])}
+    res = {"command": " ".join(["python", *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                       "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+           "code_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                                         text=True).stdout.strip(),
+           "n_passages": m.n_passages, "shards": len(m.shards), "factory": a.factory, "queries": len(q), "k": 10,
+           "calibration": cal, "calibration_load_avg_1min": round(load0, 2), "runs": []}
+    for repeat in range(a.repeat):
+        idx = {name: DenseIndex(folder, m.shards, m.dim, m.n_passages, device="cpu", mmap=True,
+                                search_params={"nprobe": p}) for name, p in settings.items()}
+        names = list(settings)
+        for name in names:  # warm-up: page in the codes once
+            for i in range(len(q)):
+                idx[name].search(q[i:i + 1], 10)
+        times = {name: [] for name in names}
+        rows = {name: [None] * len(q) for name in names}
+        loads = [os.getloadavg()[0]]
+        for p in range(a.passes):
+            for i in range(len(q)):
+                for name in (names if (i + p) % 2 == 0 else names[::-1]):
+                    t = time.perf_counter()
+                    _, r = idx[name].search(q[i:i + 1], 10)
+                    times[name].append((time.perf_counter() - t) * 1000)
+                    rows[name][i] = r[0]
+            loads.append(os.getloadavg()[0])
+        run = {"repeat": repeat, "load_avg_1min": [round(x, 2) for x in loads], "settings": {}}
+        for name in names:
+            t = np.asarray(times[name])
+            recall = float(np.mean([len(set(rows[name][i].tolist()) & set(truth[i].tolist())) / 10
+                                    for i in range(len(q))]))
+            run["settings"][name] = {"nprobe": settings[name], "single_ms_p50": round(float(np.median(t)), 3),
+                                     "single_ms_p99": round(float(np.percentile(t, 99)), 3), "n": len(t),
+                                     "ratio_to_quarter_p50": round(float(np.median(t / np.asarray(times["quarter"]))), 3),
+                                     "recall@10": round(recall, 4)}
+            idx[name].close()
+        res["runs"].append(run)
+        print(json.dumps(run), flush=True)
+    res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = a.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(res, indent=1))
+    os.replace(tmp, a.out)
+
+
+if __name__ == "__main__":
+    main()
