@@ -124,6 +124,8 @@ def test_library_serve_and_ray_shards_search_from_the_calibrated_nprobe(calibrat
     assert ranking(ray_engine.search_batch(queries, 10)) == want
     given = LocalSearchEngine(folder, method="dense", collapse="passage", search_params={"nprobe": 64})
     assert given._shared.dense.shard_params == [{"nprobe": 64, "rerank": 100}] * 2
+    own = ShardServer(str(folder), 0, {"nprobe": 0, "rerank": 100})  # 0: the index's own, as by default
+    assert own.dense.shard_params == [{"nprobe": nprobe, "rerank": 100}]
     for e in (lib, served, ray_engine, given):
         e.close()
 

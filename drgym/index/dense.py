@@ -67,10 +67,10 @@ resolved by passage_id rather than by FAISS's internal order."""
 DEFAULT_SEARCH_PARAMS: dict[str, int] = {"efSearch": 64, "nprobe": 0, "rerank": 100}
 """Search-time parameters, applied when the index has them. HNSW ``efSearch=64`` gives
 ANN recall@10 of 0.997 against exact search on wiki-default (scripts/bench_search.py).
-IVF ``nprobe=0`` means :func:`auto_nprobe` (a quarter of the lists, at least 16); a number
-fixes it. An index whose build measured its own ``nprobe``
-(:func:`drgym.index.calibrate.calibrate_nprobe`) is searched from that one instead
-(:meth:`DenseIndex.from_manifest`). ``rerank`` (drgym's, not FAISS's): shards whose codes are lossy (PQ, scalar
+IVF ``nprobe=0`` means the index's own: the ``nprobe`` its build measured
+(:func:`drgym.index.calibrate.calibrate_nprobe`, passed by
+:meth:`DenseIndex.from_manifest`), else :func:`auto_nprobe` (a quarter of the lists, at
+least 16); a number fixes it. ``rerank`` (drgym's, not FAISS's): shards whose codes are lossy (PQ, scalar
 quantizers) return this many candidates per query in all, split between the shards by
 their rows (:func:`rerank_depth`), which are re-scored exactly with the shards' float16
 embeddings (memory-mapped, so RAM holds only the codes); the scores are
@@ -847,7 +847,9 @@ class DenseIndex:
         self.dim = int(dim)
         self.n_passages = int(n_passages)
         self.tie_rank = load_tie_rank(self.folder, self.n_passages)
-        self.search_params = {**DEFAULT_SEARCH_PARAMS, **(defaults or {}), **(search_params or {})}
+        given = {k: v for k, v in (search_params or {}).items()
+                 if not (k == "nprobe" and isinstance(v, (int, np.integer)) and v == 0)}  # 0: the index's own
+        self.search_params = {**DEFAULT_SEARCH_PARAMS, **(defaults or {}), **given}
         self.rerank = int(self.search_params[RERANK_KEY])
         self.shard_params: list[dict[str, int]] = []
         self.gpu_shard, self.gpu_float16 = bool(gpu_shard), bool(gpu_float16)
