@@ -150,7 +150,8 @@ class IndexSpec:
         chunk_docs: documents per build unit (resumption granularity; does not change
             the index).
         target_recall: an IVF index records the smallest ``nprobe`` whose recall@10 on
-            its own rows reaches this (:mod:`drgym.index.calibrate`); None or 0 keeps
+            its own rows reaches this with 95% confidence (:mod:`drgym.index.calibrate`,
+            which adds the measuring to the build's timings as ``calibrate``); None or 0 keeps
             :func:`drgym.index.dense.auto_nprobe`'s quarter of the lists. Not part of
             the index's identity.
     """

@@ -222,7 +222,7 @@ def import_index(
         bm25_engine: ``"bm25s"`` (in memory) or ``"fts5"`` (SQLite FTS5 on disk, bounded
             build memory: the one that fits wiki-18 on a 24-64 GB machine).
         target_recall: an IVF index built from ``embeddings`` records the smallest
-            ``nprobe`` reaching this recall@10 on its own rows
+            ``nprobe`` reaching this recall@10 on its own rows with 95% confidence
             (:mod:`drgym.index.calibrate`); None or 0: a quarter of the lists. An
             imported ``faiss_index`` has no stored rows to measure and is not calibrated.
 

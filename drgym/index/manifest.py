@@ -150,7 +150,7 @@ class IndexManifest:
     @property
     def search_defaults(self) -> dict[str, int]:
         """Search parameters measured for this index (``calibration["search_params"]``,
-        e.g. ``{"nprobe": 416}``), under any the caller gives; empty when not measured.
+        e.g. ``{"nprobe": 448}``), under any the caller gives; empty when not measured.
 
         Raises:
             CorruptIndexError: a recorded parameter that is not an integer >= 1.
