@@ -199,3 +199,38 @@ def test_an_unreachable_target_probes_every_list(calibrated, monkeypatch, caplog
     assert not cal["reached"] and cal["search_params"] == {"nprobe": 256}
     assert [p["nprobe"] for p in cal["curve"]] == nprobe_grid(256)
     assert "no nprobe reaches recall@10 0.990" in caplog.text
+
+
+def test_calibrate_cli_measures_on_given_query_vectors_or_texts(calibrated, fake_encoder, tmp_path):
+    """``--queries-file``: a .npy of query vectors (no row left out: the truth is the exact
+    top 10 over every row), or a text file encoded with the index's encoder."""
+    from drgym.cli import app
+
+    folder = calibrated.folder
+    m = IndexManifest.read(folder)
+    held = clustered_rows(200, seed=11)
+    np.save(tmp_path / "held.npy", held)
+    r = CliRunner().invoke(app, ["index", "calibrate", str(folder), "--queries-file", str(tmp_path / "held.npy")])
+    assert r.exit_code == 0, r.output
+    cal = IndexManifest.read(folder).calibration
+    assert cal["query_source"] == "given" and cal["queries"] == 200 and cal["query_file"].endswith("held.npy")
+    assert "on 200 given queries" in r.output
+    emb = np.concatenate([np.load(folder / s.embeddings).astype(np.float32) for s in m.shards])
+    truth = np.argsort(-(held @ emb.T), axis=1, kind="stable")[:, :10]
+    dense = DenseIndex(folder, m.shards, m.dim, m.n_passages, search_params={"nprobe": cal["search_params"]["nprobe"]})
+    found = dense.search(held, 11)[1][:, :10]  # the top 11 then cut: as calibrate reads it
+    dense.close()
+    hits = [len(set(t.tolist()) & set(f.tolist())) / 10 for t, f in zip(truth, found)]
+    assert np.mean(hits) == pytest.approx(cal["recall"], abs=1e-4) and cal["recall_low"] >= TARGET_RECALL
+    (tmp_path / "questions.txt").write_text("\n".join(f"q{i}" for i in range(40)) + "\n\n")
+    r = CliRunner().invoke(app, ["index", "calibrate", str(folder), "--queries-file", str(tmp_path / "questions.txt")])
+    assert r.exit_code in (0, 1), r.output  # 40 random table vectors may not clear the bound
+    cal = IndexManifest.read(folder).calibration
+    assert cal["query_source"] == "given" and cal["queries"] == 40
+    (tmp_path / "empty.txt").write_text("\n")
+    r = CliRunner().invoke(app, ["index", "calibrate", str(folder), "--queries-file", str(tmp_path / "empty.txt")])
+    assert r.exit_code == 2 and "holds no queries" in r.output
+    np.save(tmp_path / "narrow.npy", held[:, :8])
+    r = CliRunner().invoke(app, ["index", "calibrate", str(folder), "--queries-file", str(tmp_path / "narrow.npy")])
+    assert r.exit_code == 2 and "calibration queries must have shape (n >= 2, 32), got (200, 8)" in r.output
+    assert IndexManifest.read(folder).calibration == cal  # refused runs write nothing

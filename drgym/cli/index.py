@@ -144,6 +144,7 @@ def calibrate(
     index: str = typer.Argument(..., help="Index folder, name under $DRGYM_HOME/indexes, or corpus name when one built index matches."),
     target_recall: float = typer.Option(0.95, "--target-recall", help="recall@10 on the index's own rows that the recorded nprobe must reach with 95% confidence."),
     queries: int = typer.Option(200, "--queries", help="Rows drawn as queries."),
+    queries_file: Path = typer.Option(None, "--queries-file", help="Measure on your own queries instead of the index's rows: a text file, one query a line (encoded with the index's encoder), or a .npy of float32 (n, dim) query vectors."),
 ) -> None:
     """Measure an IVF index's recall curve on its own rows and record the smallest nprobe reaching --target-recall (with 95% confidence) in its manifest; every search of it then starts from that nprobe."""
     from drgym.errors import ConfigError, DrgymError
@@ -154,10 +155,16 @@ def calibrate(
     try:
         folder = resolve_index_folder(index)
         m = IndexManifest.read(folder)
-        cal = calibrate_nprobe(folder, m.shards, m.dim, m.n_passages, target=target_recall, queries=queries)
+        vectors = None
+        if queries_file is not None:
+            vectors = _query_vectors(queries_file, folder)
+        cal = calibrate_nprobe(folder, m.shards, m.dim, m.n_passages, target=target_recall, queries=queries,
+                               query_vectors=vectors)
         if cal is None:
             raise ConfigError(f"index {m.name} (factory {m.factory}) is not an IVF index with stored float16 rows: "
                               "nothing to calibrate.")
+        if queries_file is not None:
+            cal["query_file"] = str(queries_file)
         m.calibration = cal
         m.write(folder)
     except DrgymError as e:
@@ -166,10 +173,36 @@ def calibrate(
     curve = ", ".join(f"{p['nprobe']}: {p['recall']:.3f}" for p in cal["curve"])
     typer.echo(f"{'ok' if cal['reached'] else 'not reached'}: index {m.name}: nprobe {cal['search_params']['nprobe']} "
                f"of {cal['nlist']} lists, recall@{cal['k']} {cal['recall']:.3f} ({cal['recall_low']:.3f} with 95% "
-               f"confidence) on {cal['queries']} of its rows "
+               f"confidence) on {cal['queries']} {'of its rows' if cal['query_source'] == 'rows' else 'given queries'} "
                f"(target {cal['target_recall']}; curve {curve}; {cal['seconds']:.1f} s)")
     if not cal["reached"]:
         raise typer.Exit(1)
+
+
+def _query_vectors(path: Path, folder: Path):
+    """Calibration queries from ``path``: a ``.npy`` of query vectors, or a text file of one
+    query a line encoded with the index's query encoder. ConfigError for a missing or empty
+    file."""
+    import numpy as np
+
+    from drgym.errors import ConfigError
+    from drgym.search.local import LocalSearchEngine
+
+    if not path.is_file():
+        raise ConfigError(f"--queries-file {path} does not exist.")
+    if path.suffix == ".npy":
+        try:
+            return np.load(path)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"--queries-file {path} is not a readable .npy array ({e}).") from e
+    lines = [x.strip() for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    if not lines:
+        raise ConfigError(f"--queries-file {path} holds no queries (one a line).")
+    engine = LocalSearchEngine.open(folder, method="dense")
+    try:
+        return engine.encode_queries(lines)
+    finally:
+        engine.close()
 
 
 @index_app.command("verify")

@@ -26,8 +26,9 @@ another target if wanted.
 
 The queries are the index's own passages, so the curve holds for queries distributed as
 the passages are; real questions encoded by an asymmetric encoder (e5's ``query:``) may
-need more lists. ``scripts/bench_scale.py`` checks the chosen ``nprobe`` against its
-held-out queries.
+need more lists: ``drgym index calibrate NAME --queries-file questions.txt`` measures on
+them instead (``query_vectors``). ``scripts/bench_calibrate.py`` checks the chosen
+``nprobe`` against held-out queries.
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def _without(rows: np.ndarray, self_rows: np.ndarray, k: int) -> list[set[int]]:
 
 def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_passages: int, *,
                      target: float = TARGET_RECALL, queries: int = QUERIES, k: int = K,
-                     seed: int = SEED) -> dict | None:
+                     seed: int = SEED, query_vectors: np.ndarray | None = None) -> dict | None:
     """The smallest ``nprobe`` of :func:`nprobe_grid` whose recall@k on the index's own
     rows reaches ``target`` with one-sided 95% confidence (see the module docstring for
     the method).
@@ -123,20 +124,25 @@ def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_pa
             ``queries + k`` rows).
         k: the k of recall@k, >= 1.
         seed: seed of the rows drawn.
+        query_vectors: float32 ``(nq, dim)`` encoded queries of your own to measure on
+            instead of the index's rows (``queries`` and ``seed`` are then unused and no
+            row is left out): real questions, where the encoder is asymmetric.
 
     Returns:
         None when the index is not IVF, a shard has no float16 embeddings (an imported
         FAISS index) or it holds at most ``k + 1`` rows; else the manifest's
         ``calibration``: ``{"search_params": {"nprobe": int}, "target_recall",
         "recall": mean recall@k at that nprobe, "recall_low": the mean less :data:`Z`
-        standard errors, "reached": bool, "k", "queries", "seed", "z", "curve":
+        standard errors, "reached": bool, "k", "queries", "query_source": ``"rows"`` or
+        ``"given"``, "seed", "z", "curve":
         [{"nprobe", "recall", "recall_low"}] (the values tried, ascending, up to the one
         chosen), "nlist", "rerank", "seconds"}``. When no ``nprobe`` reaches ``target``
         (``recall_low`` below it even with every list probed), ``reached`` is False and
         every list is probed.
 
     Raises:
-        ConfigError: ``target``, ``queries`` or ``k`` out of range.
+        ConfigError: ``target``, ``queries`` or ``k`` out of range; ``query_vectors`` of
+            another shape than ``(nq >= 2, dim)`` or holding NaN/inf.
         CorruptIndexError: a shard file is unreadable (from
             :class:`~drgym.index.dense.DenseIndex`).
     """
@@ -163,11 +169,19 @@ def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_pa
         parts = [np.load(folder / s.embeddings, mmap_mode="r") for s in shards]
     finally:
         probe.close()
-    nq = min(int(queries), n_passages - k)
-    rows = np.sort(np.random.default_rng(int(seed)).choice(n_passages, nq, replace=False)).astype(np.int64)
-    starts = np.array([s.start for s in shards], dtype=np.int64)
-    which = np.searchsorted(starts, rows, side="right") - 1
-    q = np.stack([np.asarray(parts[w][r - shards[w].start], dtype=np.float32) for w, r in zip(which, rows)])
+    if query_vectors is not None:
+        q = np.ascontiguousarray(query_vectors, dtype=np.float32)
+        if q.ndim != 2 or q.shape[1] != dim or len(q) < 2:
+            raise ConfigError(f"calibration queries must have shape (n >= 2, {dim}), got {q.shape}.")
+        if not np.isfinite(q).all():
+            raise ConfigError("calibration query vectors hold NaN or infinite values.")
+        nq, rows = len(q), np.full(len(q), -1, dtype=np.int64)  # no row to leave out
+    else:
+        nq = min(int(queries), n_passages - k)
+        rows = np.sort(np.random.default_rng(int(seed)).choice(n_passages, nq, replace=False)).astype(np.int64)
+        starts = np.array([s.start for s in shards], dtype=np.int64)
+        which = np.searchsorted(starts, rows, side="right") - 1
+        q = np.stack([np.asarray(parts[w][r - shards[w].start], dtype=np.float32) for w, r in zip(which, rows)])
     truth = _without(exact_neighbours(parts, q, k + 1), rows, k)
     curve: list[dict] = []
     reached = False
@@ -190,5 +204,5 @@ def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_pa
                     "with all %d lists): every list is probed", k, target, last["recall"], last["recall_low"], Z, nlist)
     return {"search_params": {"nprobe": int(last["nprobe"])}, "target_recall": float(target),
             "recall": last["recall"], "recall_low": last["recall_low"], "reached": reached, "k": k,
-            "queries": int(nq), "seed": int(seed), "z": Z, "nlist": int(nlist), "rerank": int(rerank),
+            "queries": int(nq), "query_source": "rows" if query_vectors is None else "given", "seed": int(seed), "z": Z, "nlist": int(nlist), "rerank": int(rerank),
             "curve": curve, "seconds": round(time.perf_counter() - t0, 3)}
