@@ -29,10 +29,12 @@ own, read from ``getrusage``):
 4. ``search`` per factory and search setting: single queries and batches of 64 at
    k=10 through :class:`drgym.index.dense.DenseIndex` (shard merge and tie-break
    included; FAISS files memory-mapped for flat codes), p50/p99 latency, recall@10 vs
-   exact. drgym's defaults (efSearch 64; nprobe ``max(16, nlist/4)``; exact re-rank of
-   100 IVF-PQ candidates; several shards searched side by side on ``shard_workers``
-   threads, one per shard up to the usable cores), and for IVF-PQ also nprobe 16, no
-   re-rank and, with several shards, the shards searched in turn (``shard_workers=1``).
+   exact. drgym's defaults for an index without a measured nprobe (efSearch 64; nprobe
+   ``max(16, nlist/4)``; exact re-rank of 100 IVF-PQ candidates; several shards searched
+   side by side on ``shard_workers`` threads, one per shard up to the usable cores), and
+   for IVF-PQ also nprobe 16, no re-rank and, with several shards, the shards searched in
+   turn (``shard_workers=1``). The ``alt-*`` layouts are not calibrated:
+   ``scripts/bench_calibrate.py`` measures the nprobe a build records.
    With ``--curve``, IVF-PQ alone over the grid nprobe x re-rank depth
    (:data:`CURVE_NPROBE` x :data:`CURVE_RERANK`): the recall/latency curve.
 5. ``bm25`` for N <= ``--bm25-max`` (before the dense stages): drgym's BM25 built
@@ -621,7 +623,7 @@ def main() -> None:
         "settings": {"dim": DIM, "queries": N_QUERIES, "k": K, "shard_size": a.shard_size, "hnsw_max": a.hnsw_max,
                      "words_per_passage": WORDS, "vocab": VOCAB, "seed": SEED,
                      "vectors": "topic mixture fitted to drgym's 21,123 shipped MiniLM vectors (see docstring)",
-                     "search_defaults": "drgym's DEFAULT_SEARCH_PARAMS: efSearch 64, nprobe 0 = auto_nprobe(nlist), rerank 100",
+                     "search_defaults": "drgym's DEFAULT_SEARCH_PARAMS: efSearch 64, nprobe 0 = auto_nprobe(nlist) (the layouts are not calibrated), rerank 100",
                      "flat_search": "FAISS files memory-mapped (IO_FLAG_MMAP_IFC): RSS counts the page cache"},
         "started": res.get("started") or now(),
         "code_commit": os.environ.get("DRGYM_BENCH_COMMIT") or subprocess.run(
