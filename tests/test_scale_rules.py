@@ -508,6 +508,26 @@ def test_serve_cli_has_the_gpu_options():
     assert "--gpu-shard" in out.output and "--gpu-float16" in out.output
 
 
+def test_embedding_shards_are_advised_random_access(ivf_index, monkeypatch, tmp_path):
+    """Each memory-mapped float16 shard gets madvise(MADV_RANDOM) at load, so a re-rank's
+    page fault reads one page, not the disk's read-ahead window (Linux)."""
+    import sys
+
+    import drgym.index.dense as dense_mod
+    from drgym.index.dense import DenseIndex, advise_random
+
+    seen = []
+    monkeypatch.setattr(dense_mod, "advise_random", lambda arr: seen.append(arr) or advise_random(arr))
+    m = ivf_index.manifest
+    d = DenseIndex(ivf_index.folder, m.shards, m.dim, m.n_passages)
+    assert [a.shape for a in seen] == [(s.count, m.dim) for s in m.shards]
+    assert all(isinstance(a, np.memmap) and a is e for a, e in zip(seen, d._embeddings))
+    d.close()
+    np.save(tmp_path / "a.npy", np.zeros((4, 2), dtype=np.float16))
+    assert advise_random(np.load(tmp_path / "a.npy", mmap_mode="r")) is sys.platform.startswith("linux")
+    assert advise_random(np.zeros((4, 2))) is False  # not memory-mapped: nothing to advise
+
+
 def test_fast_scan_ivfpq_shards_are_rescored_exactly_and_load_mapped(tmp_path, fake_encoder):
     """The codes ``auto`` picks beyond Flat (4-bit fast-scan PQ, ``PQ{m}x4fs``): a lossy
     index, so the candidates are re-scored from the float16 embeddings; the scores are
