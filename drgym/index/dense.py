@@ -878,8 +878,9 @@ class DenseIndex:
         self.dim = int(dim)
         self.n_passages = int(n_passages)
         self.tie_rank = load_tie_rank(self.folder, self.n_passages)
+        # a given nprobe of 0 means the index's own (its measured one, else auto_nprobe)
         given = {k: v for k, v in (search_params or {}).items()
-                 if not (k == "nprobe" and isinstance(v, (int, np.integer)) and v == 0)}  # 0: the index's own
+                 if not (k == "nprobe" and isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v == 0)}
         self.search_params = {**DEFAULT_SEARCH_PARAMS, **(defaults or {}), **given}
         self.rerank = int(self.search_params[RERANK_KEY])
         self.shard_params: list[dict[str, int]] = []
