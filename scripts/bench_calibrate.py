@@ -18,10 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +29,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 
 def main() -> None:
-    from bench_scale import alt_folder
+    from bench_scale import alt_folder, finish_record, side_by_side_record, time_in_turns
 
     from drgym.index.calibrate import calibrate_nprobe
     from drgym.index.dense import DenseIndex, auto_nprobe
@@ -56,48 +53,25 @@ def main() -> None:
         raise SystemExit(f"{folder} is not an IVF layout with float16 rows")
     print(json.dumps(cal), flush=True)
     settings = {"calibrated": cal["search_params"]["nprobe"], "quarter": auto_nprobe(cal["nlist"])}
-    res = {"command": " ".join(["python", *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                       "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
-           "code_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                                         text=True).stdout.strip(),
-           "n_passages": m.n_passages, "shards": len(m.shards), "factory": a.factory, "queries": len(q), "k": 10,
-           "calibration": cal, "calibration_load_avg_1min": round(load0, 2), "runs": []}
+    res = side_by_side_record(n_passages=m.n_passages, shards=len(m.shards), factory=a.factory, queries=len(q), k=10,
+                              calibration=cal, calibration_load_avg_1min=round(load0, 2), runs=[])
     for repeat in range(a.repeat):
         idx = {name: DenseIndex(folder, m.shards, m.dim, m.n_passages, device="cpu", mmap=True,
                                 search_params={"nprobe": p}) for name, p in settings.items()}
-        names = list(settings)
-        for name in names:  # warm-up: page in the codes once
-            for i in range(len(q)):
-                idx[name].search(q[i:i + 1], 10)
-        times = {name: [] for name in names}
-        rows = {name: [None] * len(q) for name in names}
-        loads = [os.getloadavg()[0]]
-        for p in range(a.passes):
-            for i in range(len(q)):
-                for name in (names if (i + p) % 2 == 0 else names[::-1]):
-                    t = time.perf_counter()
-                    _, r = idx[name].search(q[i:i + 1], 10)
-                    times[name].append((time.perf_counter() - t) * 1000)
-                    rows[name][i] = r[0]
-            loads.append(os.getloadavg()[0])
+        times, rows, loads = time_in_turns(idx, q, a.passes)
         run = {"repeat": repeat, "load_avg_1min": [round(x, 2) for x in loads], "settings": {}}
-        for name in names:
-            t = np.asarray(times[name])
+        for name in settings:
+            t = times[name]
             recall = float(np.mean([len(set(rows[name][i].tolist()) & set(truth[i].tolist())) / 10
                                     for i in range(len(q))]))
             run["settings"][name] = {"nprobe": settings[name], "single_ms_p50": round(float(np.median(t)), 3),
                                      "single_ms_p99": round(float(np.percentile(t, 99)), 3), "n": len(t),
-                                     "ratio_to_quarter_p50": round(float(np.median(t / np.asarray(times["quarter"]))), 3),
+                                     "ratio_to_quarter_p50": round(float(np.median(t / times["quarter"])), 3),
                                      "recall@10": round(recall, 4)}
             idx[name].close()
         res["runs"].append(run)
         print(json.dumps(run), flush=True)
-    res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(res, indent=1))
-    os.replace(tmp, a.out)
+    finish_record(res, a.out)
 
 
 if __name__ == "__main__":

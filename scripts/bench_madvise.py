@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -47,7 +46,7 @@ def drop_caches() -> None:
 
 
 def main() -> None:
-    from bench_scale import alt_folder
+    from bench_scale import alt_folder, finish_record, side_by_side_record
 
     import drgym.index.dense as dense_mod
     from drgym.index.manifest import IndexManifest
@@ -64,14 +63,9 @@ def main() -> None:
     q = np.load(a.work / "queries.npy").astype(np.float32)
     truth = np.load(a.work / "truth.npy")
     real = dense_mod.advise_random
-    res = {"command": " ".join(["python", *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                       "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                       "mem_total_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)},
-           "code_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                                         text=True).stdout.strip(),
-           "n_passages": m.n_passages, "shards": len(m.shards), "factory": a.factory, "nprobe": a.nprobe,
-           "queries": len(q), "k": 10, "runs": []}
+    res = side_by_side_record(n_passages=m.n_passages, shards=len(m.shards), factory=a.factory, nprobe=a.nprobe,
+                              queries=len(q), k=10, runs=[])
+    res["machine"]["mem_total_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     if a.one:  # one cold start in this fresh process (the caches were emptied before it started)
         dense_mod.advise_random = real if a.one == "random" else (lambda arr: False)
         before = read_bytes()
@@ -104,11 +98,7 @@ def main() -> None:
             out = {"run": run, **json.loads(p.stdout.strip().splitlines()[-1])}
             res["runs"].append(out)
             print(json.dumps(out), flush=True)
-    res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    a.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = a.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(res, indent=1))
-    os.replace(tmp, a.out)
+    finish_record(res, a.out)
 
 
 if __name__ == "__main__":

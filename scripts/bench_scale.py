@@ -561,6 +561,55 @@ def fits(res: dict) -> dict:
     return {k: v for k, v in out.items() if v}
 
 
+def side_by_side_record(**fields) -> dict:
+    """The head of a side-by-side benchmark's JSON (``bench_shared_quantizer.py``,
+    ``bench_calibrate.py``, ``bench_madvise.py``): the command, start time, machine and
+    commit, then ``fields``."""
+    return {"command": " ".join(["python", *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                        "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
+            "code_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
+                                          text=True).stdout.strip(), **fields}
+
+
+def finish_record(res: dict, out: Path) -> None:
+    """Stamp ``finished`` and write a side-by-side benchmark's JSON to ``out`` atomically."""
+    sys.path.insert(0, str(REPO))
+    from drgym.atomic import atomic_write_json
+
+    res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    atomic_write_json(out, res, indent=1)
+
+
+def time_in_turns(indexes: dict, q: np.ndarray, passes: int) -> tuple[dict, dict, list[float]]:
+    """Time one query at a time (k=10) through each :class:`drgym.index.dense.DenseIndex`
+    of ``indexes`` (``{name: index}``), the layouts in turns query by query and their
+    order alternating between passes, so that all see the same machine state; one
+    warm-up pass of each first pages in its codes.
+
+    Returns:
+        ``(ms, rows, loads)``: float ms per search ``{name: (passes * nq,)}``, each query's
+        top-10 rows of the last pass ``{name: [(10,) int64]}``, and the 1-minute load
+        average before and after each pass.
+    """
+    names = list(indexes)
+    for name in names:
+        for i in range(len(q)):
+            indexes[name].search(q[i:i + 1], 10)
+    times = {name: [] for name in names}
+    rows = {name: [None] * len(q) for name in names}
+    loads = [os.getloadavg()[0]]
+    for p in range(passes):
+        for i in range(len(q)):
+            for name in (names if (i + p) % 2 == 0 else names[::-1]):
+                t = time.perf_counter()
+                _, r = indexes[name].search(q[i:i + 1], 10)
+                times[name].append((time.perf_counter() - t) * 1000)
+                rows[name][i] = r[0]
+        loads.append(os.getloadavg()[0])
+    return {name: np.asarray(t) for name, t in times.items()}, rows, loads
+
+
 def write(res: dict, out: Path) -> None:
     sys.path.insert(0, str(REPO))
     from drgym.atomic import atomic_write_json

@@ -19,11 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +30,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 
 def main() -> None:
-    from bench_scale import alt_folder
+    from bench_scale import alt_folder, finish_record, side_by_side_record, time_in_turns
 
     import faiss
 
@@ -53,12 +49,7 @@ def main() -> None:
     m = IndexManifest.read(a.work / "indexes" / "bench")
     q = np.load(a.work / "queries.npy")
     truth = np.load(a.work / "truth.npy")
-    res = {"command": " ".join(["python", *sys.argv]), "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-           "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                       "omp_num_threads": os.environ.get("OMP_NUM_THREADS")},
-           "code_commit": subprocess.run(["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True,
-                                         text=True).stdout.strip(),
-           "n_passages": m.n_passages, "shards": len(m.shards), "queries": len(q), "k": 10, "runs": []}
+    res = side_by_side_record(n_passages=m.n_passages, shards=len(m.shards), queries=len(q), k=10, runs=[])
     for repeat, nprobe in [(r, p) for r in range(a.repeat) for p in a.nprobe]:
         idx = {f: DenseIndex(alt_folder(a.work, f.split("@")[0]),
                              m.shards, m.dim, m.n_passages, device="cpu", mmap=True,
@@ -67,37 +58,20 @@ def main() -> None:
             if "@" in f:  # another FAISS fast-scan implementation than its default (0, chosen by batch)
                 for index in idx[f]._indexes:
                     faiss.downcast_index(index).implem = int(f.split("@")[1])
-        times = {f: [] for f in a.factories}
-        rows = {f: [None] * len(q) for f in a.factories}
-        for f in a.factories:  # warm-up: page in each layout's codes once
-            for i in range(len(q)):
-                idx[f].search(q[i:i + 1], 10)
-        loads = [os.getloadavg()[0]]
-        for p in range(a.passes):
-            for i in range(len(q)):
-                order = a.factories if (i + p) % 2 == 0 else a.factories[::-1]
-                for f in order:
-                    t = time.perf_counter()
-                    _, r = idx[f].search(q[i:i + 1], 10)
-                    times[f].append((time.perf_counter() - t) * 1000)
-                    rows[f][i] = r[0]
-            loads.append(os.getloadavg()[0])
+        times, rows, loads = time_in_turns(idx, q, a.passes)
         base = a.factories[0]
         run = {"repeat": repeat, "nprobe": nprobe, "rerank": a.rerank, "load_avg_1min": [round(x, 2) for x in loads], "layouts": {}}
         for f in a.factories:
-            t = np.asarray(times[f])
+            t = times[f]
             recall = float(np.mean([len(set(rows[f][i].tolist()) & set(truth[i].tolist())) / 10 for i in range(len(q))]))
             run["layouts"][f] = {"coarse_searches": idx[f].coarse_searches, "single_ms_p50": round(float(np.median(t)), 3),
                                  "single_ms_p99": round(float(np.percentile(t, 99)), 3), "n": len(t),
-                                 "ratio_to_first_p50": round(float(np.median(t / np.asarray(times[base]))), 3),
+                                 "ratio_to_first_p50": round(float(np.median(t / times[base])), 3),
                                  "recall@10": round(recall, 4)}
             idx[f].close()
         res["runs"].append(run)
         print(json.dumps(run), flush=True)
-    res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    tmp = a.out.with_suffix(".tmp")
-    tmp.write_text(json.dumps(res, indent=1))
-    os.replace(tmp, a.out)
+    finish_record(res, a.out)
 
 
 if __name__ == "__main__":
