@@ -19,7 +19,7 @@ from drgym.index.dense import DenseIndex, auto_nprobe
 from drgym.index.importer import import_index
 from drgym.index.manifest import IndexManifest
 from drgym.search.local import LocalSearchEngine
-from test_scale_rules import ENCODER, LocalHandle, fake_encoder, ranking, write_corpus  # noqa: F401 (fixture)
+from test_scale_rules import ENCODER, fake_encoder, ranking, ray_router, write_corpus  # noqa: F401 (fixture)
 
 N, DIM, TOPICS = 6000, 32, 600
 
@@ -106,7 +106,7 @@ def test_library_serve_and_ray_shards_search_from_the_calibrated_nprobe(calibrat
     """The library engine, ``drgym serve``'s engine and ``drgym serve-ray``'s shard
     servers all load the manifest's nprobe and rank alike; a caller's nprobe still wins."""
     from drgym.cli.serve import load_backend
-    from drgym.distributed.serve import ShardedSearchEngine, ShardServer, load_config
+    from drgym.distributed.serve import ShardServer
     from drgym.search.wire import ServerSettings
 
     folder = calibrated.folder
@@ -114,9 +114,7 @@ def test_library_serve_and_ray_shards_search_from_the_calibrated_nprobe(calibrat
     queries = [f"q{i}" for i in range(30)]
     lib = LocalSearchEngine(folder, method="dense", collapse="passage")
     served = load_backend(ServerSettings(index_dir=str(folder), method="dense", collapse="passage"))
-    cfg = load_config()["shard"]
-    shards = [ShardServer(str(folder), i, cfg.get("search_params"), bool(cfg.get("mmap", True))) for i in range(2)]
-    ray_engine = ShardedSearchEngine(folder, [LocalHandle(s) for s in shards], method="dense", collapse="passage")
+    shards, ray_engine = ray_router(folder, 2)
     assert lib._shared.dense.shard_params == [{"nprobe": nprobe, "rerank": 100}] * 2
     assert [s.dense.shard_params[0] for s in shards] == [{"nprobe": nprobe, "rerank": 100}] * 2
     want = ranking(lib.search_batch(queries, 10))

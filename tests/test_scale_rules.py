@@ -142,6 +142,17 @@ class LocalHandle:
         self.search = _Method(server.search)
 
 
+def ray_router(folder, n_shards: int):
+    """``drgym serve-ray``'s code over an index without Ray: a ShardServer a shard with the
+    default config, and the router engine over them (dense, passage results)."""
+    from drgym.distributed.serve import ShardedSearchEngine, ShardServer, load_config
+
+    cfg = load_config()["shard"]
+    shards = [ShardServer(str(folder), i, cfg.get("search_params"), bool(cfg.get("mmap", True)))
+              for i in range(n_shards)]
+    return shards, ShardedSearchEngine(folder, [LocalHandle(s) for s in shards], method="dense", collapse="passage")
+
+
 def import_random(tmp_path, n: int, seed: int, factory: str, shard_size: int):
     """``n`` random unit vectors (ids ``"0"``...) imported as a wiki-18 corpus into ``tmp_path / "idx"``,
     not calibrated (IVF shards probe :func:`~drgym.index.dense.auto_nprobe`'s quarter of the lists;
@@ -163,7 +174,6 @@ def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder):
     router over its ShardServer code (default config) give the same rankings, all with
     nprobe max(16, 512/4) = 128."""
     from drgym.cli.serve import load_backend
-    from drgym.distributed.serve import ShardedSearchEngine, ShardServer, load_config
     from drgym.index.dense import DenseIndex
     from drgym.search.wire import ServerSettings
 
@@ -171,9 +181,7 @@ def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder):
     queries = [f"q{i}" for i in range(20)]
     lib = LocalSearchEngine(folder, method="dense", collapse="passage")
     served = load_backend(ServerSettings(index_dir=str(folder), method="dense", collapse="passage"))
-    cfg = load_config()["shard"]
-    shards = [ShardServer(str(folder), i, cfg.get("search_params"), bool(cfg.get("mmap", True))) for i in range(2)]
-    ray_engine = ShardedSearchEngine(folder, [LocalHandle(s) for s in shards], method="dense", collapse="passage")
+    shards, ray_engine = ray_router(folder, 2)
     assert lib._shared.dense.shard_params == [{"nprobe": 128, "rerank": 100}] * 2
     assert [s.dense.shard_params[0] for s in shards] == [{"nprobe": 128, "rerank": 100}] * 2
     want = ranking(lib.search_batch(queries, 10))
@@ -196,7 +204,6 @@ def test_rerank_is_split_between_shards_alike_in_library_and_ray_shards(tmp_path
     shards of 1,000 rows re-rank ceil(100 / 3) = 34 each (FAISS is asked for 34), a
     ``drgym serve-ray`` shard server, which loads one shard, splits alike, and the library
     and the Ray router then rank alike."""
-    from drgym.distributed.serve import ShardedSearchEngine, ShardServer, load_config
     from drgym.index.dense import DenseIndex, rerank_depth
 
     res = import_random(tmp_path, 3000, 5, "IVF32,PQ8x4fs", shard_size=1000)
@@ -212,10 +219,8 @@ def test_rerank_is_split_between_shards_alike_in_library_and_ray_shards(tmp_path
     want = ranking(lib.search_batch(queries, 10))
     assert asked and set(asked) == {34}
     assert [rerank_depth(100, s.count, m.n_passages, 10) for s in m.shards] == [34, 34, 34]
-    cfg = load_config()["shard"]
-    shards = [ShardServer(str(folder), i, cfg.get("search_params"), bool(cfg.get("mmap", True))) for i in range(3)]
+    shards, ray_engine = ray_router(folder, 3)
     assert [s.dense._depth(0, 10) for s in shards] == [34, 34, 34]
-    ray_engine = ShardedSearchEngine(folder, [LocalHandle(s) for s in shards], method="dense", collapse="passage")
     assert ranking(ray_engine.search_batch(queries, 10)) == want
     # the old per-shard depth (100 a shard) is rerank=300 in all; k larger than a shard's share wins
     wide = DenseIndex(folder, m.shards, m.dim, m.n_passages, search_params={"rerank": 300})
@@ -231,7 +236,6 @@ def test_shards_of_an_ivf_index_share_one_trained_quantizer_and_one_coarse_searc
     ``drgym serve-ray`` shard server, which loads one shard, probes the same lists."""
     import faiss
 
-    from drgym.distributed.serve import ShardedSearchEngine, ShardServer, load_config
     from drgym.index.dense import TRAINED_FILE, DenseIndex
 
     res = import_random(tmp_path, 3000, 11, "IVF64,PQ8x4fs", shard_size=1000)
@@ -254,11 +258,9 @@ def test_shards_of_an_ivf_index_share_one_trained_quantizer_and_one_coarse_searc
         S1, R1 = alone.search(q, 10)
         np.testing.assert_array_equal(R0, R1)
         np.testing.assert_array_equal(S0, S1)
-    cfg = load_config()["shard"]
-    shards = [ShardServer(str(folder), i, cfg.get("search_params"), bool(cfg.get("mmap", True))) for i in range(3)]
+    shards, ray_engine = ray_router(folder, 3)
     assert [s.dense.coarse_searches for s in shards] == [1, 1, 1]
     lib = LocalSearchEngine(folder, method="dense", collapse="passage")
-    ray_engine = ShardedSearchEngine(folder, [LocalHandle(s) for s in shards], method="dense", collapse="passage")
     queries = [f"q{i}" for i in range(16)]
     assert ranking(ray_engine.search_batch(queries, 10)) == ranking(lib.search_batch(queries, 10))
     for e in (lib, ray_engine, dense, alone):
