@@ -69,7 +69,7 @@ def test_build_records_the_smallest_nprobe_that_reaches_the_target(calibrated):
     m = IndexManifest.read(calibrated.folder)
     cal = m.calibration
     assert cal["target_recall"] == TARGET_RECALL and cal["reached"] and cal["k"] == 10 and cal["queries"] == 200
-    assert cal["nlist"] == 256 and cal["rerank"] == 100 and m.timings["calibrate"] > 0
+    assert cal["nlist"] == 256 and cal["rerank"] == 100 and cal["probe_groups"] == 4 and m.timings["calibrate"] > 0
     nprobe = cal["search_params"]["nprobe"]
     assert m.search_defaults == {"nprobe": nprobe}
     tried = [p["nprobe"] for p in cal["curve"]]
@@ -115,15 +115,15 @@ def test_library_serve_and_ray_shards_search_from_the_calibrated_nprobe(calibrat
     lib = LocalSearchEngine(folder, method="dense", collapse="passage")
     served = load_backend(ServerSettings(index_dir=str(folder), method="dense", collapse="passage"))
     shards, ray_engine = ray_router(folder, 2)
-    assert lib._shared.dense.shard_params == [{"nprobe": nprobe, "rerank": 100}] * 2
-    assert [s.dense.shard_params[0] for s in shards] == [{"nprobe": nprobe, "rerank": 100}] * 2
+    assert lib._shared.dense.shard_params == [{"nprobe": nprobe, "rerank": 100, "probe_groups": 4}] * 2
+    assert [s.dense.shard_params[0] for s in shards] == [{"nprobe": nprobe, "rerank": 100, "probe_groups": 4}] * 2
     want = ranking(lib.search_batch(queries, 10))
     assert ranking(served.search_batch(queries, 10)) == want
     assert ranking(ray_engine.search_batch(queries, 10)) == want
     given = LocalSearchEngine(folder, method="dense", collapse="passage", search_params={"nprobe": 64})
-    assert given._shared.dense.shard_params == [{"nprobe": 64, "rerank": 100}] * 2
+    assert given._shared.dense.shard_params == [{"nprobe": 64, "rerank": 100, "probe_groups": 4}] * 2
     own = ShardServer(str(folder), 0, {"nprobe": 0, "rerank": 100})  # 0: the index's own, as by default
-    assert own.dense.shard_params == [{"nprobe": nprobe, "rerank": 100}]
+    assert own.dense.shard_params == [{"nprobe": nprobe, "rerank": 100, "probe_groups": 4}]
     for e in (lib, served, ray_engine, given):
         e.close()
 
@@ -132,7 +132,7 @@ def test_uncalibrated_and_flat_indexes_keep_the_quarter_rule(tmp_path):
     off = import_clustered(tmp_path / "off", target_recall=None)
     assert off.manifest.calibration == {} and off.manifest.search_defaults == {}
     dense = DenseIndex.from_manifest(off.folder, off.manifest)
-    assert dense.shard_params == [{"nprobe": auto_nprobe(256), "rerank": 100}] * 2
+    assert dense.shard_params == [{"nprobe": auto_nprobe(256), "rerank": 100, "probe_groups": 4}] * 2
     dense.close()
     flat = import_clustered(tmp_path / "flat", factory="Flat")
     assert flat.manifest.calibration == {} and "calibrate" not in flat.manifest.timings

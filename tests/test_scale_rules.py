@@ -59,6 +59,15 @@ def fake_encoder(monkeypatch):
     return enc
 
 
+@pytest.fixture
+def split_small(monkeypatch):
+    """Let the tiny indexes here split a query into probe groups (a group's minimum of codes
+    to scan is 2x10^6 in drgym, far more than these hold)."""
+    import drgym.index.dense as dense
+
+    monkeypatch.setattr(dense, "PROBE_GROUP_MIN_CODES", 1)
+
+
 def ranking(hit_lists):
     return [[(h.doc_id, round(h.score, 6)) for h in hits] for hits in hit_lists]
 
@@ -169,7 +178,7 @@ def ivf_index(tmp_path):
     return import_random(tmp_path, 2000, 1, "IVF512,Flat", shard_size=1000)
 
 
-def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder):
+def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder, split_small):
     """The library engine, the engine ``drgym serve`` loads and the ``drgym serve-ray``
     router over its ShardServer code (default config) give the same rankings, all with
     nprobe max(16, 512/4) = 128."""
@@ -182,8 +191,10 @@ def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder):
     lib = LocalSearchEngine(folder, method="dense", collapse="passage")
     served = load_backend(ServerSettings(index_dir=str(folder), method="dense", collapse="passage"))
     shards, ray_engine = ray_router(folder, 2)
-    assert lib._shared.dense.shard_params == [{"nprobe": 128, "rerank": 100}] * 2
-    assert [s.dense.shard_params[0] for s in shards] == [{"nprobe": 128, "rerank": 100}] * 2
+    want_params = {"nprobe": 128, "rerank": 100, "probe_groups": 4}
+    assert lib._shared.dense.shard_params == [want_params] * 2
+    assert [s.dense.shard_params[0] for s in shards] == [want_params] * 2
+    assert lib._shared.dense._groups(0) == shards[0].dense._groups(0) == 2  # ceil(4 / 2 shards), also alone
     want = ranking(lib.search_batch(queries, 10))
     assert ranking(served.search_batch(queries, 10)) == want
     assert ranking(ray_engine.search_batch(queries, 10)) == want
@@ -199,17 +210,20 @@ def test_library_serve_and_ray_shards_probe_alike(ivf_index, fake_encoder):
         e.close()
 
 
-def test_rerank_is_split_between_shards_alike_in_library_and_ray_shards(tmp_path, fake_encoder):
+def test_rerank_is_split_between_shards_alike_in_library_and_ray_shards(tmp_path, fake_encoder, split_small):
     """``rerank`` counts the candidates re-scored per query across the index: three lossy
     shards of 1,000 rows re-rank ceil(100 / 3) = 34 each (FAISS is asked for 34), a
     ``drgym serve-ray`` shard server, which loads one shard, splits alike, and the library
-    and the Ray router then rank alike."""
+    and the Ray router then rank alike. With the default 4 probe groups each shard's lists
+    are searched in ceil(4 / 3) = 2 groups, each a share of ceil(100 / 6) = 17, raised to
+    k + 16 = 26."""
+    from drgym.distributed.serve import ShardedSearchEngine, ShardServer
     from drgym.index.dense import DenseIndex, rerank_depth
 
     res = import_random(tmp_path, 3000, 5, "IVF32,PQ8x4fs", shard_size=1000)
     folder, m = res.folder, res.manifest
     assert len(m.shards) == 3
-    lib = LocalSearchEngine(folder, method="dense", collapse="passage")
+    lib = LocalSearchEngine(folder, method="dense", collapse="passage", search_params={"probe_groups": 1})
     dense = lib._shared.dense
     asked = []
     for idx in dense._indexes:
@@ -219,13 +233,18 @@ def test_rerank_is_split_between_shards_alike_in_library_and_ray_shards(tmp_path
     want = ranking(lib.search_batch(queries, 10))
     assert asked and set(asked) == {34}
     assert [rerank_depth(100, s.count, m.n_passages, 10) for s in m.shards] == [34, 34, 34]
-    shards, ray_engine = ray_router(folder, 3)
-    assert [s.dense._depth(0, 10) for s in shards] == [34, 34, 34]
-    assert ranking(ray_engine.search_batch(queries, 10)) == want
+    shards, ray_engine = ray_router(folder, 3)  # the default config: 4 probe groups
+    assert [(s.dense._groups(0), s.dense._depth(0, 10)) for s in shards] == [(2, 26)] * 3
+    grouped = LocalSearchEngine(folder, method="dense", collapse="passage")
+    assert ranking(ray_engine.search_batch(queries, 10)) == ranking(grouped.search_batch(queries, 10))
+    alike = [ShardServer(str(folder), i, {"probe_groups": 1}) for i in range(3)]
+    assert [s.dense._depth(0, 10) for s in alike] == [34, 34, 34]
+    one_group = ShardedSearchEngine(folder, [LocalHandle(s) for s in alike], method="dense", collapse="passage")
+    assert ranking(one_group.search_batch(queries, 10)) == want
     # the old per-shard depth (100 a shard) is rerank=300 in all; k larger than a shard's share wins
-    wide = DenseIndex(folder, m.shards, m.dim, m.n_passages, search_params={"rerank": 300})
+    wide = DenseIndex(folder, m.shards, m.dim, m.n_passages, search_params={"rerank": 300, "probe_groups": 1})
     assert [wide._depth(i, 10) for i in range(3)] == [100] * 3 and [dense._depth(i, 60) for i in range(3)] == [76] * 3
-    for e in (lib, ray_engine):
+    for e in (lib, ray_engine, grouped, one_group):
         e.close()
 
 
@@ -249,9 +268,10 @@ def test_shards_of_an_ivf_index_share_one_trained_quantizer_and_one_coarse_searc
     want_c = centroids(folder / TRAINED_FILE)
     for s in m.shards:
         np.testing.assert_array_equal(centroids(folder / s.faiss), want_c)
-    dense = DenseIndex(folder, m.shards, m.dim, m.n_passages, device="cpu")
+    one = {"probe_groups": 1}  # FAISS's own assignment knows no probe groups
+    dense = DenseIndex(folder, m.shards, m.dim, m.n_passages, device="cpu", search_params=one)
     assert dense.coarse_searches == 1 and dense.shard_params[0]["nprobe"] == 16
-    alone = DenseIndex(folder, m.shards, m.dim, m.n_passages, device="cpu")
+    alone = DenseIndex(folder, m.shards, m.dim, m.n_passages, device="cpu", search_params=one)
     alone._coarse_of = [None] * 3  # each shard's FAISS search assigns its queries itself
     for q in (unit_rows(1, seed=12), unit_rows(40, seed=13)):
         S0, R0 = dense.search(q, 10)
@@ -279,8 +299,9 @@ def test_shards_trained_alone_are_assigned_one_by_one(tmp_path):
     shards = [ShardTask(str(tmp_path), no, s, 1000, parts, DIM, "IVF64,PQ8x4fs").run()
               for no, s in enumerate(range(0, 3000, 1000))]
     write_tie_rank(tmp_path, range(3000), 3000)
-    dense = DenseIndex(tmp_path, shards, DIM, 3000, device="cpu")
-    alone = DenseIndex(tmp_path, shards, DIM, 3000, device="cpu")
+    one = {"probe_groups": 1}  # FAISS's own assignment knows no probe groups
+    dense = DenseIndex(tmp_path, shards, DIM, 3000, device="cpu", search_params=one)
+    alone = DenseIndex(tmp_path, shards, DIM, 3000, device="cpu", search_params=one)
     alone._coarse_of = [None] * 3
     assert dense.coarse_searches == 3
     q = unit_rows(30, seed=18)
@@ -357,12 +378,114 @@ def test_search_params_for_fits_each_index_type():
     from drgym.index.dense import search_params_for
 
     ip = faiss.METRIC_INNER_PRODUCT
-    assert search_params_for(faiss.index_factory(8, "IVF4096,Flat", ip)) == {"nprobe": 1024, "rerank": 100}
-    assert search_params_for(faiss.index_factory(8, "IVF64,Flat", ip), {"nprobe": 500}) == {"nprobe": 64, "rerank": 100}
+    assert search_params_for(faiss.index_factory(8, "IVF4096,Flat", ip)) == {"nprobe": 1024, "rerank": 100,
+                                                                             "probe_groups": 4}
+    assert search_params_for(faiss.index_factory(8, "IVF64,Flat", ip), {"nprobe": 500}) == {
+        "nprobe": 64, "rerank": 100, "probe_groups": 4}
+    assert search_params_for(faiss.index_factory(8, "IVF64,Flat", ip), {"nprobe": 2, "probe_groups": 0}) == {
+        "nprobe": 2, "rerank": 100, "probe_groups": 1}  # 0 is one group
+    assert search_params_for(faiss.index_factory(8, "IVF64,Flat", ip), {"nprobe": 2, "probe_groups": 9}) == {
+        "nprobe": 2, "rerank": 100, "probe_groups": 2}  # at most a list a group
     assert search_params_for(faiss.index_factory(8, "HNSW32", ip), {"rerank": 0}) == {"efSearch": 64, "rerank": 0}
     assert search_params_for(faiss.index_factory(8, "Flat", ip)) == {"rerank": 100}
     with pytest.raises(ConfigError, match="nprobe must be an integer >= 0, got -1"):
         search_params_for(faiss.index_factory(8, "Flat", ip), {"nprobe": -1})
+
+
+def spy_probes(dense):
+    """Record the list numbers of every FAISS ``search_preassigned`` call of ``dense``'s shards."""
+    calls = []
+    for idx in dense._indexes:
+        real = idx.search_preassigned
+        idx.search_preassigned = lambda q, kk, Iq, Dq, _real=real: (calls.append(Iq.copy()), _real(q, kk, Iq, Dq))[1]
+    return calls
+
+
+def test_probe_groups_scan_every_probed_list_once(tmp_path, split_small):
+    """One IVF shard of exact codes (IVF64,Flat, nprobe 16): with 4 probe groups a query
+    makes 4 FAISS calls whose lists are the 16 probed lists dealt round-robin, each once,
+    and the top 10 is the one-group search's, rows and scores."""
+    from drgym.index.dense import DenseIndex, coarse_assign
+
+    res = import_random(tmp_path, 2000, 21, "IVF64,Flat", shard_size=2000)
+    m = res.manifest
+    assert len(m.shards) == 1
+    one = DenseIndex(res.folder, m.shards, m.dim, m.n_passages, device="cpu", search_params={"probe_groups": 1})
+    four = DenseIndex(res.folder, m.shards, m.dim, m.n_passages, device="cpu")
+    assert four.shard_params[0]["nprobe"] == 16 and four._groups(0) == 4
+    calls = spy_probes(four)
+    q = unit_rows(1, seed=22)
+    S1, R1 = one.search(q, 10)
+    S4, R4 = four.search(q, 10)
+    np.testing.assert_array_equal(R4, R1)
+    np.testing.assert_array_equal(S4, S1)
+    lists = coarse_assign(four._coarse[0][0], q, 16)[1][0]
+    assert len(calls) == 4
+    assert sorted(int(x) for c in calls for x in c[0] if x >= 0) == sorted(lists.tolist())
+    assert sorted(tuple(c[0][c[0] >= 0].tolist()) for c in calls) == sorted(tuple(lists[g::4].tolist()) for g in range(4))
+    for q in (unit_rows(7, seed=23), unit_rows(45, seed=24)):  # the pool's path and FAISS's batch path
+        for a, b in zip(four.search(q, 10), one.search(q, 10)):
+            np.testing.assert_array_equal(a, b)
+    one.close()
+    four.close()
+
+
+def test_probe_groups_rank_alike_alone_in_any_batch_and_on_any_threads(tmp_path, split_small):
+    """One fast-scan IVF-PQ shard in 4 probe groups (lossy codes, so the groups' candidates
+    differ from one search's): a query ranks alike alone, in a small batch (the groups on
+    the shard threads), in a large batch (FAISS's threads), with one shard thread or four,
+    and as a ``drgym serve-ray`` shard server ranks it; the default shard threads are the
+    jobs of a query, at most the usable cores."""
+    from drgym.cpu import thread_count
+    from drgym.index.dense import SMALL_BATCH, DenseIndex
+
+    res = import_random(tmp_path, 3000, 25, "IVF32,PQ8x4fs", shard_size=3000)
+    m = res.manifest
+    q = unit_rows(SMALL_BATCH + 10, seed=26)
+    dense = DenseIndex(res.folder, m.shards, m.dim, m.n_passages, device="cpu")
+    assert dense._groups(0) == 4 and dense.shard_workers == min(4, thread_count())
+    turn = DenseIndex(res.folder, m.shards, m.dim, m.n_passages, device="cpu", shard_workers=1)
+    wide = DenseIndex(res.folder, m.shards, m.dim, m.n_passages, device="cpu", shard_workers=4)
+    S, R = dense.search(q, 10)
+    for idx in (dense, turn, wide):
+        alone = [idx.search(q[i:i + 1], 10) for i in range(len(q))]
+        np.testing.assert_array_equal(np.concatenate([r for _, r in alone]), R)
+        np.testing.assert_array_equal(np.concatenate([s for s, _ in alone]), S)
+        for a, b in zip(idx.search(q[:5], 10), (S[:5], R[:5])):
+            np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(idx.search(q, 10, threads=1)[1], R)
+    one = DenseIndex(res.folder, m.shards, m.dim, m.n_passages, device="cpu", search_params={"probe_groups": 1})
+    assert not np.array_equal(one.search(q, 10)[1], R) or not np.array_equal(one.search(q, 10)[0], S)
+    from drgym.distributed.serve import ShardServer
+
+    server = ShardServer(str(res.folder), 0)
+    assert server.dense._groups(0) == 4
+    np.testing.assert_array_equal(server.dense.search(q, 10)[1], R)
+    for idx in (dense, turn, wide, one, server.dense):
+        idx.close()
+
+
+def test_a_probe_group_scans_at_least_its_minimum_of_codes(tmp_path, monkeypatch):
+    """A query is split only where each group scans PROBE_GROUP_MIN_CODES codes: 2,000 rows,
+    IVF64 and nprobe 16 scan 500 codes a query, so with drgym's 2x10^6 the shard is one group,
+    with a minimum of 300 one (500 // 300), of 150 three, of 100 the four asked for; the
+    split is cut to nprobe (the division between shards: the probe-alike test above)."""
+    import drgym.index.dense as dense_mod
+    from drgym.index.dense import DenseIndex
+
+    res = import_random(tmp_path, 2000, 27, "IVF64,Flat", shard_size=2000)
+    m = res.manifest
+
+    def groups(minimum=None, **params):
+        if minimum is not None:
+            monkeypatch.setattr(dense_mod, "PROBE_GROUP_MIN_CODES", minimum)
+        d = DenseIndex(res.folder, m.shards, m.dim, m.n_passages, device="cpu", search_params=params)
+        d.close()
+        return d._groups(0)
+
+    assert groups() == 1
+    assert [groups(300), groups(150), groups(100), groups(1)] == [1, 3, 4, 4]
+    assert groups(1, nprobe=2) == 2 and groups(1, probe_groups=1) == 1 and groups(1, probe_groups=64) == 16
 
 
 # -- 3. serve-ray on 2 cores ------------------------------------------------------------------
@@ -546,7 +669,7 @@ def test_fast_scan_ivfpq_shards_are_rescored_exactly_and_load_mapped(tmp_path, f
     m = res.manifest
     dense = DenseIndex(res.folder, m.shards, m.dim, m.n_passages)
     assert dense._lossy == [True]
-    assert dense.shard_params == [{"nprobe": 16, "rerank": 100}]
+    assert dense.shard_params == [{"nprobe": 16, "rerank": 100, "probe_groups": 4}]
     q = unit_rows(20, seed=4)
     S, R = dense.search(q, 10)
     stored = np.load(res.folder / m.shards[0].embeddings).astype(np.float32)

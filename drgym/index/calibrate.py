@@ -136,7 +136,8 @@ def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_pa
         standard errors, "reached": bool, "k", "queries", "query_source": ``"rows"`` or
         ``"given"``, "seed", "z", "curve":
         [{"nprobe", "recall", "recall_low"}] (the values tried, ascending, up to the one
-        chosen), "nlist", "rerank", "seconds"}``. When no ``nprobe`` reaches ``target``
+        chosen), "nlist", "rerank", "probe_groups" (the search's, see
+        :data:`~drgym.index.dense.PROBE_GROUPS_KEY`), "seconds"}``. When no ``nprobe`` reaches ``target``
         (``recall_low`` below it even with every list probed), ``reached`` is False and
         every list is probed.
 
@@ -146,7 +147,7 @@ def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_pa
         CorruptIndexError: a shard file is unreadable (from
             :class:`~drgym.index.dense.DenseIndex`).
     """
-    from drgym.index.dense import DenseIndex
+    from drgym.index.dense import PROBE_GROUPS_KEY, DenseIndex
 
     if isinstance(target, bool) or not 0 < float(target) <= 1:
         raise ConfigError(f"target recall must be in (0, 1], got {target!r}.")
@@ -166,6 +167,7 @@ def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_pa
             return None
         nlist = max(p["nprobe"] for p in probe.shard_params)
         rerank = probe.rerank
+        groups = int(probe.search_params.get(PROBE_GROUPS_KEY, 1))
         parts = [np.load(folder / s.embeddings, mmap_mode="r") for s in shards]
     finally:
         probe.close()
@@ -205,4 +207,4 @@ def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_pa
     return {"search_params": {"nprobe": int(last["nprobe"])}, "target_recall": float(target),
             "recall": last["recall"], "recall_low": last["recall_low"], "reached": reached, "k": k,
             "queries": int(nq), "query_source": "rows" if query_vectors is None else "given", "seed": int(seed), "z": Z, "nlist": int(nlist), "rerank": int(rerank),
-            "curve": curve, "seconds": round(time.perf_counter() - t0, 3)}
+            "probe_groups": groups, "curve": curve, "seconds": round(time.perf_counter() - t0, 3)}

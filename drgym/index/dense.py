@@ -64,7 +64,7 @@ TIE_MARGIN = 16
 """Extra candidates fetched per shard so that exact score ties at the cut-off are
 resolved by passage_id rather than by FAISS's internal order."""
 
-DEFAULT_SEARCH_PARAMS: dict[str, int] = {"efSearch": 64, "nprobe": 0, "rerank": 100}
+DEFAULT_SEARCH_PARAMS: dict[str, int] = {"efSearch": 64, "nprobe": 0, "rerank": 100, "probe_groups": 4}
 """Search-time parameters, applied when the index has them. HNSW ``efSearch=64`` gives
 ANN recall@10 of 0.997 against exact search on wiki-default (scripts/bench_search.py).
 IVF ``nprobe=0`` means the index's own: the ``nprobe`` its build measured
@@ -77,7 +77,8 @@ embeddings (memory-mapped, so RAM holds only the codes); the scores are
 then the same inner products a ``Flat`` index gives. 0 turns it off. Measured on
 synthetic 384-d vectors by scripts/bench_scale.py (docs/benchmarks/scale.md): at 10^6
 vectors with IVF1024,PQ48x4fs (``auto``), recall@10 is 0.63 with the 4-bit codes'
-own scores and 0.97 with the re-rank, both at the default nprobe 256."""
+own scores and 0.97 with the re-rank, both at the default nprobe 256. ``probe_groups``
+(drgym's): see :data:`PROBE_GROUPS_KEY`."""
 
 NPROBE_MIN = 16
 NPROBE_FRACTION = 4
@@ -103,6 +104,39 @@ def auto_nprobe(nlist: int) -> int:
 
 
 RERANK_KEY = "rerank"
+
+PROBE_GROUPS_KEY = "probe_groups"
+"""Search parameter (drgym's, not FAISS's): the FAISS calls one query's search of an IVF
+index is split into at most, so that one query on an index of few, large shards keeps
+several cores busy on the ``shard_workers`` threads. Each IVF shard with a flat
+inner-product quantizer splits the query's probed lists into ``ceil(probe_groups /
+shards)`` groups (``shards``: the whole index's, also in a ``drgym serve-ray`` shard
+server), fewer where a group would scan under :data:`PROBE_GROUP_MIN_CODES` codes, dealt
+round-robin by rank (group ``g`` of ``G`` holds the lists ranked ``g, g + G, ...``,
+:func:`group_assign`), and searches each group as its own call: the shard is then searched
+like ``G`` shards that each hold a share of the probed lists (each returns its share of
+the re-rank, re-scored exactly, and :func:`merge_shard_results` merges them), but every
+list is scanned once, where ``G`` shards of the rows would each scan every probed list (a
+fast-scan search pays per list and shard). The split depends on the manifest and the
+search parameters only, not on the machine's cores, so rankings are the same on every
+machine, alone and in any batch. It costs CPU: at wiki-18 size in one shard, one query
+took 0.62-0.91x the time in 2 groups on 2 cores, on 1.1-1.2x the CPU time
+(scripts/bench_probe_groups.py, docs/benchmarks/scale.md). 1 turns it off (for a server
+whose cores are all busy with other queries), as do shards without that shared
+assignment (HNSW, Flat, OPQ, GPU)."""
+
+PROBE_GROUP_MIN_CODES = 2_000_000
+"""A probe group scans at least this many codes on average (its shard's rows x nprobe /
+nlist, divided by the groups; 0 or 1: no minimum): below it, a FAISS call's fixed cost
+(its set-up, its share of the re-rank, the merge) and the second core's slower memory
+outweigh what the core saves. Measured one query at a time on 2 cores
+(scripts/bench_probe_groups.py --min-codes 0, docs/benchmarks/scale.md), time in 2 groups
+against 1: 1.55x at 10^5 rows (22,000 codes a query), 0.91-1.05x at 10^6 (219,000),
+1.00-1.04x at 2.1x10^7 rows and nprobe 128 of 2,048 (1.3 million codes), 0.96x at 256
+(2.6 million) and 0.87-0.91x at 448 (4.6 million), each on 1.15-1.3x the CPU time."""
+
+DRGYM_PARAMS = frozenset({RERANK_KEY, PROBE_GROUPS_KEY})
+"""Search parameters that drgym applies itself; FAISS never sees them."""
 
 
 def rerank_depth(rerank: int, shard_rows: int, all_rows: int, k: int) -> int:
@@ -143,23 +177,25 @@ def search_params_for(index, requested: dict[str, int] | None = None) -> dict[st
     :data:`DEFAULT_SEARCH_PARAMS` updated with ``requested``, then fitted to ``index``:
     ``efSearch`` is kept for HNSW indexes only, ``nprobe`` for IVF indexes only (``0``
     becomes :func:`auto_nprobe` of the index's ``nlist``; a number larger than ``nlist``
-    is cut to ``nlist``); ``rerank`` (drgym's exact re-scoring, see
-    :data:`DEFAULT_SEARCH_PARAMS`) and any other FAISS parameter are kept as given.
+    is cut to ``nlist``), ``probe_groups`` for IVF indexes only (:data:`PROBE_GROUPS_KEY`;
+    0 counts as 1, and a number above ``nprobe`` is cut to it); ``rerank`` (drgym's exact
+    re-scoring, see :data:`DEFAULT_SEARCH_PARAMS`) and any other FAISS parameter are kept
+    as given.
 
     Args:
         index: a CPU FAISS index (a shard as read from disk).
         requested: parameters to change (None: the defaults).
 
     Returns:
-        ``{name: int}`` to apply, e.g. ``{"nprobe": 128, "rerank": 100}`` for
-        ``IVF512,PQ16``.
+        ``{name: int}`` to apply, e.g. ``{"nprobe": 128, "rerank": 100,
+        "probe_groups": 4}`` for ``IVF512,PQ16``.
 
     Raises:
         ConfigError: a parameter that is not an integer >= 0.
 
     >>> import faiss
     >>> search_params_for(faiss.index_factory(8, "IVF512,Flat", faiss.METRIC_INNER_PRODUCT))
-    {'nprobe': 128, 'rerank': 100}
+    {'nprobe': 128, 'rerank': 100, 'probe_groups': 4}
     """
     faiss = _faiss()
     params = {**DEFAULT_SEARCH_PARAMS, **(requested or {})}
@@ -171,13 +207,15 @@ def search_params_for(index, requested: dict[str, int] | None = None) -> dict[st
         value = int(value)
         if name == "efSearch" and not hasattr(inner, "hnsw"):
             continue
-        if name == "nprobe":
+        if name in ("nprobe", PROBE_GROUPS_KEY):
             try:
                 nlist = int(faiss.extract_index_ivf(index).nlist)
             except RuntimeError:  # not an IVF index
                 continue
-            value = auto_nprobe(nlist) if not value else min(value, nlist)
+            value = max(1, value) if name == PROBE_GROUPS_KEY else auto_nprobe(nlist) if not value else min(value, nlist)
         out[name] = value
+    if PROBE_GROUPS_KEY in out:
+        out[PROBE_GROUPS_KEY] = min(out[PROBE_GROUPS_KEY], out["nprobe"])
     return out
 
 
@@ -303,6 +341,35 @@ def _search(index, q: np.ndarray, k: int, assign=None):
     if assign is None:
         return index.search(q, k)
     return index.search_preassigned(q, k, assign[1], assign[0])
+
+
+def group_assign(assign: tuple[np.ndarray, np.ndarray], group: int, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """The lists of probe group ``group`` of ``groups`` (:data:`PROBE_GROUPS_KEY`): of each
+    query's assigned lists, those ranked ``group, group + groups, ...``, first, and list
+    ``-1`` after them (FAISS skips it), so the shape stays ``(nq, nprobe)`` as
+    ``search_preassigned`` needs; the padding's distances repeat the group's last one so
+    that they stay inside the range FAISS quantizes.
+
+    Args:
+        assign: :func:`coarse_assign`'s ``(D, I)``, ``(nq, nprobe)`` each.
+        group, groups: ``0 <= group < groups <= nprobe``.
+
+    Returns:
+        ``(D, I)`` of the same shapes and dtypes.
+
+    >>> D = np.array([[0.9, 0.8, 0.7, 0.6, 0.5]], dtype=np.float32)
+    >>> I = np.array([[4, 2, 7, 1, 3]])
+    >>> [group_assign((D, I), g, 2)[1].tolist() for g in (0, 1)]
+    [[[4, 7, 3, -1, -1]], [[2, 1, -1, -1, -1]]]
+    """
+    D, I = assign
+    mine_d, mine_i = D[:, group::groups], I[:, group::groups]
+    m = mine_i.shape[1]
+    Dg = np.empty_like(D)
+    Ig = np.full_like(I, -1)
+    Ig[:, :m], Dg[:, :m] = mine_i, mine_d
+    Dg[:, m:] = mine_d[:, -1:]
+    return Dg, Ig
 
 
 def coarse_assign(centroids: np.ndarray, q: np.ndarray, nprobe: int) -> tuple[np.ndarray, np.ndarray]:
@@ -837,10 +904,11 @@ class DenseIndex:
             (searches then read from disk).
         gpu_shard, gpu_float16: on GPUs, split each shard's rows across the GPUs and
             store them in float16 (:func:`gpu_cloner_options`); ignored on CPU.
-        shard_workers: threads that search several CPU shards side by side when each
-            shard's call runs on one thread (below :data:`SMALL_BATCH` queries, or
-            ``threads=1``); None: the shard count, at most :func:`drgym.cpu.thread_count`.
-            1 searches the shards in turn. The results are the same either way.
+        shard_workers: threads that search several CPU shards, and the probe groups of
+            IVF shards (:data:`PROBE_GROUPS_KEY`), side by side when each call runs on
+            one thread (below :data:`SMALL_BATCH` queries, or ``threads=1``); None: the
+            number of such jobs a query makes, at most :func:`drgym.cpu.thread_count`.
+            1 searches them in turn. The results are the same either way.
 
     Attributes:
         shard_params: per loaded shard, the parameters :func:`search_params_for` chose.
@@ -874,6 +942,7 @@ class DenseIndex:
             raise ConfigError(f"shard_workers must be >= 1, got {shard_workers}.")
         self.folder = Path(folder)
         all_rows = sum(s.count for s in shards)
+        self._index_shards = len(shards)  # the whole index's, also where shard_ids loads some
         self.shards = list(shards) if shard_ids is None else [shards[i] for i in shard_ids]
         self.dim = int(dim)
         self.n_passages = int(n_passages)
@@ -934,12 +1003,13 @@ class DenseIndex:
             total += s.count
         if all_rows != self.n_passages or (shard_ids is None and total != self.n_passages):
             raise CorruptIndexError(f"Dense shards hold {all_rows} rows, the manifest says {self.n_passages}.")
+        self._coarse, self._coarse_of = self._coarse_groups()
+        self._n_groups = [self._probe_groups(i) for i in range(len(self.shards))]
         if shard_workers is None:
             from drgym.cpu import thread_count
 
-            shard_workers = min(len(self.shards), thread_count())
+            shard_workers = min(sum(self._groups(i) for i in range(len(self.shards))), thread_count())
         self.shard_workers = max(1, int(shard_workers))
-        self._coarse, self._coarse_of = self._coarse_groups()
 
     @classmethod
     def from_manifest(cls, folder: str | Path, manifest, **kwargs) -> "DenseIndex":
@@ -1009,7 +1079,7 @@ class DenseIndex:
         faiss = _faiss()
         ps = faiss.ParameterSpace()
         for name, value in params.items():
-            if name == RERANK_KEY:
+            if name in DRGYM_PARAMS:
                 continue
             try:
                 ps.set_index_parameter(index, name, value)
@@ -1070,14 +1140,33 @@ class DenseIndex:
         and GPU."""
         return self._reranks(i) or (not self._lossy[i] and self._exact[i] is not None)
 
+    def _groups(self, i: int) -> int:
+        """Probe groups of shard ``i`` (:data:`PROBE_GROUPS_KEY`)."""
+        return self._n_groups[i]
+
+    def _probe_groups(self, i: int) -> int:
+        """Shard ``i``'s probe groups: ``ceil(probe_groups / shards of the index)``, as
+        many as leave each group :data:`PROBE_GROUP_MIN_CODES` codes to scan (the shard's
+        rows x nprobe / nlist in all), at most ``nprobe``, at least 1; 1 unless its lists
+        are assigned by :func:`coarse_assign`."""
+        g = self._coarse_of[i]
+        if g is None:
+            return 1
+        p = self.shard_params[i]
+        nprobe, nlist = int(p["nprobe"]), len(self._coarse[g][0])
+        wanted = -(-int(p.get(PROBE_GROUPS_KEY, 1)) // self._index_shards)
+        codes = self.shards[i].count * nprobe // max(1, nlist)
+        return max(1, min(wanted, nprobe, codes // max(1, PROBE_GROUP_MIN_CODES)))
+
     def _depth(self, i: int, k: int) -> int:
-        """Candidates shard ``i`` returns per query for a top-``k`` search: ``k`` +
-        :data:`TIE_MARGIN`, or where it re-ranks, its share of ``rerank`` if larger
-        (:func:`rerank_depth`)."""
+        """Candidates each probe group of shard ``i`` returns per query for a top-``k``
+        search: ``k`` + :data:`TIE_MARGIN`, or where it re-ranks, its share of ``rerank``
+        if larger (:func:`rerank_depth`; a group's share is the shard's over the groups)."""
         s = self.shards[i]
         if not self._reranks(i):
             return min(s.count, k + TIE_MARGIN)
-        return rerank_depth(self.rerank, s.count, self.n_passages, k)  # n_passages: every shard's rows (checked)
+        # n_passages: every shard's rows (checked); a group holds 1/groups of the shard's share
+        return rerank_depth(self.rerank, s.count, self.n_passages * self._groups(i), k)
 
     def _shard_pool(self):
         with self._lock:
@@ -1088,13 +1177,18 @@ class DenseIndex:
             return self._pool
 
     def _search_shard(self, i: int, q: np.ndarray, k: int, threads: int | None,
-                      assign: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Shard ``i``'s candidates for ``q`` (FAISS on ``threads`` OpenMP threads, None:
-        FAISS's setting; ``assign``: the lists to probe, from :func:`coarse_assign`):
-        scores and global rows (``-1`` padding)."""
+                      assign: tuple[np.ndarray, np.ndarray] | None = None,
+                      group: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """Shard ``i``'s candidates for ``q`` in probe group ``group`` (FAISS on ``threads``
+        OpenMP threads, None: FAISS's setting; ``assign``: the lists to probe, from
+        :func:`coarse_assign`, of which the group's are searched): scores and global rows
+        (``-1`` padding)."""
         s, index, emb = self.shards[i], self._indexes[i], self._exact[i]
         rescore = self._rescores(i)
         kk = self._depth(i, k)
+        groups = self._groups(i)
+        if assign is not None and groups > 1:
+            assign = group_assign(assign, group, groups)
         fp = self.folder / s.faiss
         try:
             if self.on_gpu:  # GPU indexes are not safe for concurrent calls
@@ -1129,8 +1223,9 @@ class DenseIndex:
             k: results per query, >= 1.
             threads: OpenMP threads of each shard's FAISS call (CPU only); None: one
                 thread below :data:`SMALL_BATCH` queries, else FAISS's setting. When each
-                call runs on one thread, several shards are searched side by side on
-                ``shard_workers`` threads.
+                call runs on one thread, several shards and probe groups
+                (:data:`PROBE_GROUPS_KEY`) are searched side by side on ``shard_workers``
+                threads.
 
         Returns:
             ``(scores, rows)``: float32 and int64 arrays of shape ``(nq, k)``, best first,
@@ -1152,18 +1247,22 @@ class DenseIndex:
         nq = q.shape[0]
         if threads is None and nq < SMALL_BATCH:
             threads = 1
-        jobs = [i for i in range(len(self.shards)) if self._depth(i, k) > 0]
+        shards = [i for i in range(len(self.shards)) if self._depth(i, k) > 0]
         # each distinct quantizer assigns the queries to lists once, for all its shards
         assigns = {g: coarse_assign(self._coarse[g][0], q, self._coarse[g][1])
-                   for g in sorted({self._coarse_of[i] for i in jobs} - {None})} if nq else {}
+                   for g in sorted({self._coarse_of[i] for i in shards} - {None})} if nq else {}
+        jobs = [(i, g) for i in shards for g in range(self._groups(i) if nq else 1)]
+
+        def run(job: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+            i, g = job
+            return self._search_shard(i, q, k, threads, assigns.get(self._coarse_of[i]), g)
+
         if threads == 1 and not self.on_gpu and len(jobs) > 1 and self.shard_workers > 1:
-            # each shard's call runs on one thread, so shards search side by side on
-            # shard_workers threads (FAISS and numpy release the GIL); same results
-            pool = self._shard_pool()
-            parts = list(pool.map(lambda i: self._search_shard(i, q, k, threads, assigns.get(self._coarse_of[i])),
-                                  jobs))
+            # each call runs on one thread, so shards and probe groups search side by side
+            # on shard_workers threads (FAISS and numpy release the GIL); same results
+            parts = list(self._shard_pool().map(run, jobs))
         else:
-            parts = [self._search_shard(i, q, k, threads, assigns.get(self._coarse_of[i])) for i in jobs]
+            parts = [run(job) for job in jobs]
         parts_s = [d for d, _ in parts]
         parts_r = [r for _, r in parts]
         return merge_shard_results(parts_s, parts_r, self.tie_rank, nq, k)
