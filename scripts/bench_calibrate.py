@@ -15,7 +15,6 @@ of both against the queries' exact top 10. Writes JSON. Run it with
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -29,19 +28,16 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 
 def main() -> None:
-    from bench_scale import alt_folder, finish_record, side_by_side_record, time_in_turns
+    from bench_scale import (alt_folder, finish_record, median_ratio, side_by_side_parser, side_by_side_record,
+                             time_in_turns, turn_stats)
 
     from drgym.index.calibrate import calibrate_nprobe
     from drgym.index.dense import DenseIndex, auto_nprobe
     from drgym.index.manifest import IndexManifest
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, required=True, help="a bench_scale.py work folder of one size (WORK/n<N>)")
+    ap = side_by_side_parser(__doc__)
     ap.add_argument("--factory", required=True, help="the alt layout (bench_scale factory label)")
     ap.add_argument("--target", type=float, default=0.95)
-    ap.add_argument("--passes", type=int, default=3)
-    ap.add_argument("--repeat", type=int, default=1, help="timing runs, each loading the indexes anew")
-    ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     m = IndexManifest.read(a.work / "indexes" / "bench")
     folder = alt_folder(a.work, a.factory)
@@ -61,13 +57,8 @@ def main() -> None:
         times, rows, loads = time_in_turns(idx, q, a.passes)
         run = {"repeat": repeat, "load_avg_1min": [round(x, 2) for x in loads], "settings": {}}
         for name in settings:
-            t = times[name]
-            recall = float(np.mean([len(set(rows[name][i].tolist()) & set(truth[i].tolist())) / 10
-                                    for i in range(len(q))]))
-            run["settings"][name] = {"nprobe": settings[name], "single_ms_p50": round(float(np.median(t)), 3),
-                                     "single_ms_p99": round(float(np.percentile(t, 99)), 3), "n": len(t),
-                                     "ratio_to_quarter_p50": round(float(np.median(t / times["quarter"])), 3),
-                                     "recall@10": round(recall, 4)}
+            run["settings"][name] = {"nprobe": settings[name], **turn_stats(times[name], rows[name], truth),
+                                     "ratio_to_quarter_p50": median_ratio(times[name], times["quarter"])}
             idx[name].close()
         res["runs"].append(run)
         print(json.dumps(run), flush=True)

@@ -46,17 +46,15 @@ def drop_caches() -> None:
 
 
 def main() -> None:
-    from bench_scale import alt_folder, finish_record, side_by_side_record
+    from bench_scale import alt_folder, finish_record, side_by_side_parser, side_by_side_record
 
     import drgym.index.dense as dense_mod
     from drgym.index.manifest import IndexManifest
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, required=True, help="a bench_scale.py work folder of one size (WORK/n<N>)")
+    ap = side_by_side_parser(__doc__, timing=False)
     ap.add_argument("--factory", required=True, help="the alt layout (bench_scale factory label)")
     ap.add_argument("--nprobe", type=int, required=True)
     ap.add_argument("--runs", type=int, default=2, help="runs of both modes (order alternating)")
-    ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--one", choices=["random", "default"], help=argparse.SUPPRESS)
     a = ap.parse_args()
     m = IndexManifest.read(a.work / "indexes" / "bench")

@@ -295,8 +295,36 @@ OWN_QUANTIZERS = "+own"
 of indexes built before the shards shared one trained quantizer), for side-by-side runs."""
 
 
+SHARD_SIZE_MARK = "+s"
+"""Marks a factory label whose layout has its own shard size: ``IVF2048,PQ48x4fs+s21015324``
+cuts the rows into shards of 21,015,324 rows (the float16 rows copied into the layout's own
+embedding shards), clones of the trained index of the label without the mark when that
+layout exists (so both probe the same lists), else of one trained on the same sample."""
+
+ALT_SHARDS = "shards.json"
+"""In an alternative index folder with its own shard size: its shards (``ShardInfo`` fields)."""
+
+
 def alt_folder(work: Path, factory: str) -> Path:
     return work / "indexes" / ("alt-" + factory.replace(",", "_"))
+
+
+def shard_size_of(factory: str) -> tuple[str, int | None]:
+    """``(label without the shard-size mark, rows per shard or None)`` of a factory label."""
+    base, mark, size = factory.rpartition(SHARD_SIZE_MARK)
+    if mark and size.isdigit():
+        return base, int(size)
+    return factory, None
+
+
+def alt_shards(work: Path, factory: str) -> list:
+    """The dense shards of a layout: its own (:data:`SHARD_SIZE_MARK`), else the bench index's."""
+    from drgym.index.manifest import IndexManifest, ShardInfo
+
+    own = alt_folder(work, factory) / ALT_SHARDS
+    if own.exists():
+        return [ShardInfo(**d) for d in json.loads(own.read_text())]
+    return IndexManifest.read(work / "indexes" / "bench").shards
 
 
 def stage_dense(work: Path, factory: str) -> dict:
@@ -307,6 +335,8 @@ def stage_dense(work: Path, factory: str) -> dict:
     m = IndexManifest.read(main)
     alt = alt_folder(work, factory)
     (alt / "dense").mkdir(parents=True, exist_ok=True)
+    if shard_size_of(factory)[1]:
+        return _stage_dense_reshard(work, factory)
     for s in m.shards:  # reuse the float16 embedding shards: only the FAISS step runs
         link = alt / s.embeddings
         if not link.exists():
@@ -338,6 +368,44 @@ def stage_dense(work: Path, factory: str) -> dict:
             "train_seconds": round(train_s, 1) if trained else None,
             "index_bytes": sum(du(alt / s.faiss) for s in m.shards) + sum(du(p) for p in trained),
             "peak_rss_mb": round(peak_rss_mb(), 1)}
+
+
+def _stage_dense_reshard(work: Path, factory: str) -> dict:
+    """:func:`stage_dense` for a layout of its own shard size (:data:`SHARD_SIZE_MARK`):
+    copies the rows into its shards and builds each from one trained index."""
+    from dataclasses import asdict
+
+    from drgym.atomic import atomic_write_json
+    from drgym.index.build import ShardTask
+    from drgym.index.dense import TRAINED_FILE, write_trained
+    from drgym.index.manifest import IndexManifest
+
+    main = work / "indexes" / "bench"
+    m = IndexManifest.read(main)
+    alt = alt_folder(work, factory)
+    base, size = shard_size_of(factory)
+    link = alt / "dense" / "tie_rank.npy"
+    if not link.exists():
+        link.symlink_to(main / "dense" / "tie_rank.npy")
+    t = time.perf_counter()
+    parts = [(str(main / s.embeddings), s.start, s.count) for s in m.shards]
+    shared = alt_folder(work, base) / TRAINED_FILE
+    if shared.exists() and not (alt / TRAINED_FILE).exists():
+        shutil.copyfile(shared, alt / TRAINED_FILE)  # the same coarse quantizer as the base layout
+    trained = write_trained(alt, parts, m.n_passages, m.dim, base)
+    train_s = time.perf_counter() - t
+    tasks = [ShardTask(str(alt), no, a, min(m.n_passages, a + size) - a, parts, m.dim, base, trained)
+             for no, a in enumerate(range(0, m.n_passages, size))]
+    per_shard, shards = [], []
+    for task in tasks:
+        ts = time.perf_counter()
+        shards.append(task.run())
+        per_shard.append(round(time.perf_counter() - ts, 1))
+    atomic_write_json(alt / ALT_SHARDS, [asdict(s) for s in shards])
+    return {"factory": factory, "seconds": round(time.perf_counter() - t, 1), "seconds_per_shard": per_shard,
+            "train_seconds": round(train_s, 1), "trained_from": str(shared.relative_to(work)) if shared.exists() else None,
+            "index_bytes": sum(du(alt / s.faiss) for s in shards) + (du(alt / trained) if trained else 0),
+            "embeddings_bytes": sum(du(alt / s.embeddings) for s in shards), "peak_rss_mb": round(peak_rss_mb(), 1)}
 
 
 # -- stage: search ------------------------------------------------------------------------
@@ -572,6 +640,34 @@ def side_by_side_record(**fields) -> dict:
                                           text=True).stdout.strip(), **fields}
 
 
+def side_by_side_parser(doc: str, timing: bool = True) -> argparse.ArgumentParser:
+    """The arguments of a side-by-side benchmark (``bench_shared_quantizer.py``,
+    ``bench_calibrate.py``, ``bench_madvise.py``, ``bench_probe_groups.py``): ``--work``
+    and ``--out``, and with ``timing`` ``--passes`` and ``--repeat``
+    (:func:`time_in_turns`); the description is ``doc``'s first line."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--work", type=Path, required=True, help="a bench_scale.py work folder of one size (WORK/n<N>)")
+    ap.add_argument("--out", type=Path, required=True)
+    if timing:
+        ap.add_argument("--passes", type=int, default=3, help="passes over the queries (the order of layouts alternates)")
+        ap.add_argument("--repeat", type=int, default=1, help="runs of the whole comparison, each loading the indexes anew")
+    return ap
+
+
+def turn_stats(t: np.ndarray, found: list, truth: np.ndarray) -> dict:
+    """One setting's figures from :func:`time_in_turns`: p50 and p99 ms of one query and the
+    searches timed (``t``), and recall@10 of ``found`` (each query's top-10 rows) against
+    ``truth`` (``(nq, 10)`` exact rows)."""
+    recall = float(np.mean([len(set(r.tolist()) & set(truth[i].tolist())) / 10 for i, r in enumerate(found)]))
+    return {"single_ms_p50": round(float(np.median(t)), 3), "single_ms_p99": round(float(np.percentile(t, 99)), 3),
+            "n": len(t), "recall@10": round(recall, 4)}
+
+
+def median_ratio(t: np.ndarray, base: np.ndarray) -> float:
+    """The median over queries of ``t / base``, times of the same searches in turns."""
+    return round(float(np.median(t / base)), 3)
+
+
 def finish_record(res: dict, out: Path) -> None:
     """Stamp ``finished`` and write a side-by-side benchmark's JSON to ``out`` atomically."""
     sys.path.insert(0, str(REPO))
@@ -581,11 +677,13 @@ def finish_record(res: dict, out: Path) -> None:
     atomic_write_json(out, res, indent=1)
 
 
-def time_in_turns(indexes: dict, q: np.ndarray, passes: int) -> tuple[dict, dict, list[float]]:
+def time_in_turns(indexes: dict, q: np.ndarray, passes: int,
+                  cpu_ms: dict | None = None) -> tuple[dict, dict, list[float]]:
     """Time one query at a time (k=10) through each :class:`drgym.index.dense.DenseIndex`
     of ``indexes`` (``{name: index}``), the layouts in turns query by query and their
     order alternating between passes, so that all see the same machine state; one
-    warm-up pass of each first pages in its codes.
+    warm-up pass of each first pages in its codes. ``cpu_ms``, when given, receives the
+    process CPU ms of each search (every thread's), ``{name: (passes * nq,)}``.
 
     Returns:
         ``(ms, rows, loads)``: float ms per search ``{name: (passes * nq,)}``, each query's
@@ -597,16 +695,20 @@ def time_in_turns(indexes: dict, q: np.ndarray, passes: int) -> tuple[dict, dict
         for i in range(len(q)):
             indexes[name].search(q[i:i + 1], 10)
     times = {name: [] for name in names}
+    cpu = {name: [] for name in names}
     rows = {name: [None] * len(q) for name in names}
     loads = [os.getloadavg()[0]]
     for p in range(passes):
         for i in range(len(q)):
             for name in (names if (i + p) % 2 == 0 else names[::-1]):
-                t = time.perf_counter()
+                c, t = time.process_time(), time.perf_counter()
                 _, r = indexes[name].search(q[i:i + 1], 10)
                 times[name].append((time.perf_counter() - t) * 1000)
+                cpu[name].append((time.process_time() - c) * 1000)
                 rows[name][i] = r[0]
         loads.append(os.getloadavg()[0])
+    if cpu_ms is not None:
+        cpu_ms.update({name: np.asarray(c) for name, c in cpu.items()})
     return {name: np.asarray(t) for name, t in times.items()}, rows, loads
 
 

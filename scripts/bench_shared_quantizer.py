@@ -17,7 +17,6 @@ side on the shard threads), as ``bench_scale.py``'s search stages do::
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -30,21 +29,18 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 
 def main() -> None:
-    from bench_scale import alt_folder, finish_record, side_by_side_record, time_in_turns
+    from bench_scale import (alt_folder, finish_record, median_ratio, side_by_side_parser, side_by_side_record,
+                             time_in_turns, turn_stats)
 
     import faiss
 
     from drgym.index.dense import DenseIndex
     from drgym.index.manifest import IndexManifest
 
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--work", type=Path, required=True, help="a bench_scale.py work folder of one size (WORK/n<N>)")
+    ap = side_by_side_parser(__doc__)
     ap.add_argument("--factories", nargs="+", required=True, help="alt layouts to compare (bench_scale factory labels)")
     ap.add_argument("--nprobe", type=int, nargs="+", default=[384, 512])
     ap.add_argument("--rerank", type=int, default=100)
-    ap.add_argument("--passes", type=int, default=3, help="passes over the queries (the order of layouts alternates)")
-    ap.add_argument("--repeat", type=int, default=1, help="runs of the whole comparison, each loading the indexes anew")
-    ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     m = IndexManifest.read(a.work / "indexes" / "bench")
     q = np.load(a.work / "queries.npy")
@@ -62,12 +58,8 @@ def main() -> None:
         base = a.factories[0]
         run = {"repeat": repeat, "nprobe": nprobe, "rerank": a.rerank, "load_avg_1min": [round(x, 2) for x in loads], "layouts": {}}
         for f in a.factories:
-            t = times[f]
-            recall = float(np.mean([len(set(rows[f][i].tolist()) & set(truth[i].tolist())) / 10 for i in range(len(q))]))
-            run["layouts"][f] = {"coarse_searches": idx[f].coarse_searches, "single_ms_p50": round(float(np.median(t)), 3),
-                                 "single_ms_p99": round(float(np.percentile(t, 99)), 3), "n": len(t),
-                                 "ratio_to_first_p50": round(float(np.median(t / times[base])), 3),
-                                 "recall@10": round(recall, 4)}
+            run["layouts"][f] = {"coarse_searches": idx[f].coarse_searches, **turn_stats(times[f], rows[f], truth),
+                                 "ratio_to_first_p50": median_ratio(times[f], times[base])}
             idx[f].close()
         res["runs"].append(run)
         print(json.dumps(run), flush=True)

@@ -900,6 +900,102 @@ def calibrate() -> str:
             f"_stage gen N WORK/nN`, `_stage import N WORK/nN 2500000 Flat` and `_stage dense WORK/nN FACTORY`).")
 
 
+PROBE_GROUPS = [("scripts/results/bench_probe_groups_wiki18.json", "idle"),
+                ("scripts/results/bench_probe_groups_wiki18_loaded.json", "a CPU-bound process on the other core")]
+PROBE_GROUPS_COST = ["scripts/results/bench_probe_groups_1e5.json", "scripts/results/bench_probe_groups_1e6.json",
+                     "scripts/results/bench_probe_groups_wiki18_sweep.json"]
+
+
+def _span(runs: list[dict], name: str, key: str, fmt: str = "{:.1f}") -> str:
+    v = [r["settings"][name][key] for r in runs]
+    return fmt.format(min(v)) if min(v) == max(v) else f"{fmt.format(min(v))}-{fmt.format(max(v))}"
+
+
+def probe_groups() -> str:
+    """One query at wiki-18 size on 9 shards and on one, in 1-4 probe groups, idle and
+    beside a CPU-bound process (scripts/bench_probe_groups.py)."""
+    rows, found = [], []
+    for path, machine in PROBE_GROUPS:
+        if not (REPO / path).exists():
+            continue
+        d = _load(path)
+        found.append((d, machine))
+        runs = d["runs"]
+        for name, st in runs[0]["settings"].items():
+            shards = d["layouts"][st["layout"]]["shards"]
+            rows.append([machine, f"{shards} x {st['layout'].split('+')[0]}", str(st["probe_groups"]),
+                         str(st["jobs_per_query"]),
+                         f"{st['nprobe']:,}" + (" (measured)" if "calibrated" in name else ""),
+                         f"{st['recall@10']:.3f}", _span(runs, name, "single_ms_p50"),
+                         _span(runs, name, "single_ms_p99"), _span(runs, name, "cpu_ms_p50"),
+                         _span(runs, name, "ratio_to_first_p50", "{:.2f}")])
+    if not found:
+        return "(not measured yet)"
+    head = ["machine", "shards x index", "probe_groups", "FAISS calls a query", "nprobe (of 2,048)", "recall@10",
+            "1 query p50 ms", "p99 ms", "CPU ms a query (p50)", "median ratio to the first row of its run"]
+    d = found[0][0]
+    cal = d.get("calibration") or {}
+    measured = (f" The measured nprobe: `calibrate_nprobe` on the one-shard layout (probe_groups "
+                f"{d['default_probe_groups']}) chose {cal['search_params']['nprobe']:,} of {cal['nlist']:,} lists "
+                f"(recall@10 {cal['recall']:.3f} on its own rows, 95% lower bound {cal['recall_low']:.3f}) in "
+                f"{cal['seconds']:.0f} s." if cal else "")
+    def load(dd: dict) -> str:
+        x = [v for r in dd["runs"] for v in r["load_avg_1min"]]
+        return f"load {min(x):.1f}-{max(x):.1f}"
+
+    cmds = "; ".join(f"{machine} ({load(dd)}): "
+                     f"`{_command(dd['command']).replace('--work WORK', '--work WORK/n21015324')}`"
+                     for dd, machine in found)
+    return (_table(head, rows)
+            + f"\n\n{d['n_passages']:,} synthetic 384-d vectors (the embeddings of the tables above) in 9 shards of "
+            f"2.5×10^6 rows and in one shard, a clone of the same trained index (built by `python "
+            f"scripts/bench_scale.py _stage dense WORK/n21015324 IVF2048,PQ48x4fs+s21015324`); re-rank 100 in all; "
+            f"200 held-out queries one at a time, every setting in turns query by query (3 passes, order "
+            f"alternating), each run loading all anew (p50, p99, CPU and ratio: the range over the runs); one FAISS "
+            f"thread a call (OMP_NUM_THREADS={d['machine']['omp_num_threads']}), calls side by side on up to 2 "
+            f"threads; CPU time is the process's, every thread's; {d['started'][:10]}, {d['machine']['cpus']} cores "
+            f"(the load averages below include the benchmark's own threads).{measured} The other "
+            f"core's process: `python -c \"while True: pass\"`. {cmds}.")
+
+
+def probe_groups_cost() -> str:
+    """What splitting one query costs as the codes it scans grow: 1, 2 and 4 groups at
+    10^5, 10^6 and 2.1x10^7 rows (scripts/bench_probe_groups.py --min-codes 0)."""
+    rows, found = [], []
+    for path in PROBE_GROUPS_COST:
+        if not (REPO / path).exists():
+            continue
+        d = _load(path)
+        found.append(d)
+        runs = d["runs"]
+        by = {}
+        for name, st in runs[0]["settings"].items():
+            by.setdefault(st["nprobe"], {})[st["probe_groups"]] = name
+        lay = next(iter(d["layouts"]))
+        nlist = int(lay.split(",")[0].removeprefix("IVF"))
+        for nprobe, names in by.items():
+            one = names[1]
+            rows.append([f"{d['n_passages']:,}", f"{nprobe:,} of {nlist:,}",
+                         f"{d['n_passages'] * nprobe // nlist:,}", _span(runs, one, "single_ms_p50", "{:.2f}")]
+                        + [_span(runs, names[g], "ratio_to_fewest_groups_p50", "{:.2f}") if g in names else "-"
+                           for g in (2, 4)]
+                        + ["/".join(f"{runs[0]['settings'][names[g]]['cpu_ms_p50'] / runs[0]['settings'][one]['cpu_ms_p50']:.2f}"
+                                    for g in (2, 4) if g in names)])
+    if not found:
+        return "(not measured yet)"
+    head = ["N (one shard)", "nprobe", "codes a query", "1 group: 1 query p50 ms",
+            "2 groups: median ratio of time", "4 groups: median ratio of time", "CPU ratio, 2 / 4 groups (run 1)"]
+    d = found[-1]
+    loads = [x for dd in found for r in dd["runs"] for x in r["load_avg_1min"]]
+    return (_table(head, rows)
+            + f"\n\nThe same settings as the table above, one layout a size (the one shard of 2.1×10^7, and the "
+            f"one-shard indexes of 10^5 and 10^6 rows of the calibration table), every query split however few codes "
+            f"a group scans (`--min-codes 0`); ratios are to the 1-group search of the same query, nprobe and run, "
+            f"{len(d['runs'])} runs; {d['started'][:10]}, {d['machine']['cpus']} cores, machine otherwise idle (load "
+            f"{min(loads):.1f}-{max(loads):.1f}). `{_command(d['command']).replace('--work WORK', '--work WORK/n21015324')}` "
+            f"(10^5 and 10^6: the same with their work folder, layout and measured nprobe, 56 and 224).")
+
+
 TABLES: dict[str, Callable[[], str]] = {
     "policy_options": policy_options,
     "answerable_pool": answerable_pool,
@@ -935,6 +1031,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "ann_curve_wiki18_shared": ann_curve_wiki18_shared,
     "shared_quantizer": shared_quantizer,
     "calibrate": calibrate,
+    "probe_groups": probe_groups,
+    "probe_groups_cost": probe_groups_cost,
     "search_profile": search_profile,
     "search_encoders": search_encoders,
 }
@@ -964,6 +1062,8 @@ TABLE_PAGES: dict[str, str] = {
     "ann_curve_wiki18_shared": "docs/benchmarks/scale.md",
     "shared_quantizer": "docs/benchmarks/scale.md",
     "calibrate": "docs/benchmarks/scale.md",
+    "probe_groups": "docs/benchmarks/scale.md",
+    "probe_groups_cost": "docs/benchmarks/scale.md",
     "search_profile": "docs/benchmarks/search.md",
     "search_encoders": "docs/benchmarks/search.md",
     "grpo_summary": "docs/training.md",

@@ -1,6 +1,7 @@
 """scripts/bench_scale.py end to end at a tiny size (slow: about two minutes on 2 cores):
 every stage runs in its own process and the JSON holds real figures, BM25 and hybrid
-included; the README renderers (table, sizing) read it."""
+included; the README renderers (table, sizing) read it. Also its layouts of their own
+shard size, and scripts/bench_probe_groups.py over them (a few seconds)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,43 @@ def test_bench_scale_ivf_import_is_searched_without_a_second_build(tmp_path):
     assert dense["index_bytes"] > 0 and dense["peak_rss_mb"] == r["import"]["peak_rss_mb"]
     assert "Flat" not in r["dense"]  # no Flat file above --flat-max
     assert r["search"]["IVF-PQ"]["recall@10"] >= 0.9  # exact top 10 from the gen stage
+
+
+def test_a_layout_of_its_own_shard_size_and_the_probe_groups_benchmark(tmp_path):
+    """``IVF64,PQ48x4fs+s20000`` cuts the 2 import shards' rows into one shard of its own
+    (its own float16 rows, a copy of the 2-shard layout's trained index, so both probe the
+    same lists), and scripts/bench_probe_groups.py times both layouts: one FAISS call a
+    shard, or the one shard split in 4, at the same recall."""
+    import numpy as np
+
+    env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    work = tmp_path / "work"
+
+    def stage(*args):
+        p = subprocess.run([sys.executable, str(REPO / "scripts/bench_scale.py"), "_stage", *args], check=True,
+                           capture_output=True, text=True, env=env)
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    stage("gen", "20000", str(work))
+    assert stage("import", "20000", str(work), "10000", "Flat")["shards"] == 2
+    two, one = "IVF64,PQ48x4fs", "IVF64,PQ48x4fs+s20000"
+    assert len(stage("dense", str(work), two)["seconds_per_shard"]) == 2
+    built = stage("dense", str(work), one)
+    assert built["seconds_per_shard"] and len(built["seconds_per_shard"]) == 1
+    assert built["trained_from"] == "indexes/alt-IVF64_PQ48x4fs/dense/trained.index"
+    alt = work / "indexes" / "alt-IVF64_PQ48x4fs+s20000"
+    shards = json.loads((alt / "shards.json").read_text())
+    assert [(s["start"], s["count"]) for s in shards] == [(0, 20000)]
+    rows = np.load(alt / shards[0]["embeddings"], mmap_mode="r")
+    first = np.load(work / "indexes" / "bench" / "dense" / "emb-00001.npy", mmap_mode="r")
+    assert not (alt / shards[0]["embeddings"]).is_symlink() and np.array_equal(rows[10000:], first)
+    out = tmp_path / "groups.json"
+    subprocess.run([sys.executable, str(REPO / "scripts/bench_probe_groups.py"), "--work", str(work), "--layouts", two,
+                    one, "--groups", "1", "4", "--nprobe", "16", "--min-codes", "0", "--passes", "1", "--out",
+                    str(out)], check=True, capture_output=True, text=True, env=env)
+    res = json.loads(out.read_text())
+    st = res["runs"][0]["settings"]
+    assert res["layouts"] == {two: {"shards": 2}, one: {"shards": 1}} and res["min_codes"] == 0
+    assert [st[f"{one} G{g} nprobe 16"]["jobs_per_query"] for g in (1, 4)] == [1, 4]
+    assert [st[f"{two} G{g} nprobe 16"]["jobs_per_query"] for g in (1, 4)] == [2, 4]  # ceil(4 / 2) a shard
+    assert all(s["recall@10"] >= 0.5 and s["n"] == 200 and s["cpu_ms_p50"] > 0 for s in st.values())
