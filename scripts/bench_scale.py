@@ -372,7 +372,8 @@ def stage_dense(work: Path, factory: str) -> dict:
 
 def _stage_dense_reshard(work: Path, factory: str) -> dict:
     """:func:`stage_dense` for a layout of its own shard size (:data:`SHARD_SIZE_MARK`):
-    copies the rows into its shards and builds each from one trained index."""
+    copies the rows into its shards (or links those of another layout of the same shard
+    size, which hold the same rows) and builds each from one trained index."""
     from dataclasses import asdict
 
     from drgym.atomic import atomic_write_json
@@ -396,6 +397,14 @@ def _stage_dense_reshard(work: Path, factory: str) -> dict:
     train_s = time.perf_counter() - t
     tasks = [ShardTask(str(alt), no, a, min(m.n_passages, a + size) - a, parts, m.dim, base, trained)
              for no, a in enumerate(range(0, m.n_passages, size))]
+    linked = []
+    for no in range(len(tasks)):  # the same rows in another layout of this shard size: no second copy
+        emb = alt / f"dense/emb-{no:05d}.npy"
+        for other in sorted((work / "indexes").glob(f"alt-*{SHARD_SIZE_MARK}{size}")):
+            src = other / emb.relative_to(alt)
+            if not emb.exists() and other != alt and src.exists() and not src.is_symlink():
+                emb.symlink_to(src)
+                linked.append(str(src.relative_to(work)))
     per_shard, shards = [], []
     for task in tasks:
         ts = time.perf_counter()
@@ -405,7 +414,8 @@ def _stage_dense_reshard(work: Path, factory: str) -> dict:
     return {"factory": factory, "seconds": round(time.perf_counter() - t, 1), "seconds_per_shard": per_shard,
             "train_seconds": round(train_s, 1), "trained_from": str(shared.relative_to(work)) if shared.exists() else None,
             "index_bytes": sum(du(alt / s.faiss) for s in shards) + (du(alt / trained) if trained else 0),
-            "embeddings_bytes": sum(du(alt / s.embeddings) for s in shards), "peak_rss_mb": round(peak_rss_mb(), 1)}
+            "embeddings_bytes": sum(du(alt / s.embeddings) for s in shards), "embeddings_linked": linked,
+            "peak_rss_mb": round(peak_rss_mb(), 1)}
 
 
 # -- stage: search ------------------------------------------------------------------------

@@ -67,8 +67,9 @@ def test_bench_scale_ivf_import_is_searched_without_a_second_build(tmp_path):
 def test_a_layout_of_its_own_shard_size_and_the_probe_groups_benchmark(tmp_path):
     """``IVF64,PQ48x4fs+s20000`` cuts the 2 import shards' rows into one shard of its own
     (its own float16 rows, a copy of the 2-shard layout's trained index, so both probe the
-    same lists), and scripts/bench_probe_groups.py times both layouts: one FAISS call a
-    shard, or the one shard split in 4, at the same recall."""
+    same lists; a second layout of that shard size links those rows), and
+    scripts/bench_probe_groups.py times both layouts: one FAISS call a shard, or the one
+    shard split in 4, at the same recall."""
     import numpy as np
 
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
@@ -92,6 +93,9 @@ def test_a_layout_of_its_own_shard_size_and_the_probe_groups_benchmark(tmp_path)
     rows = np.load(alt / shards[0]["embeddings"], mmap_mode="r")
     first = np.load(work / "indexes" / "bench" / "dense" / "emb-00001.npy", mmap_mode="r")
     assert not (alt / shards[0]["embeddings"]).is_symlink() and np.array_equal(rows[10000:], first)
+    other = stage("dense", str(work), "IVF32,PQ48x4fs+s20000")  # the same rows: linked, not copied again
+    assert other["embeddings_linked"] == ["indexes/alt-IVF64_PQ48x4fs+s20000/dense/emb-00000.npy"]
+    assert other["trained_from"] is None and other["index_bytes"] > 0
     out = tmp_path / "groups.json"
     subprocess.run([sys.executable, str(REPO / "scripts/bench_probe_groups.py"), "--work", str(work), "--layouts", two,
                     one, "--groups", "1", "4", "--nprobe", "16", "--min-codes", "0", "--passes", "1", "--out",
