@@ -62,7 +62,7 @@ def fake_encoder(monkeypatch):
 @pytest.fixture
 def split_small(monkeypatch):
     """Let the tiny indexes here split a query into probe groups (a group's minimum of codes
-    to scan is 2x10^6 in drgym, far more than these hold)."""
+    to scan is 1.5x10^6 in drgym, far more than these hold)."""
     import drgym.index.dense as dense
 
     monkeypatch.setattr(dense, "PROBE_GROUP_MIN_CODES", 1)
@@ -467,9 +467,10 @@ def test_probe_groups_rank_alike_alone_in_any_batch_and_on_any_threads(tmp_path,
 
 def test_a_probe_group_scans_at_least_its_minimum_of_codes(tmp_path, monkeypatch):
     """A query is split only where each group scans PROBE_GROUP_MIN_CODES codes: 2,000 rows,
-    IVF64 and nprobe 16 scan 500 codes a query, so with drgym's 2x10^6 the shard is one group,
-    with a minimum of 300 one (500 // 300), of 150 three, of 100 the four asked for; the
-    split is cut to nprobe (the division between shards: the probe-alike test above)."""
+    IVF64 and nprobe 16 scan 500 codes a query, so with drgym's 1.5x10^6 the shard is one group,
+    with a minimum of 300 one (500 // 300), of 150 two (three, down to a power of two), of
+    100 the four asked for; the split is cut to nprobe (the division between shards: the
+    probe-alike test above)."""
     import drgym.index.dense as dense_mod
     from drgym.index.dense import DenseIndex
 
@@ -484,8 +485,9 @@ def test_a_probe_group_scans_at_least_its_minimum_of_codes(tmp_path, monkeypatch
         return d._groups(0)
 
     assert groups() == 1
-    assert [groups(300), groups(150), groups(100), groups(1)] == [1, 3, 4, 4]
+    assert [groups(300), groups(150), groups(100), groups(1)] == [1, 2, 4, 4]
     assert groups(1, nprobe=2) == 2 and groups(1, probe_groups=1) == 1 and groups(1, probe_groups=64) == 16
+    assert groups(1, probe_groups=3) == 2 and groups(1, nprobe=7, probe_groups=8) == 4  # powers of two
 
 
 # -- 3. serve-ray on 2 cores ------------------------------------------------------------------

@@ -111,7 +111,8 @@ index is split into at most, so that one query on an index of few, large shards 
 several cores busy on the ``shard_workers`` threads. Each IVF shard with a flat
 inner-product quantizer splits the query's probed lists into ``ceil(probe_groups /
 shards)`` groups (``shards``: the whole index's, also in a ``drgym serve-ray`` shard
-server), fewer where a group would scan under :data:`PROBE_GROUP_MIN_CODES` codes, dealt
+server), fewer where a group would scan under :data:`PROBE_GROUP_MIN_CODES` codes, and a
+power of two (so that 2, 4, 8... cores share them evenly), dealt
 round-robin by rank (group ``g`` of ``G`` holds the lists ranked ``g, g + G, ...``,
 :func:`group_assign`), and searches each group as its own call: the shard is then searched
 like ``G`` shards that each hold a share of the probed lists (each returns its share of
@@ -125,15 +126,16 @@ took 0.62-0.91x the time in 2 groups on 2 cores, on 1.1-1.2x the CPU time
 whose cores are all busy with other queries), as do shards without that shared
 assignment (HNSW, Flat, OPQ, GPU)."""
 
-PROBE_GROUP_MIN_CODES = 2_000_000
+PROBE_GROUP_MIN_CODES = 1_500_000
 """A probe group scans at least this many codes on average (its shard's rows x nprobe /
 nlist, divided by the groups; 0 or 1: no minimum): below it, a FAISS call's fixed cost
 (its set-up, its share of the re-rank, the merge) and the second core's slower memory
 outweigh what the core saves. Measured one query at a time on 2 cores
 (scripts/bench_probe_groups.py --min-codes 0, docs/benchmarks/scale.md), time in 2 groups
 against 1: 1.55x at 10^5 rows (22,000 codes a query), 0.91-1.05x at 10^6 (219,000),
-1.00-1.04x at 2.1x10^7 rows and nprobe 128 of 2,048 (1.3 million codes), 0.96x at 256
-(2.6 million) and 0.87-0.91x at 448 (4.6 million), each on 1.15-1.3x the CPU time."""
+1.00-1.04x at 2.1x10^7 rows and nprobe 128 of 2,048 (1.3 million codes, 650,000 a group),
+0.96x at 256 (2.6 million) and 0.87-0.91x at 448 (4.6 million), each on 1.15-1.3x the CPU
+time."""
 
 DRGYM_PARAMS = frozenset({RERANK_KEY, PROBE_GROUPS_KEY})
 """Search parameters that drgym applies itself; FAISS never sees them."""
@@ -1147,8 +1149,8 @@ class DenseIndex:
     def _probe_groups(self, i: int) -> int:
         """Shard ``i``'s probe groups: ``ceil(probe_groups / shards of the index)``, as
         many as leave each group :data:`PROBE_GROUP_MIN_CODES` codes to scan (the shard's
-        rows x nprobe / nlist in all), at most ``nprobe``, at least 1; 1 unless its lists
-        are assigned by :func:`coarse_assign`."""
+        rows x nprobe / nlist in all), at most ``nprobe``, at least 1, rounded down to a
+        power of two; 1 unless its lists are assigned by :func:`coarse_assign`."""
         g = self._coarse_of[i]
         if g is None:
             return 1
@@ -1156,7 +1158,8 @@ class DenseIndex:
         nprobe, nlist = int(p["nprobe"]), len(self._coarse[g][0])
         wanted = -(-int(p.get(PROBE_GROUPS_KEY, 1)) // self._index_shards)
         codes = self.shards[i].count * nprobe // max(1, nlist)
-        return max(1, min(wanted, nprobe, codes // max(1, PROBE_GROUP_MIN_CODES)))
+        groups = max(1, min(wanted, nprobe, codes // max(1, PROBE_GROUP_MIN_CODES)))
+        return 1 << (groups.bit_length() - 1)  # a power of two: the groups share 2^k cores evenly
 
     def _depth(self, i: int, k: int) -> int:
         """Candidates each probe group of shard ``i`` returns per query for a top-``k``
