@@ -8,10 +8,11 @@ and times the work folder's 200 held-out queries one at a time, every setting in
 query by query (the order alternating between passes), with wall and process CPU time
 per query, and recall@10 against the queries' exact top 10. ``--min-codes 0`` splits a
 query however few codes a group scans (:data:`drgym.index.dense.PROBE_GROUP_MIN_CODES`),
-to measure that minimum. With ``--calibrate LABEL``
-it also runs :func:`drgym.index.calibrate.calibrate_nprobe` on that layout at the default
-``probe_groups`` (the step a build runs) and times its ``nprobe`` too. Writes JSON. Run
-it with ``OMP_NUM_THREADS=1``, as ``bench_scale.py``'s search stages::
+to measure that minimum. With ``--calibrate LABEL ...`` it also runs
+:func:`drgym.index.calibrate.calibrate_nprobe` on those layouts at the default
+``probe_groups`` (the step a build runs) and times each at its ``nprobe`` in every
+``--groups`` value too. Writes JSON. Run it with ``OMP_NUM_THREADS=1``, as
+``bench_scale.py``'s search stages::
 
     OMP_NUM_THREADS=1 python scripts/bench_probe_groups.py --work WORK/n21015324 \\
         --layouts IVF2048,PQ48x4fs IVF2048,PQ48x4fs+s21015324 --groups 1 2 4 8 \\
@@ -44,10 +45,11 @@ def main() -> None:
     ap = side_by_side_parser(__doc__)
     ap.add_argument("--layouts", nargs="+", required=True, help="alt layouts (bench_scale factory labels)")
     ap.add_argument("--groups", nargs="+", type=int, default=[1, 2, 4, 8], help="probe_groups values")
-    ap.add_argument("--nprobe", type=int, nargs="+", required=True, help="nprobe values (every layout at each)")
+    ap.add_argument("--nprobe", type=int, nargs="*", default=[], help="nprobe values (every layout at each)")
     ap.add_argument("--min-codes", type=int, default=None,
                     help="set drgym.index.dense.PROBE_GROUP_MIN_CODES (0: split however few codes a group scans)")
-    ap.add_argument("--calibrate", default=None, help="a layout to calibrate at the default probe_groups")
+    ap.add_argument("--calibrate", nargs="*", default=[],
+                    help="layouts to calibrate (at the default probe_groups), then time at their nprobe and each --groups")
     ap.add_argument("--target", type=float, default=0.95)
     a = ap.parse_args()
     if a.min_codes is not None:
@@ -59,19 +61,21 @@ def main() -> None:
     res = side_by_side_record(n_passages=m.n_passages, queries=len(q), k=10, nprobe=a.nprobe,
                               default_probe_groups=DEFAULT_SEARCH_PARAMS[PROBE_GROUPS_KEY],
                               min_codes=dense_mod.PROBE_GROUP_MIN_CODES,
-                              layouts={lay: {"shards": len(alt_shards(a.work, lay))} for lay in a.layouts},
-                              calibration=None, runs=[])
-    if a.calibrate:
+                              layouts={lay: {"shards": len(alt_shards(a.work, lay))}
+                                       for lay in dict.fromkeys([*a.layouts, *a.calibrate])},
+                              calibrations={}, runs=[])
+    for lay in a.calibrate:
         load0 = os.getloadavg()[0]
-        cal = calibrate_nprobe(alt_folder(a.work, a.calibrate), alt_shards(a.work, a.calibrate), m.dim,
-                               m.n_passages, target=a.target)
+        cal = calibrate_nprobe(alt_folder(a.work, lay), alt_shards(a.work, lay), m.dim, m.n_passages, target=a.target)
         if cal is None:
-            raise SystemExit(f"{a.calibrate} is not an IVF layout with float16 rows")
+            raise SystemExit(f"{lay} is not an IVF layout with float16 rows")
         cal["load_avg_1min"] = round(load0, 2)
-        res["calibration"] = {"layout": a.calibrate, **cal}
+        res["calibrations"][lay] = cal
         print(json.dumps(cal), flush=True)
-        g = DEFAULT_SEARCH_PARAMS[PROBE_GROUPS_KEY]
-        settings[f"{a.calibrate} G{g} calibrated"] = (a.calibrate, g, cal["search_params"]["nprobe"])
+        for g in a.groups:
+            settings[f"{lay} G{g} calibrated"] = (lay, g, cal["search_params"]["nprobe"])
+    if not settings:
+        raise SystemExit("nothing to time: give --nprobe or --calibrate")
     for repeat in range(a.repeat):
         idx = {name: DenseIndex(alt_folder(a.work, lay), alt_shards(a.work, lay), m.dim, m.n_passages, device="cpu",
                                 mmap=True, search_params={"nprobe": p, PROBE_GROUPS_KEY: g})

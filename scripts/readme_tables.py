@@ -901,7 +901,8 @@ def calibrate() -> str:
 
 
 PROBE_GROUPS = [("scripts/results/bench_probe_groups_wiki18.json", "idle"),
-                ("scripts/results/bench_probe_groups_wiki18_loaded.json", "a CPU-bound process on the other core")]
+                ("scripts/results/bench_probe_groups_wiki18_loaded.json", "a CPU-bound process on the other core"),
+                ("scripts/results/bench_probe_groups_wiki18_nlist.json", "idle, a slower hour")]
 PROBE_GROUPS_COST = ["scripts/results/bench_probe_groups_1e5.json", "scripts/results/bench_probe_groups_1e6.json",
                      "scripts/results/bench_probe_groups_wiki18_sweep.json"]
 
@@ -909,6 +910,15 @@ PROBE_GROUPS_COST = ["scripts/results/bench_probe_groups_1e5.json", "scripts/res
 def _span(runs: list[dict], name: str, key: str, fmt: str = "{:.1f}") -> str:
     v = [r["settings"][name][key] for r in runs]
     return fmt.format(min(v)) if min(v) == max(v) else f"{fmt.format(min(v))}-{fmt.format(max(v))}"
+
+
+def _calibrations(d: dict) -> dict:
+    """``{layout: calibration}`` of a bench_probe_groups.py record (one ``calibration``
+    with its layout in older records)."""
+    if d.get("calibrations"):
+        return d["calibrations"]
+    cal = d.get("calibration")
+    return {cal["layout"]: cal} if cal else {}
 
 
 def probe_groups() -> str:
@@ -923,22 +933,23 @@ def probe_groups() -> str:
         runs = d["runs"]
         for name, st in runs[0]["settings"].items():
             shards = d["layouts"][st["layout"]]["shards"]
+            nlist = st["layout"].split(",")[0].removeprefix("IVF")
             rows.append([machine, f"{shards} x {st['layout'].split('+')[0]}", str(st["probe_groups"]),
                          str(st["jobs_per_query"]),
-                         f"{st['nprobe']:,}" + (" (measured)" if "calibrated" in name else ""),
+                         f"{st['nprobe']:,} of {int(nlist):,}" + (" (measured)" if "calibrated" in name else ""),
                          f"{st['recall@10']:.3f}", _span(runs, name, "single_ms_p50"),
                          _span(runs, name, "single_ms_p99"), _span(runs, name, "cpu_ms_p50"),
                          _span(runs, name, "ratio_to_first_p50", "{:.2f}")])
     if not found:
         return "(not measured yet)"
-    head = ["machine", "shards x index", "probe_groups", "FAISS calls a query", "nprobe (of 2,048)", "recall@10",
+    head = ["machine", "shards x index", "probe_groups", "FAISS calls a query", "nprobe", "recall@10",
             "1 query p50 ms", "p99 ms", "CPU ms a query (p50)", "median ratio to the first row of its run"]
     d = found[0][0]
-    cal = d.get("calibration") or {}
-    measured = (f" The measured nprobe: `calibrate_nprobe` on the one-shard layout (probe_groups "
-                f"{d['default_probe_groups']}) chose {cal['search_params']['nprobe']:,} of {cal['nlist']:,} lists "
-                f"(recall@10 {cal['recall']:.3f} on its own rows, 95% lower bound {cal['recall_low']:.3f}) in "
-                f"{cal['seconds']:.0f} s." if cal else "")
+    measured = "".join(
+        f" `calibrate_nprobe` on {dd['layouts'][lay]['shards']} x {lay.split('+')[0]} ({machine}; probe_groups "
+        f"{dd['default_probe_groups']}) measured {cal['search_params']['nprobe']:,} of {cal['nlist']:,} lists "
+        f"(recall@10 {cal['recall']:.3f} on its own rows, 95% lower bound {cal['recall_low']:.3f}) in "
+        f"{cal['seconds']:.0f} s." for dd, machine in found for lay, cal in _calibrations(dd).items())
     def load(dd: dict) -> str:
         x = [v for r in dd["runs"] for v in r["load_avg_1min"]]
         return f"load {min(x):.1f}-{max(x):.1f}"
@@ -949,7 +960,9 @@ def probe_groups() -> str:
     return (_table(head, rows)
             + f"\n\n{d['n_passages']:,} synthetic 384-d vectors (the embeddings of the tables above) in 9 shards of "
             f"2.5×10^6 rows and in one shard, a clone of the same trained index (built by `python "
-            f"scripts/bench_scale.py _stage dense WORK/n21015324 IVF2048,PQ48x4fs+s21015324`); re-rank 100 in all; "
+            f"scripts/bench_scale.py _stage dense WORK/n21015324 IVF2048,PQ48x4fs+s21015324`), and in one shard of "
+            f"IVF4096,PQ48x4fs, what `auto` builds for one shard of this size (`... IVF4096,PQ48x4fs+s21015324`, "
+            f"trained on its own sample); re-rank 100 in all; "
             f"200 held-out queries one at a time, every setting in turns query by query (3 passes, order "
             f"alternating), each run loading all anew (p50, p99, CPU and ratio: the range over the runs); one FAISS "
             f"thread a call (OMP_NUM_THREADS={d['machine']['omp_num_threads']}), calls side by side on up to 2 "
