@@ -793,6 +793,10 @@ class ServeSettings(BaseModel):
             on (``LocalSearchEngine(search_threads=...)``); default 1, the least CPU per
             request (the event loop's HTTP and JSON work runs beside it on another core);
             0: the process's thread count for large batches, one thread for small ones.
+        search_params: changes to the dense search parameters
+            (:data:`drgym.index.dense.DEFAULT_SEARCH_PARAMS`: ``nprobe``, ``efSearch``,
+            ``rerank``, ``probe_groups``; ``LocalSearchEngine(search_params=...)``), e.g.
+            ``{"probe_groups": 1}``; None: the index's own.
 
     Raises:
         pydantic.ValidationError: an unknown setting or a value of the wrong type or out
@@ -827,6 +831,7 @@ class ServeSettings(BaseModel):
     encoder_backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
     mmap: bool = False
     search_threads: int = Field(1, ge=0)
+    search_params: dict[str, int] | None = None
 
     @model_validator(mode="after")
     def _defaults_within_max_k(self) -> "ServeSettings":

@@ -635,6 +635,32 @@ def test_serve_cli_has_the_gpu_options():
     assert "--gpu-shard" in out.output and "--gpu-float16" in out.output
 
 
+def test_serve_search_params_reach_the_dense_index(ivf_index, fake_encoder, monkeypatch):
+    """``drgym serve --search-params '{"probe_groups": 1, "nprobe": 64}'`` (or
+    DRGYM_SEARCH_PARAMS) changes the served index's search parameters; JSON that does not
+    parse, or a value that is not an integer, exits 2 naming the problem before loading."""
+    from typer.testing import CliRunner
+
+    import drgym.cli.serve as serve_cli
+    from drgym.cli import app
+    from drgym.search.wire import ServerSettings
+
+    engine = serve_cli.load_backend(ServerSettings(index_dir=str(ivf_index.folder), method="dense",
+                                                   search_params={"probe_groups": 1, "nprobe": 64}))
+    assert engine._shared.dense.shard_params == [{"nprobe": 64, "rerank": 100, "probe_groups": 1}] * 2
+    engine.close()
+    monkeypatch.setenv("DRGYM_SEARCH_PARAMS", '{"probe_groups": 2}')
+    assert ServerSettings().search_params == {"probe_groups": 2}
+    monkeypatch.delenv("DRGYM_SEARCH_PARAMS")
+    seen = []
+    monkeypatch.setattr(serve_cli, "load_backend", lambda settings, *a, **kw: seen.append(settings) or 1 / 0)
+    bad = CliRunner().invoke(app, ["serve", "--index-dir", str(ivf_index.folder), "--search-params", "{probe_groups: 1}"])
+    assert bad.exit_code == 2 and "--search-params is not JSON" in bad.output and not seen
+    bad = CliRunner().invoke(app, ["serve", "--index-dir", str(ivf_index.folder), "--search-params",
+                                   '{"probe_groups": "many"}'])
+    assert bad.exit_code == 2 and "search_params.probe_groups" in bad.output and not seen
+
+
 def test_embedding_shards_are_advised_random_access(ivf_index, monkeypatch, tmp_path):
     """Each memory-mapped float16 shard gets madvise(MADV_RANDOM) at load, so a re-rank's
     page fault reads one page, not the disk's read-ahead window (Linux)."""

@@ -36,6 +36,8 @@ def load_backend(settings, *, gpu_shard: bool = False, gpu_float16: bool = False
     method = settings.method or DEFAULT_METHOD
     kw = {"gpu_shard": gpu_shard, "gpu_float16": gpu_float16, "encoder_backend": settings.encoder_backend,
           "mmap": settings.mmap, "search_threads": settings.search_threads or None}
+    if settings.search_params:
+        kw["search_params"] = dict(settings.search_params)
     if settings.encoder:
         kw["encoder"] = settings.encoder
     if settings.index_dir:
@@ -79,6 +81,7 @@ def serve(
     mmap: Optional[bool] = typer.Option(None, "--mmap/--no-mmap", help="Memory-map the dense shards' FAISS files (Flat, SQ, IVF lists, HNSW) instead of reading them into memory: they stay in the page cache, and an index larger than RAM loads (default off)."),
     gpu_shard: bool = typer.Option(False, "--gpu-shard", help="On GPUs, split each dense shard across all GPUs instead of a whole copy on each (needs faiss-gpu)."),
     gpu_float16: bool = typer.Option(False, "--gpu-float16", help="On GPUs, store the dense vectors in float16: half the GPU memory (needs faiss-gpu)."),
+    search_params: Optional[str] = typer.Option(None, "--search-params", help='Dense search parameters as JSON, e.g. \'{"probe_groups": 1}\' (nprobe, efSearch, rerank, probe_groups; default: the index\'s own).'),
     search_threads: Optional[int] = typer.Option(None, "--search-threads", help="CPU threads each micro-batch's query encoding and FAISS search run on (default 1: the least CPU per request, with HTTP and JSON on another core; 0: all of the process's threads for large batches)."),
 ) -> None:
     """Serve a local index over HTTP: DeepResearchGym /search, /fineweb/search and /fetch, Search-R1 POST /retrieve, /health and /docs.
@@ -90,8 +93,17 @@ def serve(
     from drgym.errors import DrgymError
     from drgym.search.wire import ServerSettings
 
+    params = None
+    if search_params is not None:
+        import json
+
+        try:
+            params = json.loads(search_params)
+        except json.JSONDecodeError as e:
+            typer.echo(f"drgym serve: error: --search-params is not JSON ({e}): {search_params!r}", err=True)
+            raise typer.Exit(2) from None
     given = dict(corpus=corpus, method=method, index_dir=index_dir, encoder=encoder, encoder_backend=encoder_backend,
-                 mmap=mmap, search_threads=search_threads, host=host, port=port,
+                 mmap=mmap, search_threads=search_threads, search_params=params, host=host, port=port,
                  max_k=max_k, batch_window_ms=batch_window_ms, max_batch_size=max_batch_size,
                  cache_mb=cache_mb, cache_size=cache_size, max_pending=max_pending,
                  max_request_pending=max_request_pending, collapse=collapse, retrieve_collapse=retrieve_collapse,
