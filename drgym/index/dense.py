@@ -1064,7 +1064,9 @@ class DenseIndex:
                     break
             else:
                 of[i] = len(groups)
-                groups.append((centroids, nprobe))  # a view: valid while self._indexes holds the shard
+                # a copy in anonymous memory (6 MiB at 4,096 x 384): numpy's matrix-vector product
+                # over a view of a memory-mapped FAISS file took about twice as long a query
+                groups.append((np.array(centroids, dtype=np.float32, order="C"), nprobe))
         return groups, of
 
     def close(self) -> None:
