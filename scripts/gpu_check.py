@@ -20,6 +20,13 @@ packages are missing is skipped with the reason, the others still run:
 ``index``      exact inner-product top-10 over the shipped all-MiniLM-L6-v2 embeddings
                (21,123 x 384): faiss on GPU when ``faiss.get_num_gpus() > 0``, else torch
                ``topk`` on the device; queries/s and top-10 agreement with a CPU reference.
+``sharded``    drgym's own GPU path: the same embeddings written as a 2-shard ``Flat`` index
+               (``write_dense_shard``) and searched through ``DenseIndex`` with
+               ``gpu_shard`` and ``gpu_float16`` (``index_cpu_to_all_gpus`` with the shard
+               and float16 cloner options, as Search-R1 serves wiki-18); whether the shards
+               went to the GPUs (``on_gpu``, ``gpu_errors``), queries/s and top-10 agreement
+               with the CPU reference. Needs faiss; on a machine without GPUs it searches on
+               the CPU.
 
 Usage:
     python scripts/gpu_check.py --prepare .gpu_carry      # here (CPU): wheels + model configs to carry
@@ -316,12 +323,49 @@ def stage_index(device: str, tiny: bool, **_: Any) -> dict[str, Any]:
             "top10_agreement_with_cpu_exact": round(agree, 4)}
 
 
+def stage_sharded(device: str, tiny: bool, work: Path, **_: Any) -> dict[str, Any]:
+    import numpy as np
+
+    from drgym.index.dense import DenseIndex, write_dense_shard, write_tie_rank
+
+    src = next((REPO / "drgym" / "data" / "embeddings").glob("all-MiniLM-L6-v2-*"))
+    vecs = np.load(src / "vectors.npy").astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True) + 1e-12
+    n, dim = vecs.shape
+    folder = work / "sharded"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    np.save(folder / "rows.npy", vecs.astype(np.float16))
+    parts = [(str(folder / "rows.npy"), 0, n)]
+    half = (n + 1) // 2
+    shards = [write_dense_shard(folder, no, start, min(n, start + half) - start, parts, dim, "Flat")
+              for no, start in enumerate(range(0, n, half))]
+    write_tie_rank(folder, range(n), n)
+    stored = np.load(folder / "rows.npy").astype(np.float32)  # the float16 rows the index holds
+    rng = np.random.default_rng(0)
+    nq = 64 if tiny else 1000
+    q = stored[rng.choice(n, nq, replace=False)] + 0.05 * rng.standard_normal((nq, dim)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    ref = np.argsort(-(q @ stored.T), axis=1)[:, :10]
+    idx = DenseIndex(folder, shards, dim, n, device=None if device.startswith("cuda") else "cpu",
+                     gpu_shard=True, gpu_float16=True)
+    idx.search(q[:8], 10)
+    t = time.perf_counter()
+    _, got = idx.search(q, 10)
+    secs = time.perf_counter() - t
+    idx.close()
+    agree = float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(got, ref)]))
+    return {"shards": len(shards), "passages": int(n), "on_gpu": bool(idx.on_gpu), "gpu_errors": idx.gpu_errors,
+            "queries": nq, "queries_per_s": round(nq / secs, 1), "top10_agreement_with_cpu_exact": round(agree, 4)}
+
+
 STAGES: list[tuple[str, Callable[..., dict], tuple[str, ...]]] = [
     ("env", stage_env, ()),
     ("generation", stage_generation, ()),
     ("grpo", stage_grpo, ("trl", "datasets", "accelerate", "gymnasium")),
     ("encoder", stage_encoder, ()),
     ("index", stage_index, ()),
+    ("sharded", stage_sharded, ("faiss",)),
 ]
 
 

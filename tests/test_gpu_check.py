@@ -28,9 +28,13 @@ def _run(tmp_path, *args):
 
 
 def test_gpu_check_cpu_fallback_env_and_index(tmp_path):
-    rep = _run(tmp_path, "--stages", "env,index")
+    rep = _run(tmp_path, "--stages", "env,index,sharded")
     st = rep["stages"]
-    assert set(st) == {"env", "index"} and st["env"]["ran"] and st["index"]["ran"]
+    assert set(st) == {"env", "index", "sharded"} and st["env"]["ran"] and st["index"]["ran"]
+    # drgym's sharded GPU path, here on the CPU: 2 Flat shards through DenseIndex, exact
+    sh = st["sharded"]
+    assert sh["ran"] and sh["shards"] == 2 and sh["on_gpu"] is False and sh["gpu_errors"] == []
+    assert sh["top10_agreement_with_cpu_exact"] == 1.0
     assert st["env"]["cuda_available"] is False and st["env"]["imports"]["trl"] is True
     assert st["index"]["index"] == "torch topk (torch.float32) on cpu"
     assert st["index"]["top10_agreement_with_cpu_exact"] == 1.0 and st["index"]["passages"] > 20000
