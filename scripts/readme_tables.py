@@ -902,7 +902,7 @@ def calibrate() -> str:
 
 PROBE_GROUPS = [("scripts/results/bench_probe_groups_wiki18.json", "idle"),
                 ("scripts/results/bench_probe_groups_wiki18_loaded.json", "a CPU-bound process on the other core"),
-                ("scripts/results/bench_probe_groups_wiki18_nlist.json", "idle, a slower hour")]
+                ("scripts/results/bench_probe_groups_wiki18_nlist.json", "idle, a later hour")]
 PROBE_GROUPS_COST = ["scripts/results/bench_probe_groups_1e5.json", "scripts/results/bench_probe_groups_1e6.json",
                      "scripts/results/bench_probe_groups_wiki18_sweep.json"]
 
