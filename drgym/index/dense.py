@@ -121,7 +121,7 @@ list is scanned once, where ``G`` shards of the rows would each scan every probe
 fast-scan search pays per list and shard). The split depends on the manifest and the
 search parameters only, not on the machine's cores, so rankings are the same on every
 machine, alone and in any batch. It costs CPU: at wiki-18 size in one shard, one query
-took 0.62-0.91x the time in 2 groups on 2 cores, on 1.1-1.2x the CPU time
+took 0.69-0.96x the time in 2 groups on 2 cores, on 1.1-1.3x the CPU time
 (scripts/bench_probe_groups.py, docs/benchmarks/scale.md). 1 turns it off (for a server
 whose cores are all busy with other queries), as do shards without that shared
 assignment (HNSW, Flat, OPQ, GPU)."""
