@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 
 def main() -> None:
-    from bench_scale import (alt_folder, finish_record, median_ratio, side_by_side_parser, side_by_side_record,
+    from bench_scale import (add_run, alt_folder, finish_record, median_ratio, side_by_side_parser, side_by_side_record,
                              time_in_turns, turn_stats)
 
     from drgym.index.calibrate import calibrate_nprobe
@@ -60,8 +60,7 @@ def main() -> None:
             run["settings"][name] = {"nprobe": settings[name], **turn_stats(times[name], rows[name], truth),
                                      "ratio_to_quarter_p50": median_ratio(times[name], times["quarter"])}
             idx[name].close()
-        res["runs"].append(run)
-        print(json.dumps(run), flush=True)
+        add_run(res, run)
     finish_record(res, a.out)
 
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 
 def main() -> None:
-    from bench_scale import (alt_folder, alt_shards, finish_record, median_ratio, side_by_side_parser,
+    from bench_scale import (add_run, alt_folder, alt_shards, finish_record, median_ratio, side_by_side_parser,
                              side_by_side_record, time_in_turns, turn_stats)
 
     import drgym.index.dense as dense_mod
@@ -96,8 +96,7 @@ def main() -> None:
                                      # to the fewest groups at the same layout and nprobe
                                      "ratio_to_fewest_groups_p50": median_ratio(t, times[base.get((lay, p), first)])}
             idx[name].close()
-        res["runs"].append(run)
-        print(json.dumps(run), flush=True)
+        add_run(res, run)
     finish_record(res, a.out)
 
 

@@ -327,6 +327,13 @@ def alt_shards(work: Path, factory: str) -> list:
     return IndexManifest.read(work / "indexes" / "bench").shards
 
 
+def link_tie_rank(alt: Path, main: Path) -> None:
+    """Link the bench index's ``dense/tie_rank.npy`` into an alternative layout (the rows are the same)."""
+    link = alt / "dense" / "tie_rank.npy"
+    if not link.exists():
+        link.symlink_to(main / "dense" / "tie_rank.npy")
+
+
 def stage_dense(work: Path, factory: str) -> dict:
     from drgym.index.build import ShardTask, shard_tasks
     from drgym.index.manifest import IndexManifest
@@ -341,9 +348,7 @@ def stage_dense(work: Path, factory: str) -> dict:
         link = alt / s.embeddings
         if not link.exists():
             link.symlink_to(main / s.embeddings)
-    link = alt / "dense" / "tie_rank.npy"
-    if not link.exists():
-        link.symlink_to(main / "dense" / "tie_rank.npy")
+    link_tie_rank(alt, main)
     built = alt / IMPORT_BUILT
     if built.exists() and all((alt / s.faiss).exists() for s in m.shards):
         b = json.loads(built.read_text())  # the import's FAISS step and the import's peak
@@ -385,9 +390,7 @@ def _stage_dense_reshard(work: Path, factory: str) -> dict:
     m = IndexManifest.read(main)
     alt = alt_folder(work, factory)
     base, size = shard_size_of(factory)
-    link = alt / "dense" / "tie_rank.npy"
-    if not link.exists():
-        link.symlink_to(main / "dense" / "tie_rank.npy")
+    link_tie_rank(alt, main)
     t = time.perf_counter()
     parts = [(str(main / s.embeddings), s.start, s.count) for s in m.shards]
     shared = alt_folder(work, base) / TRAINED_FILE
@@ -676,6 +679,12 @@ def turn_stats(t: np.ndarray, found: list, truth: np.ndarray) -> dict:
 def median_ratio(t: np.ndarray, base: np.ndarray) -> float:
     """The median over queries of ``t / base``, times of the same searches in turns."""
     return round(float(np.median(t / base)), 3)
+
+
+def add_run(res: dict, run: dict) -> None:
+    """Append one run to a side-by-side record and print it (a line of JSON), as it ends."""
+    res["runs"].append(run)
+    print(json.dumps(run), flush=True)
 
 
 def finish_record(res: dict, out: Path) -> None:

@@ -17,7 +17,6 @@ side on the shard threads), as ``bench_scale.py``'s search stages do::
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 
 def main() -> None:
-    from bench_scale import (alt_folder, finish_record, median_ratio, side_by_side_parser, side_by_side_record,
+    from bench_scale import (add_run, alt_folder, finish_record, median_ratio, side_by_side_parser, side_by_side_record,
                              time_in_turns, turn_stats)
 
     import faiss
@@ -61,8 +60,7 @@ def main() -> None:
             run["layouts"][f] = {"coarse_searches": idx[f].coarse_searches, **turn_stats(times[f], rows[f], truth),
                                  "ratio_to_first_p50": median_ratio(times[f], times[base])}
             idx[f].close()
-        res["runs"].append(run)
-        print(json.dumps(run), flush=True)
+        add_run(res, run)
     finish_record(res, a.out)
 
 

@@ -851,6 +851,12 @@ def shared_quantizer() -> str:
             f"`{_command(d['command']).replace('--work WORK', '--work WORK/n' + str(d['n_passages']))}`.")
 
 
+def _span(runs: list[dict], name: str, key: str, fmt: str = "{:.1f}") -> str:
+    """A setting's figure over the runs of a side-by-side record: one value, or min-max."""
+    v = [r["settings"][name][key] for r in runs]
+    return fmt.format(min(v)) if min(v) == max(v) else f"{fmt.format(min(v))}-{fmt.format(max(v))}"
+
+
 CALIBRATE = [("scripts/results/bench_calibrate_1e5.json", "IVF256,PQ48x4fs"),
              ("scripts/results/bench_calibrate_1e6.json", "IVF1024,PQ48x4fs"),
              ("scripts/results/bench_calibrate_5e6.json", "IVF2048,PQ48x4fs"),
@@ -870,8 +876,7 @@ def calibrate() -> str:
         loads += [x for r in runs for x in r["load_avg_1min"]]
 
         def span(name: str, key: str, fmt: str = "{:.1f}") -> str:
-            v = [r["settings"][name][key] for r in runs]
-            return fmt.format(min(v)) if min(v) == max(v) else f"{fmt.format(min(v))}-{fmt.format(max(v))}"
+            return _span(runs, name, key, fmt)
 
         cal, quarter = runs[0]["settings"]["calibrated"], runs[0]["settings"]["quarter"]
         rows.append([f"{d['n_passages']:,}", f"{d['shards']} x {d['factory']}",
@@ -905,11 +910,6 @@ PROBE_GROUPS = [("scripts/results/bench_probe_groups_wiki18.json", "idle"),
                 ("scripts/results/bench_probe_groups_wiki18_nlist.json", "idle, a later hour")]
 PROBE_GROUPS_COST = ["scripts/results/bench_probe_groups_1e5.json", "scripts/results/bench_probe_groups_1e6.json",
                      "scripts/results/bench_probe_groups_wiki18_sweep.json"]
-
-
-def _span(runs: list[dict], name: str, key: str, fmt: str = "{:.1f}") -> str:
-    v = [r["settings"][name][key] for r in runs]
-    return fmt.format(min(v)) if min(v) == max(v) else f"{fmt.format(min(v))}-{fmt.format(max(v))}"
 
 
 def _calibrations(d: dict) -> dict:
