@@ -32,11 +32,31 @@ Exact Answer: {{your succinct, final answer}}
 Confidence: {{your confidence score between 0% and 100% for your answer}}"""
 """BrowseComp's query template (``.format(question=...)``)."""
 
-_LABEL = r"(?:^|\n)[ \t>*_#-]*{name}[ \t*_]*:[ \t*_]*"
-_EXPLANATION = re.compile(_LABEL.format(name="explanation") + r"(.*?)(?=\n[ \t>*_#-]*exact[ \t]+answer[ \t*_]*:|\Z)",
-                          re.IGNORECASE | re.DOTALL)
-_ANSWER = re.compile(_LABEL.format(name=r"exact[ \t]+answer") + r"(.*?)[ \t*_]*(?=\n|\Z)", re.IGNORECASE)
-_CONFIDENCE = re.compile(_LABEL.format(name="confidence") + r"\**[ \t]*(\d+(?:\.\d+)?)[ \t]*(%?)", re.IGNORECASE)
+_LINE_LABEL = re.compile(r"^[ \t>*_#-]*(explanation|exact[ \t]+answer|confidence)[ \t*_]*:[ \t*_]*",
+                         re.IGNORECASE | re.MULTILINE)
+"""A label at the start of a line, Markdown list, quote and emphasis marks allowed around it."""
+_INLINE_CONFIDENCE = re.compile(r"[ \t]+[(\[]?[*_]*confidence[ \t*_]*:[ \t*_]*(?=[.,]?\d)", re.IGNORECASE)
+"""A ``Confidence: <number>`` label on the ``Exact Answer:`` line itself."""
+_CONFIDENCE_VALUE = re.compile(r"\**[ \t]*(\d+(?:[.,]\d+)?|[.,]\d+)(?![.,]?\d|[ \t]*/)[ \t]*(%|percent\b)?", re.IGNORECASE)
+
+
+def _confidence_value(text: str) -> float | None:
+    """The probability a ``Confidence:`` value states: ``85%`` / ``85 percent`` -> 0.85; a
+    bare number <= 1 is a fraction (``0.9`` -> 0.9, ``1`` -> 1.0), a bare number above 1
+    a percentage (``85`` -> 0.85); a decimal comma is read as a point (``0,9``); above
+    100% is clamped to 1.0; anything else (``high``, ``-5%``, ``9/10``) is None."""
+    m = _CONFIDENCE_VALUE.match(text)
+    if not m:
+        return None
+    value = float(m.group(1).replace(",", "."))
+    if m.group(2) or value > 1.0:
+        value /= 100.0
+    return min(value, 1.0)
+
+
+def _answer_text(text: str) -> str:
+    """One answer line without its surrounding space, separators and emphasis marks."""
+    return text.strip().rstrip(",;|").strip().strip("*_").strip()
 
 
 @dataclass(frozen=True)
@@ -46,8 +66,9 @@ class AnswerConfidence:
     Attributes:
         explanation: the ``Explanation:`` text, or None when absent.
         answer: the ``Exact Answer:`` text, or None when absent.
-        confidence: the ``Confidence:`` value as a probability in [0, 1] (``85%`` ->
-            0.85; a bare number is read as a percentage), or None when absent.
+        confidence: the ``Confidence:`` value as a probability in [0, 1] (``85%``, ``85``
+            and ``0.85`` -> 0.85: a bare number up to 1 is a fraction, above 1 a
+            percentage), or None when absent or not a number.
     """
 
     explanation: str | None
@@ -60,24 +81,45 @@ def parse_answer_confidence(text: str) -> AnswerConfidence:
 
     Labels are matched case-insensitively at the start of a line, with Markdown emphasis
     (``**Exact Answer:**``) allowed; the last occurrence of each label wins (a model
-    that restates its answer). A confidence above 100% is clamped to 1.0.
+    that restates its answer). The exact answer is the rest of its label's line, or the
+    next non-empty line when the label ends its line (``"Exact Answer:\\nLyon"``); a
+    ``Confidence: <number>`` on that same line ends the answer and is the confidence
+    (``"Exact Answer: Lyon Confidence: 80%"`` -> ``Lyon``, 0.8). A confidence with ``%``
+    (or ``percent``) is a percentage; a bare number up to 1 is a fraction (``0.9``), above
+    1 a percentage (``85``); above 100% is clamped to 1.0; a value that is not a number
+    (``high``) is no confidence.
 
     >>> r = parse_answer_confidence("Explanation: the 1997 list.\\nExact Answer: **Lyon**\\nConfidence: 85%")
     >>> r.answer, r.confidence
     ('Lyon', 0.85)
+    >>> r = parse_answer_confidence("Exact Answer:\\nLyon\\nConfidence: 0.9")
+    >>> r.answer, r.confidence
+    ('Lyon', 0.9)
     >>> parse_answer_confidence("I think it is Lyon.")
     AnswerConfidence(explanation=None, answer=None, confidence=None)
     """
     text = text or ""
-    exp = _EXPLANATION.findall(text)
-    ans = _ANSWER.findall(text)
-    conf = _CONFIDENCE.findall(text)
-    confidence = None
-    if conf:
-        confidence = min(float(conf[-1][0]) / 100.0, 1.0)
-    answer = ans[-1].strip().strip("*_").strip() if ans else None
-    return AnswerConfidence(explanation=exp[-1].strip() if exp else None, answer=answer or None,
-                            confidence=confidence)
+    marks = list(_LINE_LABEL.finditer(text))
+    explanation = answer = confidence = None
+    for i, m in enumerate(marks):
+        value = text[m.end(): marks[i + 1].start() if i + 1 < len(marks) else len(text)]
+        kind = m.group(1).lower()
+        if kind == "explanation":
+            explanation = value.strip() or explanation
+        elif kind == "confidence":
+            stated = _confidence_value(value)
+            confidence = stated if stated is not None else confidence
+        else:  # exact answer: the rest of its line, or the next non-empty line when that is empty
+            line, _, rest = value.partition("\n")
+            inline = _INLINE_CONFIDENCE.search(line)
+            if inline:
+                stated = _confidence_value(line[inline.end():])
+                confidence = stated if stated is not None else confidence
+                line = line[: inline.start()]
+            elif not _answer_text(line):
+                line = next((x for x in rest.split("\n") if _answer_text(x)), "")
+            answer = _answer_text(line) or answer
+    return AnswerConfidence(explanation=explanation, answer=answer, confidence=confidence)
 
 
 def split_labelled_answer(text: str, kind: str = "qa") -> tuple[str, AnswerConfidence | None]:

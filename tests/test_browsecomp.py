@@ -128,6 +128,35 @@ def test_answer_confidence_parser():
     assert parse_answer_confidence("Confidence: high").confidence is None
 
 
+
+@pytest.mark.parametrize("text, answer, confidence", [
+    ("Exact Answer:\nLyon\nConfidence: 85%", "Lyon", 0.85),  # the answer on the line after its label
+    ("Exact Answer:\n\n  **Lyon**  \nConfidence: 85%", "Lyon", 0.85),
+    ("Exact Answer:\n\nConfidence: 85%", None, 0.85),  # no answer: the next label is not one
+    ("Exact Answer: Lyon Confidence: 80%", "Lyon", 0.8),  # the confidence on the answer's line
+    ("Exact Answer: **Lyon** **Confidence:** 80%", "Lyon", 0.8),
+    ("Exact Answer: Lyon (Confidence: 0.8)", "Lyon", 0.8),
+    ("Exact Answer: Vote of Confidence: A Novel\nConfidence: 5%", "Vote of Confidence: A Novel", 0.05),
+    ("- **Exact answer**: Paris\n- **Confidence**: 70%", "Paris", 0.7),
+    ("Confidence: 0.9", None, 0.9),  # a bare number up to 1 is a fraction
+    ("Confidence: 0.9.", None, 0.9),
+    ("Confidence: .9", None, 0.9),
+    ("Confidence: 0,9", None, 0.9),  # decimal comma
+    ("Confidence: 1", None, 1.0),
+    ("Confidence: 85%", None, 0.85),
+    ("Confidence: 85", None, 0.85),  # above 1: a percentage
+    ("Confidence: 85 percent", None, 0.85),
+    ("Confidence: 0.9%", None, 0.009),  # an explicit percent sign is a percentage
+    ("Confidence: 9/10", None, None),  # not read as 9 (0.09)
+    ("Confidence: -5%", None, None),
+    ("Confidence: 85%\nConfidence: high", None, 0.85),  # a later value that is no number keeps the last number
+])
+def test_answer_confidence_parser_layouts(text, answer, confidence):
+    r = parse_answer_confidence(text)
+    assert r.answer == answer
+    assert r.confidence == (pytest.approx(confidence) if confidence is not None else None)
+
+
 def test_calibration_error_by_hand():
     # bins of width 0.1: 0.95 -> [0.9, 1.0]; 0.85, 0.81 -> [0.8, 0.9); 0.55 -> [0.5, 0.6); 0.05 -> [0, 0.1)
     #   [0.9, 1]: acc 1,   conf .95 -> 1/5 * .05 = .010
