@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import socket
 import threading
 import time
@@ -266,3 +267,50 @@ def test_round_trip_equals_in_process(served_engine):
             c.fetch("https://en.wikipedia.org/wiki/No_such_page_drgym_test")
         with pytest.raises(BadQueryError, match="k must be between 1 and"):
             HTTPSearchClient(url, max_k=10_000).search("x", k=engine.max_k + 1)
+
+
+def _docs(n: int) -> list[str]:
+    return [b64({"id": f"d{i}", "url": f"https://x.example/{i}", "title": f"T{i}", "text": f"text {i}"}) for i in range(n)]
+
+
+def test_search_answers_at_most_k_hits_with_finite_matched_scores(fake):
+    """A server that sends more than k results is cut to k; a distance that is not a finite
+    number, or a distances list of another length than the results, is a malformed answer
+    (not a 0.0 or NaN score)."""
+    srv = fake(ok({"results": _docs(50), "distances": [float(50 - i) for i in range(50)]}))
+    hits = HTTPSearchClient(srv.url, drgym=False).search("q", k=5)
+    assert [(h.doc_id, h.score, h.rank) for h in hits] == [(f"d{i}", 50.0 - i, i + 1) for i in range(5)]
+    # no distances at all: the scores are 0.0, as documented
+    srv = fake(ok({"results": _docs(3)}))
+    assert [h.score for h in HTTPSearchClient(srv.url, drgym=False).search("q", k=3)] == [0.0, 0.0, 0.0]
+    bad = [({"results": _docs(3), "distances": [1.5]}, "1 distances for 3 results"),
+           ({"results": _docs(3), "distances": [3.0, 2.0, 1.0, 0.0]}, "4 distances for 3 results"),
+           ({"results": _docs(3), "distances": "1,2,3"}, "distances '1,2,3' for 3 results"),
+           ({"results": _docs(3), "distances": [1.0, float("nan"), 0.5]}, "result 1: a score must be a finite number, got nan"),
+           ({"results": _docs(2), "distances": [float("inf"), 0.5]}, "result 0: a score must be a finite number, got inf"),
+           ({"results": _docs(2), "distances": [1.0, float("-inf")]}, "got -inf"),
+           ({"results": _docs(2), "distances": [1.0, "0.5"]}, "got '0.5'"),
+           ({"results": _docs(2), "distances": [True, 0.5]}, "got True")]
+    for body, msg in bad:
+        srv = fake(ok(body))
+        with pytest.raises(BackendUnavailableError, match=re.escape(msg)):
+            HTTPSearchClient(srv.url, drgym=False, retry={"attempts": 1}).search("q", k=5)
+
+
+def test_retrieve_answers_at_most_k_hits_with_finite_scores(fake):
+    def hits(n, score=None):
+        return [{"document": {"id": f"d{i}", "title": f"T{i}", "contents": f'"T{i}"\ntext {i}', "url": f"u{i}"},
+                 "score": float(n - i) if score is None else score(i)} for i in range(n)]
+
+    srv = fake(ok({"result": [hits(50), hits(2)]}))
+    out = HTTPSearchClient(srv.url, drgym=True).search_batch(["a", "b"], k=5)
+    assert [[(h.doc_id, h.score) for h in r] for r in out] == [[(f"d{i}", 50.0 - i) for i in range(5)],
+                                                               [("d0", 2.0), ("d1", 1.0)]]
+    assert srv.requests[0]["path"] == "/retrieve"
+    for rows, msg in [([hits(3, lambda i: float("nan")), hits(1)], "hit 0: a score must be a finite number, got nan"),
+                      ([hits(1), hits(2, lambda i: float("inf") if i else 1.0)], "'b', hit 1: a score must be a finite"),
+                      ([hits(1), [{"score": 1.0}]], "hit 0 is not {'document'"),
+                      ([hits(1), "nope"], "expected a list of hits")]:
+        srv = fake(ok({"result": rows}))
+        with pytest.raises(BackendUnavailableError, match=re.escape(msg)):
+            HTTPSearchClient(srv.url, drgym=True, retry={"attempts": 1}).search_batch(["a", "b"], k=5)

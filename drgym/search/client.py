@@ -32,6 +32,7 @@ mid-run is waited for and the run goes on. 400/422 raise
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -84,6 +85,20 @@ def record_fields(rec: dict[str, Any]) -> dict[str, Any]:
     meta = {k: v for k, v in rec.items() if k not in _CONSUMED}
     return {"doc_id": doc_id, "url": url, "title": title, "text": text,
             "source": str(rec.get("source") or ""), "metadata": meta}
+
+
+def _score(value: Any, where: str) -> float:
+    """A hit's score from the wire: a finite JSON number (None: 0.0, a server that sends none).
+
+    Raises:
+        BackendUnavailableError: a boolean, a string, NaN or an infinity (``where`` names
+            the answer and the hit).
+    """
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise BackendUnavailableError(f"{where}: a score must be a finite number, got {value!r}.")
+    return float(value)
 
 
 def _detail(resp: httpx.Response) -> str:
@@ -285,11 +300,15 @@ class HTTPSearchClient(SearchBackend):
         """Top-``k`` hits of ``GET {route}?query=&k=&with_distance=true``.
 
         Returns:
-            Hits with ``score`` = the server's distance (higher is better; 0.0 when the
-            server sends none) and ranks 1..n; empty or ``_error`` entries are skipped.
+            At most ``k`` hits (a server that sends more is cut to its first ``k``), with
+            ``score`` = the server's distance (higher is better; 0.0 when the server sends
+            no ``distances``) and ranks 1..n; empty or ``_error`` entries are skipped.
 
         Raises:
-            BadQueryError, AuthError, ServiceUnavailableError (retries spent), BackendUnavailableError (a malformed answer), SearchError (see module doc).
+            BadQueryError, AuthError, ServiceUnavailableError (retries spent), SearchError (see module doc).
+            BackendUnavailableError: a malformed answer: no ``results`` list, a
+                ``distances`` list whose length is not the number of results, or a
+                distance that is not a finite number (NaN, Infinity, a string).
         """
         self.check_request([query], k)
         params: dict[str, Any] = {"query": query, "k": k, "with_distance": "true"}
@@ -301,10 +320,16 @@ class HTTPSearchClient(SearchBackend):
             raise BackendUnavailableError(f"{self.name}: expected {{'results': [...]}} from {self.route}, got {str(body)[:120]!r}")
         results = body["results"]
         dists = body.get("distances")
-        if not isinstance(dists, list) or len(dists) != len(results):
-            dists = [0.0] * len(results)
+        where = f"{self.name}: {self.route} of {query[:60]!r}"
+        if dists is None:  # a server that sends no distances: every score 0.0
+            dists = [None] * len(results)
+        elif not isinstance(dists, list) or len(dists) != len(results):
+            got = f"{len(dists)} distances" if isinstance(dists, list) else f"distances {str(dists)[:60]!r}"
+            raise BackendUnavailableError(f"{where}: {got} for {len(results)} results; the scores cannot be "
+                                          "matched to the documents.")
         out: list[SearchResult] = []
         for i, (entry, dist) in enumerate(zip(results, dists)):
+            score = _score(dist, f"{where}, result {i}")  # checked even for a result skipped below
             try:
                 rec = decode_b64_json(entry) if isinstance(entry, str) else None
             except ValueError as e:
@@ -313,15 +338,22 @@ class HTTPSearchClient(SearchBackend):
             if rec is None or "_error" in rec:
                 continue
             f = record_fields(rec)
-            out.append(SearchResult(score=float(dist if dist is not None else 0.0), rank=len(out) + 1, **f))
-        return out
+            out.append(SearchResult(score=score, rank=len(out) + 1, **f))
+        if len(out) > k:
+            log.debug("%s: %d results for k=%d; the first %d kept", where, len(out), k, k)
+        return out[:k]
 
     def search_batch(self, queries: list[str], k: int = 10) -> list[list[SearchResult]]:
         """One result list per query: ``POST /retrieve`` on a drgym server, else
         concurrent ``/search`` calls (``workers`` threads).
 
+        Returns:
+            At most ``k`` hits per query, as :meth:`search`.
+
         Raises:
             BadQueryError: a query is empty or k outside 1..max_k (checked before sending).
+            BackendUnavailableError: a malformed answer (a hit without a document id, a
+                score that is not a finite number); see :meth:`search`.
         """
         self.check_request(queries, k)
         if not queries:
@@ -351,18 +383,24 @@ class HTTPSearchClient(SearchBackend):
         if not isinstance(rows, list) or len(rows) != len(queries):
             raise BackendUnavailableError(f"{self.name}: /retrieve returned {str(body)[:120]!r} for {len(queries)} queries")
         out = []
-        for hits in rows:
+        for q, hits in zip(queries, rows):
+            where = f"{self.name}: /retrieve of {q[:60]!r}"
+            if not isinstance(hits, list):
+                raise BackendUnavailableError(f"{where}: expected a list of hits, got {str(hits)[:120]!r}")
             res = []
-            for h in hits:
-                d = h["document"]
+            for i, h in enumerate(hits):
+                d = h.get("document") if isinstance(h, dict) else None
+                if not isinstance(d, dict) or d.get("id") is None:
+                    raise BackendUnavailableError(f"{where}: hit {i} is not {{'document': {{'id', ...}}, 'score'}}: "
+                                                  f"{str(h)[:120]!r}")
                 title = str(d.get("title") or "")
                 contents = str(d.get("contents") or "")
                 head = f'"{title}"\n'
                 text = contents[len(head):] if contents.startswith(head) else contents.partition("\n")[2]
                 res.append(SearchResult(doc_id=str(d["id"]), url=str(d.get("url") or ""), title=title, text=text,
-                                        score=float(h.get("score") or 0.0), rank=len(res) + 1,
+                                        score=_score(h.get("score"), f"{where}, hit {i}"), rank=len(res) + 1,
                                         source=str(d.get("source") or "")))
-            out.append(res)
+            out.append(res[:k])
         return out
 
     def fetch(self, url: str) -> Document:
