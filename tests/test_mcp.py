@@ -121,6 +121,10 @@ async def check_server(server: Any, engine) -> None:
                           ({"query": GOOD_QUERY, "k": 101}, "BadQueryError: k must be between 1 and 100, got 101."),
                           ({"query": " \t"}, "BadQueryError: No query text in request"),
                           ({"query": ""}, "BadQueryError: No query text in request"),
+                          ({"query": GOOD_QUERY, "k": True}, "must be a JSON integer"),  # not k=1, as drgym serve
+                          ({"query": GOOD_QUERY, "k": "5"}, "must be a JSON integer"),  # not k=5
+                          ({"query": GOOD_QUERY, "k": 2.5}, "valid integer"),
+                          ({"query": 5}, "valid string"),
                           ({"k": 3}, "query")):
             r = await client.call_tool("search", args)
             assert r.is_error and msg in texts(r), (args, texts(r))

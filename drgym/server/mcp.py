@@ -6,10 +6,11 @@ opens) in an :class:`mcp.server.mcpserver.MCPServer` (the official MCP Python SD
 with three tools:
 
 ==================  =================================================================
-``search``          ``query`` (must hold a non-space character), ``k`` (1..max_k,
-                    default 10) -> ``{"query", "k", "results": [{"rank", "doc_id",
-                    "title", "url", "text", "score", "source", "metadata"}, ...]}``,
-                    best first:
+``search``          ``query`` (must hold a non-space character), ``k`` (a JSON
+                    integer 1..max_k, default 10; ``"5"`` and ``true`` are
+                    refused, as ``drgym serve`` refuses them) -> ``{"query", "k",
+                    "results": [{"rank", "doc_id", "title", "url", "text",
+                    "score", "source", "metadata"}, ...]}``, best first:
                     the same hits as ``GET /search`` of ``drgym serve`` (k distinct
                     documents, each its best passage, unless the settings say
                     ``collapse="passage"``); ``text`` is the passage.
@@ -50,7 +51,7 @@ from pydantic import BaseModel, Field
 from drgym.errors import BadQueryError, DocumentNotFoundError, DrgymError, SearchError
 from drgym.search.base import SearchBackend
 from drgym.search.mcp import ENGINE_RESOURCE, tool_error_text
-from drgym.search.wire import ServerSettings
+from drgym.search.wire import JsonInt, ServerSettings
 from drgym.types import Document, SearchResult
 
 log = logging.getLogger(__name__)
@@ -159,8 +160,8 @@ def create_mcp_server(backend: SearchBackend, settings: ServerSettings | None = 
                               "and score."))
     def search(
         query: Annotated[str, Field(description="free-text query; must contain a non-space character")],
-        k: Annotated[int, Field(description=f"number of results, 1..{max_k}",
-                                json_schema_extra={"minimum": 1, "maximum": max_k})] = default_k,
+        k: Annotated[JsonInt, Field(description=f"number of results, 1..{max_k}",
+                                    json_schema_extra={"minimum": 1, "maximum": max_k})] = default_k,
     ) -> SearchOutput:
         try:
             if isinstance(k, bool) or not 1 <= k <= max_k:
