@@ -138,6 +138,7 @@ def register(app: typer.Typer) -> None:
             f"{res.new_episodes} new episodes, {res.skipped} resumed; this session {res.wall_s:.1f}s "
             f"(setup {res.setup_s:.1f}s). Run directory: {res.out_dir}", highlight=False
         )
+        console.print(files_written(res), highlight=False, soft_wrap=True)
         failed = res.failure_message()
         if failed:
             print_error(failed)
@@ -172,6 +173,27 @@ def register(app: typer.Typer) -> None:
                                  title="drgym rollout leaderboard"):
             console.print(t)
         console.print(f"wrote {out}.md and {out}.html", highlight=False)
+
+
+FILE_NOTES = {
+    "config.json": "how to rerun it",
+    "trajectories.jsonl": "every episode, one per line",
+    "metrics.json": "the scores and counts above",
+    "answers.md": "each question, the answer, the gold",
+}
+"""What the run summary says of each file of a run directory (plots: ``plot``)."""
+
+
+def files_written(res) -> str:
+    """The run summary's line of files: those this call wrote into the run directory, each
+    with what it holds, e.g. ``Wrote: metrics.json (the scores and counts above),
+    answers.md (each question, the answer, the gold), scores.png (plot)``.
+
+    Args:
+        res: the :class:`~drgym.evaluation.rollout_loop.RunResult` of the run.
+    """
+    names = [f"{p.name} ({FILE_NOTES.get(p.name, 'plot' if p.suffix == '.png' else 'file')})" for p in res.files]
+    return "Wrote: " + (", ".join(names) if names else "nothing") + "."
 
 
 def print_error(message: object) -> None:

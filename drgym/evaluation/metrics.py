@@ -23,9 +23,14 @@ Definitions (every mean is over the episodes of the run, each episode weighted 1
 - ``turns``, ``searches``, ``fetches``: per episode.
 - ``completion_tokens`` / ``prompt_tokens``: per episode, summed over its turns (prompt
   tokens are re-counted every turn, as a server bills them).
-- ``wall_s_per_episode``: run wall time / episodes (episodes run in parallel batches,
-  so this is the throughput figure, not one episode's latency); ``episode_latency_s``:
-  mean time from an episode's reset to its end.
+- ``wall_s``: the run's wall time in seconds, summed over its sessions' episode loops
+  (model loading excluded): each flush of finished episodes shares the time since the
+  previous one out among them (``metadata["wall_share_s"]``).
+  ``wall_s_per_episode``: ``wall_s`` / episodes, the throughput figure (what an episode
+  costs the run: with a batch of 8 episodes stepped together, about an eighth of one
+  episode's duration). ``episode_latency_s``: mean seconds from an episode's first turn
+  to its end, while it shared the batch with others, so about ``wall_s_per_episode``
+  times the batch size; it is not what an episode costs.
 - ``errors``: episodes in which a search or fetch failed (shown to the agent) or a model
   request failed (the server refused it; its turn is an empty action). A search server
   or model endpoint that is down stops the run instead (see
@@ -40,10 +45,17 @@ Definitions (every mean is over the episodes of the run, each episode weighted 1
 - ``calibration`` (written by the runner): accuracy and BrowseComp's calibration error
   over the answers given in its format (``Exact Answer:`` / ``Confidence:`` lines;
   :func:`calibration`); None when no answer is.
-- ``time_share``: shares of the summed per-episode timings (generation is split evenly
-  over a batch's rows, but each env records the whole latency of its batched search, so
-  search is over-weighted by the batch size); the runner's ``last_session`` entry holds
-  the exact shares of the episode loop's wall time.
+- ``wall_share``: shares of the run's wall time (``wall_s``) spent in generation,
+  search (and fetch), reward scoring and the env (the rest), summed from each episode's
+  ``metadata["wall_phases_s"]``: the loop's own clocks, shared out like ``wall_s``, so a
+  first run and its resume give the same figures. ``wall_phases_s``: those seconds.
+  ``wall_share_episodes``: the episodes that record them (records of an older drgym do
+  not).
+- ``time_share``: shares of the summed per-episode timings (``timings_s``; generation is
+  split evenly over a batch's rows, but each env records the whole latency of its
+  batched search, so search is over-weighted by the batch size): use ``wall_share``
+  for where the time went. The runner's ``last_session`` entry holds the shares of the
+  last session's episode loop alone.
 """
 
 from __future__ import annotations
@@ -213,6 +225,14 @@ def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None 
         "failed": sum(1 for t in trajectories if episode_failures(t)),
         "failure_reasons": failure_counts(trajectories),
     }
+    phase_records = [p for t in trajectories
+                     if isinstance(p := (t.get("metadata") or {}).get("wall_phases_s"), dict)]
+    if phase_records:
+        sums = {k: sum(float(p.get(k) or 0.0) for p in phase_records) for k in PHASES}
+        total = sum(sums.values())
+        m["wall_phases_s"] = {k: round(v, 4) for k, v in sums.items()}
+        m["wall_share"] = {k: (v / total if total else 0.0) for k, v in sums.items()}
+        m["wall_share_episodes"] = len(phase_records)
     if wall_s is not None:
         m["wall_s"] = round(wall_s, 3)
         m["wall_s_per_episode"] = wall_s / n
@@ -382,7 +402,9 @@ def rich_table(metrics: dict[str, Any], title: str = "rollout"):
     for k in ("errors", "failed", "judge_failures"):  # shown when there are some
         if metrics.get(k):
             row(k.replace("_", " "), str(metrics[k]))
-    share = (metrics.get("last_session") or {}).get("share") or metrics.get("time_share") or {}
+    # the run's shares from its records (the same on a first run and its resume); a run
+    # recorded by an older drgym has only the per-episode timings' shares
+    share = metrics.get("wall_share") or metrics.get("time_share") or {}
     if share:
         row("wall time share", " ".join(f"{k} {100 * v:.0f}%" for k, v in share.items()))
     return table

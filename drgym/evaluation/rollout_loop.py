@@ -59,6 +59,9 @@ class RunResult:
         rejected: damaged lines of ``trajectories.jsonl`` moved to
             :data:`~drgym.evaluation.run_directory.REJECTED_FILE` by this call (their episodes
             were run again).
+        files: the files of the run directory this call wrote or rewrote
+            (``config.json`` when a session ran, ``trajectories.jsonl`` when episodes were
+            appended, ``metrics.json``, ``answers.md``, the plots), in that order.
     """
 
     out_dir: Path
@@ -72,6 +75,7 @@ class RunResult:
     failed: int = 0
     failure_reasons: dict[str, int] = field(default_factory=dict)
     rejected: int = 0
+    files: list[Path] = field(default_factory=list)
 
     def failure_message(self) -> str | None:
         """One line saying how many episodes failed and why, and what to do; None when none did."""
@@ -285,6 +289,8 @@ def _loop(config: RolloutConfig, run: RunDirectory, session: _Session, tasks: li
     written: set[str] = set()
     last_flush = [time.perf_counter()]
     new_rewards_s = [0.0]
+    # the loop's phase clocks at the last flush: each flush shares out what they gained since
+    last_phases = {"generation": 0.0, "search": 0.0, "reward": 0.0}
     bar = _Progress(len(tasks), skipped, enabled=progress, console=console, label=config.policy)
     driver = BatchedDriver(session.envs)
     rec = _RecordingPolicy(session.policy, session.watch)
@@ -299,11 +305,20 @@ def _loop(config: RolloutConfig, run: RunDirectory, session: _Session, tasks: li
             return
         _finish_trajectories(trajs, tasks_by_id, rec, session.extra_rewards, config)
         now = time.perf_counter()
-        share = (now - last_flush[0]) / len(trajs)
+        span = now - last_flush[0]
+        share = span / len(trajs)
         last_flush[0] = now
+        new_rewards_s[0] += sum(float(t.timings.get("reward") or 0.0) for t in trajs)
+        clocks = {"generation": rec.total_act_s,
+                  "search": float(driver.stats.get("search_s", 0.0)) + float(driver.stats.get("fetch_s", 0.0)),
+                  "reward": new_rewards_s[0]}
+        gained = {k: max(0.0, v - last_phases[k]) for k, v in clocks.items()}
+        last_phases.update(clocks)
+        gained["env"] = max(0.0, span - sum(gained.values()))
+        phase_share = {k: round(v / len(trajs), 6) for k, v in gained.items()}
         for t in trajs:
-            new_rewards_s[0] += float(t.timings.get("reward") or 0.0)
             t.metadata["wall_share_s"] = share
+            t.metadata["wall_phases_s"] = dict(phase_share)
             t.metadata["task_index"] = index_of.get(t.task_id)
             run.append(t)
             written.add(t.episode_id)
@@ -341,8 +356,15 @@ def _loop(config: RolloutConfig, run: RunDirectory, session: _Session, tasks: li
 
 def _finish(config: RolloutConfig, run: RunDirectory, tasks: list[Any], *, session_phases: dict[str, Any],
             setup_s: float, wall: float, interrupted: bool,
-            stopped: ServiceUnavailableError | None = None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Finish step: metrics over the run's episodes, plots, and a config for a run with nothing to do."""
+            stopped: ServiceUnavailableError | None = None
+            ) -> tuple[list[dict[str, Any]], dict[str, Any], list[Path]]:
+    """Finish step: metrics over the run's episodes, ``answers.md``, plots, and a config
+    for a run with nothing to do.
+
+    Returns:
+        ``(trajectories, metrics, files)``: ``files`` are the files this step wrote.
+    """
+    files: list[Path] = []
     trajectories = run.episodes({t.task_id: i for i, t in enumerate(tasks)})
     metrics = compute_metrics_for_run(trajectories)
     metrics["setup_s_last_session"] = round(setup_s, 3)
@@ -361,16 +383,22 @@ def _finish(config: RolloutConfig, run: RunDirectory, tasks: list[Any], *, sessi
         valid, note = judge_validity(config.judge)
         metrics["judge_model"] = {"spec": config.judge, "valid": valid, **({"note": note} if note else {})}
     atomic_write_json(run.metrics, metrics)
+    files.append(run.metrics)
+    if run.trajectories.exists():
+        from drgym.evaluation.answers import write_answers
+
+        files.append(write_answers(run.out, tasks, title=f"{config.policy} on {config.tasks} ({config.env})"))
     if config.plots and trajectories:
         try:
             from drgym.evaluation.plots import write_plots
 
-            write_plots(trajectories, run.out)
+            files.extend(write_plots(trajectories, run.out))
         except Exception:  # plots are a convenience; never fail a run on them
             log.exception("could not write plots")
     if not run.config.exists():
         atomic_write_json(run.config, {"identity": config.identity(), "config": config.model_dump(), "versions": versions()})
-    return trajectories, metrics
+        files.insert(0, run.config)
+    return trajectories, metrics, files
 
 
 def run_rollout(
@@ -476,11 +504,14 @@ def _run_locked(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_
             if session.record.get("engine") is None and new:
                 _record_engine_late(run, session)
     wall = time.perf_counter() - t_start
-    trajectories, metrics = _finish(config, run, tasks, session_phases=session_phases, setup_s=setup_s, wall=wall,
-                                    interrupted=interrupted, stopped=stopped)
+    trajectories, metrics, files = _finish(config, run, tasks, session_phases=session_phases, setup_s=setup_s,
+                                           wall=wall, interrupted=interrupted, stopped=stopped)
+    # config.json is written by a session that ran (the build step), trajectories.jsonl when it appended
+    files = ([run.config] if session_phases and run.config not in files else []) + (
+        [run.trajectories] if new else []) + files
     result = RunResult(out_dir=run.out, metrics=metrics, trajectories=trajectories, new_episodes=new, skipped=skipped,
                        wall_s=wall, setup_s=setup_s, interrupted=interrupted, failed=int(metrics.get("failed") or 0),
-                       failure_reasons=dict(metrics.get("failure_reasons") or {}), rejected=run.rejected)
+                       failure_reasons=dict(metrics.get("failure_reasons") or {}), rejected=run.rejected, files=files)
     if interrupted:
         raise KeyboardInterrupt(result)
     if stopped is not None:
@@ -551,15 +582,28 @@ def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _Re
 
 
 def compute_metrics_for_run(trajectories: list[dict[str, Any]]) -> dict[str, Any]:
-    """:func:`~drgym.evaluation.metrics.compute_metrics` with wall time summed from the episodes."""
+    """:func:`~drgym.evaluation.metrics.compute_metrics` with the run's wall time and its
+    phase shares summed from the episodes' records (``metadata["wall_share_s"]`` and
+    ``metadata["wall_phases_s"]``), so a first run and its resume report the same figures."""
     from drgym.evaluation.metrics import compute_metrics
 
     wall = sum(float((t.get("metadata") or {}).get("wall_share_s") or 0.0) for t in trajectories)
     return compute_metrics(trajectories, wall_s=wall if wall > 0 else None)
 
 
+PROGRESS_EVERY_EPISODES = 5
+"""When the output is not a terminal (a pipe, a log file), :class:`_Progress` prints one
+plain line after this many finished episodes..."""
+
+PROGRESS_EVERY_S = 30.0
+"""... or after this many seconds since its last line, whichever comes first (checked as
+episodes finish), plus a line when the loop starts and one when it ends."""
+
+
 class _Progress:
-    """A rich progress bar (with ETA) over the run's tasks; silent when disabled."""
+    """Progress over the run's tasks: a rich progress bar (with ETA) on a terminal, plain
+    lines (:data:`PROGRESS_EVERY_EPISODES`, :data:`PROGRESS_EVERY_S`) when the console
+    is not one; silent when disabled."""
 
     def __init__(self, total: int, done: int, *, enabled: bool, console: Any, label: str) -> None:
         self.enabled = enabled
@@ -568,11 +612,38 @@ class _Progress:
         self.console = console
         self._p = None
         self._em: list[float] = []
+        self._plain = False
+        self._done = done
+        self._t0 = 0.0
+        self._last_line_t = 0.0
+        self._last_line_done = done
+
+    def _line(self, what: str) -> None:
+        """One plain progress line: episodes done of the total, elapsed time, an estimate of
+        the time left from this session's pace, and the mean F1 so far."""
+        now = time.perf_counter()
+        elapsed = now - self._t0
+        new = self._done - self.done0
+        parts = [f"{self.label}: {self._done}/{self.total} episodes" + (f" ({self.done0} resumed)" if self.done0 else ""),
+                 f"{_clock(elapsed)} elapsed"]
+        if new and self._done < self.total:
+            parts.append(f"about {_clock(elapsed / new * (self.total - self._done))} left")
+        if self._em:
+            parts.append(f"F1 {sum(self._em) / len(self._em):.3f} over this session's {len(self._em)}")
+        self.console.print(f"[{what}] " + ", ".join(parts), highlight=False, markup=False, soft_wrap=True)
+        self._last_line_t, self._last_line_done = now, self._done
 
     def start(self) -> None:
         if not self.enabled:
             return
         from rich.console import Console
+
+        self.console = self.console or Console(stderr=True, markup=False)
+        if not self.console.is_terminal:
+            self._plain = True
+            self._t0 = time.perf_counter()
+            self._line("start")
+            return
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,
@@ -589,15 +660,34 @@ class _Progress:
         self._task = self._p.add_task(self.label, total=self.total, completed=self.done0, info="")
 
     def advance(self, traj: Any) -> None:
-        if self._p is None:
+        if self._p is None and not self._plain:
             return
         f1 = (traj.reward_components or {}).get("f1")
         if f1 is not None:
             self._em.append(float(f1))
+        self._done += 1
+        if self._plain:
+            if (self._done - self._last_line_done >= PROGRESS_EVERY_EPISODES
+                    or time.perf_counter() - self._last_line_t >= PROGRESS_EVERY_S):
+                self._line("progress")
+            return
         info = f"F1 {sum(self._em) / len(self._em):.3f}" if self._em else ""
         self._p.update(self._task, advance=1, info=info)
 
     def stop(self) -> None:
+        if self._plain:
+            self._plain = False
+            self._line("end")
         if self._p is not None:
             self._p.stop()
             self._p = None
+
+
+def _clock(seconds: float) -> str:
+    """``75.0`` -> ``"1m15s"``; ``3725`` -> ``"1h02m"``; under a minute ``"42s"``."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"

@@ -18,7 +18,9 @@ unfinished episodes.
 What keeps a run directory right:
 
 - one writer: a run holds an ``fcntl.flock`` on ``run.lock`` (with its pid) from start
-  to end; a second run into the same directory stops with :class:`RunLockedError`;
+  to end, and removes the file when it ends (also on an error or Ctrl-C; a killed run
+  leaves it, and the next run takes it over); a second run into the same directory
+  stops with :class:`RunLockedError`;
 - one engine: ``config.json`` records the search engine's identity (``engine``:
   :meth:`drgym.search.base.SearchBackend.identity`, e.g. the index fingerprint and
   method, or what a server's ``/health`` reports); resuming against another engine
@@ -92,7 +94,7 @@ class RunDiskFullError(DrgymError, OSError):
 
 LOCK_FILE = "run.lock"
 """The lock file of a run directory: ``fcntl.flock``-ed by the one process writing the
-run (:class:`RunDirectory`), holding that process's pid."""
+run (:class:`RunDirectory`), holding that process's pid; removed when the run ends."""
 
 REJECTED_FILE = "trajectories.rejected.jsonl"
 """Where damaged lines of ``trajectories.jsonl`` are moved on resume: one JSON object per
@@ -172,7 +174,10 @@ class RunDirectory:
 
     One process writes a run directory at a time: the constructor takes an exclusive
     ``fcntl.flock`` on :data:`LOCK_FILE` (holding this process's pid) and :meth:`close`
-    releases it; a second writer gets :class:`RunLockedError` naming the first one's pid.
+    removes the file and releases it; a second writer gets :class:`RunLockedError`
+    naming the first one's pid. The file is removed while it is still locked, and a
+    writer that locked a file no longer at the path (removed by a run that ended in
+    between) lets it go and tries again, so two writers never hold the directory.
 
     ``config.json`` is read once (:attr:`previous`) and written by :meth:`write_config`;
     episodes are appended to ``trajectories.jsonl`` one whole line at a time. When the
@@ -223,39 +228,60 @@ class RunDirectory:
         import fcntl
 
         self.out.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            import errno
-
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                os.close(fd)
-                raise
+        while True:
+            fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
-            finally:
-                os.close(fd)
-            pid = int(text) if text.isdigit() else None
-            who = f"process {pid}" if pid is not None else "another process (its pid is not written yet)"
-            raise RunLockedError(
-                f"{self.out} is being written by {who} (it holds {self.lock_path}); wait for that run to end, "
-                "stop it, or use another --out.", pid) from None
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                import errno
+
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    os.close(fd)
+                    raise
+                try:
+                    text = os.pread(fd, 64, 0).decode("ascii", "replace").strip()
+                finally:
+                    os.close(fd)
+                pid = int(text) if text.isdigit() else None
+                who = f"process {pid}" if pid is not None else "another process (its pid is not written yet)"
+                raise RunLockedError(
+                    f"{self.out} is being written by {who} (it holds {self.lock_path}); wait for that run to end, "
+                    "stop it, or use another --out.", pid) from None
+            # a run that ended between our open and our lock removed the file: this lock
+            # guards nothing (a third run may hold a new file there), so take the path's file
+            try:
+                now = os.stat(self.lock_path)
+            except FileNotFoundError:
+                now = None
+            held = os.fstat(fd)
+            if now is not None and (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev):
+                break
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._lock_fd = fd
 
     def close(self) -> None:
-        """Release the run directory's lock (idempotent); the lock file stays."""
+        """Remove the lock file and release the run directory's lock (idempotent).
+
+        The file is removed while the lock is held, so no other run can take it in
+        between (:meth:`_acquire` checks that the file it locked is still the path's).
+        """
         if self._lock_fd is not None:
             import fcntl
 
             fd, self._lock_fd = self._lock_fd, None
             try:
-                os.ftruncate(fd, 0)
-                fcntl.flock(fd, fcntl.LOCK_UN)
+                try:
+                    self.lock_path.unlink()
+                except FileNotFoundError:
+                    log.warning("%s was removed while this run held it", self.lock_path)
             finally:
-                os.close(fd)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_UN)
+                finally:
+                    os.close(fd)
 
     def __enter__(self) -> "RunDirectory":
         return self
