@@ -29,6 +29,7 @@ could be judged, so bibliography-only reports get 0 as in the benchmark).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,9 @@ from drgym.judges.factory import require_judge
 from drgym.judges.prompts import FACT_EXTRACT, FACT_VALIDATE
 from drgym.records import Episode, Reward, RewardOutput
 from drgym.search.base import SearchBackend
+from drgym.search.pages import URL_ERRORS
+
+log = logging.getLogger(__name__)
 
 
 def dedupe_per_url(citations: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -166,11 +170,19 @@ class FactReward(Reward):
         self.max_article_chars = int(max_article_chars)
 
     def _page(self, url: str) -> str | None:
+        """The cited page's text, cut to ``max_page_chars``; None when it cannot be
+        fetched (a drgym error, a URL the backend's HTTP library cannot parse or send:
+        :data:`~drgym.search.pages.URL_ERRORS`), so its statements are ``unknown``.
+
+        Raises:
+            ServiceUnavailableError: the search server is down (no score; the run stops).
+        """
         try:
             doc = self.backend.fetch(url)
         except ServiceUnavailableError:
             raise  # the search server is down: no score, the run stops (not a page that failed)
-        except (DrgymError, KeyError, OSError):
+        except (DrgymError, KeyError, OSError, *URL_ERRORS) as e:
+            log.info("FACT: %s cannot be fetched (%s: %s); its statements are unknown", url, type(e).__name__, e)
             return None
         text = strip_urls(f"{doc.title}\n{doc.text}").strip()
         return text[: self.max_page_chars] if text else None

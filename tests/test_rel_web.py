@@ -405,3 +405,105 @@ def test_refusals_are_recorded_and_replayed(fp, tmp_path):
         rep.fetch(f"{fp.base}/pages/paris")
     assert str(replayed.value) == str(live.value) and "loopback address" in str(live.value)
     rep.close()
+
+
+# -- malformed URLs: page errors, nothing sent ---------------------------------------------
+
+BAD_LOCATIONS = [
+    ("http://[::1", "Invalid port"),  # httpx: InvalidURL (its own redirect handling: a RemoteProtocolError, retried)
+    ("http://xn--/", "IDNAError"),  # a host that is no internationalised name
+    ("http://" + "a" * 64 + ".example/", "not a valid host name"),  # a label over 63 characters (UnicodeError)
+    ("http://a..b/", "not a valid host name"),  # an empty label
+    ("http://%zz/", "not a host name nor an IP address"),
+    ("http://a%20b/", "not a host name nor an IP address"),
+    ("http://[fe80::1%25eth0]/", "not a host name nor an IP address"),  # an IPv6 zone: this machine's interface
+    ("http://203.0.113.9:99999/", "port 99999 is outside 1..65535"),  # the resolver would wrap it to 34463
+    ("http://203.0.113.9:0/", "port 0 is outside 1..65535"),
+]
+
+
+@pytest.mark.parametrize("location, why", BAD_LOCATIONS)
+def test_malformed_redirect_is_a_page_error_sent_nowhere(web, location, why):
+    """A page whose redirect is no valid URL is that page's error (``SearchError`` naming
+    the page first: the agent's observation, not a backend failure), raised once: no retry,
+    no connection to the target."""
+    from drgym.errors import BackendUnavailableError, SearchError
+    from drgym.evaluation.metrics import episode_failures
+
+    start = web.url(f"/redirect?to={location}")
+    f = PageFetcher(retry={"backoff_s": 0.01, "attempts": 3}, allow_loopback=True)
+    with guarded() as connects:
+        with pytest.raises(SearchError) as e:
+            f.fetch(start)
+    f.close()
+    assert type(e.value) is SearchError and not isinstance(e.value, BackendUnavailableError)
+    msg = str(e.value)
+    assert msg.startswith(f"{start}: HTTP 302 redirect to an invalid URL") and why in msg, msg
+    assert web.paths == [f"/redirect?to={location}"] and connects == ["127.0.0.1"]  # one request, then nothing
+    step = {"error": f"Fetch failed: {type(e.value).__name__}: {msg}"}  # as the env records it
+    assert episode_failures({"steps": [step]}) == []
+
+
+def test_location_without_slashes_is_resolved_on_the_same_host(web):
+    """``http:127.0.0.1:1/x`` (the reported case) is relative to the page, as browsers read
+    it: the same server's path ``/127.0.0.1:1/x`` (a 404 here), never port 1."""
+    from drgym.errors import DocumentNotFoundError
+
+    f = PageFetcher(retry={"backoff_s": 0.01}, allow_loopback=True)
+    start = web.url("/redirect?to=http:127.0.0.1:1/x")
+    with guarded() as connects, pytest.raises(DocumentNotFoundError, match="HTTP 404"):
+        f.fetch(start)
+    f.close()
+    assert web.paths == ["/redirect?to=http:127.0.0.1:1/x", "/127.0.0.1:1/x"]
+    assert set(connects) == {"127.0.0.1"}
+
+
+@pytest.mark.parametrize("url, why", [
+    ("http://xn--/", "IDNAError"), ("http://a..b/", "not a valid host name"),
+    ("http://" + "a" * 64 + ".example/", "not a valid host name"), ("http://203.0.113.9:99999/", "outside 1..65535"),
+    ("http://[fe80::1%25eth0]/", "not a host name nor an IP address"), ("http://[::1", "Invalid IPv6 URL"),
+])
+def test_agents_own_malformed_url_is_a_bad_query_sent_nowhere(url, why):
+    from drgym.errors import BadQueryError
+
+    f = PageFetcher(retry={"backoff_s": 0.01})
+    with guarded() as connects, pytest.raises(BadQueryError, match="fetch needs a valid URL") as e:
+        f.fetch(url)
+    f.close()
+    assert why in str(e.value) and connects == []
+
+
+def test_fact_reward_counts_a_page_with_a_malformed_redirect_as_unknown(web):
+    """FACT scores a report whose cited page redirects to no valid URL: that URL's
+    statements are unknown, the other URL's are judged."""
+    import json
+
+    from drgym.judges.base import Judge
+    from drgym.records import Episode
+    from drgym.rewards.fact import FactReward
+
+    bad, good = web.url("/redirect?to=http://xn--/"), web.url("/page/a")
+    prompts: list[str] = []
+
+    class Fake(Judge):
+        model_id = "openai:fake"
+
+        def complete(self, messages, **kw):
+            text = " ".join(str(m.get("content")) for m in messages)
+            prompts.append(text)
+            if "The text of page a" in text:
+                return '{"results": [{"idx": 1, "result": "supported"}]}'
+            return json.dumps({"citations": [{"fact": "A is 5.", "ref_idx": 1, "url": bad},
+                                             {"fact": "B is 6.", "ref_idx": 2, "url": good}]})
+
+    class Pages:  # a backend whose fetch is the page fetcher's
+        fetcher = PageFetcher(retry={"backoff_s": 0.01}, allow_loopback=True)
+
+        def fetch(self, url):
+            return self.fetcher.fetch(url)
+
+    r = FactReward(Fake(cache=False), Pages())
+    (t,) = r.evaluate([Episode(Task("drb-1", "q", kind="research"), "A is 5 [1]. B is 6 [2].")])
+    Pages.fetcher.close()
+    assert t.results == {bad: ["unknown"], good: ["supported"]} and t.errors == {}
+    assert len(prompts) == 2  # the extraction and one validation: the bad page was never judged

@@ -75,8 +75,8 @@ class FetchRefusedError(SearchError):
     fetch's observation.
 
     Attributes:
-        reason: a short tag: ``"address"``, ``"scheme"``, ``"redirects"`` or
-            ``"not-in-results"`` (``""`` when rebuilt from a recording).
+        reason: a short tag: ``"address"``, ``"scheme"``, ``"url"`` (not a valid URL),
+            ``"redirects"`` or ``"not-in-results"`` (``""`` when rebuilt from a recording).
     """
 
     def __init__(self, message: str, reason: str = ""):
@@ -215,6 +215,65 @@ class _CheckedTransport(httpx.HTTPTransport):
         )
 
 
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_LOCATION = "x-drgym-location"
+"""Where :func:`_take_location` moves a response's ``Location`` header."""
+
+
+def _take_location(response: httpx.Response) -> None:
+    """Response hook of a :class:`PageFetcher`'s client: move ``Location`` to
+    :data:`_LOCATION`, so httpx does not build the redirect request itself (it does for
+    every redirect, followed or not, and a malformed ``Location`` then raises its own URL
+    errors, or a ``RemoteProtocolError`` that would be retried as a broken connection).
+    :meth:`PageFetcher.fetch` reads, checks and follows it."""
+    location = response.headers.get("location")
+    if location is not None:
+        del response.headers["location"]
+        response.headers[_LOCATION] = location
+
+
+URL_ERRORS: tuple[type[Exception], ...] = (httpx.InvalidURL, httpx.UnsupportedProtocol, httpx.LocalProtocolError,
+                                           UnicodeError)
+"""What httpx raises for a URL it cannot parse or send: ``InvalidURL``,
+``UnsupportedProtocol`` (a scheme it has no transport for), ``LocalProtocolError`` (a
+request it cannot write), and the ``idna`` codec's ``UnicodeError`` (``idna.IDNAError`` is
+one: a host that is no valid internationalised name, a label over 63 characters)."""
+
+
+_HOST = re.compile(r"[A-Za-z0-9_.-]+|[0-9A-Fa-f:.]+")
+"""A host as httpx sends it: an ASCII name (IDNA-encoded), IPv4 or IPv6 (no zone: a zone
+names an interface of this machine, never a web address)."""
+
+
+def parse_page_url(url: str) -> httpx.URL:
+    """``url`` parsed as httpx will send it, with a valid host and a port in 1..65535.
+
+    Raises:
+        ValueError: a URL httpx cannot parse (the :data:`URL_ERRORS` as one message
+            naming the problem: ``http://[::1``, ``http://xn--/``), a host with
+            characters no host name has (``http://a b/``, ``http://%zz/``) or labels no
+            name has (empty, over 63 characters), or a port
+            outside 1..65535 (refused here: the resolver would wrap it, 99999 becoming
+            port 34463).
+    """
+    try:
+        parsed = httpx.URL(url)
+        parsed.host  # noqa: B018 - decodes an internationalised name, which may fail
+    except URL_ERRORS as e:
+        raise ValueError(f"{type(e).__name__}: {e}") from e
+    raw = parsed.raw_host.decode("ascii", "replace")
+    if raw and not _HOST.fullmatch(raw):
+        raise ValueError(f"host {raw!r} is not a host name nor an IP address")
+    if raw and ":" not in raw:  # a name or IPv4: labels of 1..63 characters, 253 in all (RFC 1035)
+        labels = raw[:-1].split(".") if raw.endswith(".") else raw.split(".")
+        if len(raw) > 253 or any(not 1 <= len(label) <= 63 for label in labels):
+            raise ValueError(f"host {raw[:80]!r} is not a valid host name (an empty label, one over 63 characters, "
+                             "or over 253 in all)")
+    if parsed.port is not None and not 1 <= parsed.port <= 65535:
+        raise ValueError(f"port {parsed.port} is outside 1..65535")
+    return parsed
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -271,7 +330,8 @@ class PageFetcher:
         client: an httpx client to use (else one is created and owned). It must not follow
             redirects itself (they are followed and checked here); a client given here
             connects without the connection-time address check (the URL of every hop is
-            still checked before it is requested).
+            still checked before it is requested). The fetcher adds a response hook to
+            it that moves each response's ``Location`` header to ``x-drgym-location``.
         source: the ``source`` field of returned documents.
         max_redirects: redirects followed per fetch (more: :class:`FetchRefusedError`).
         max_time_s: longest a fetch may take, seconds, all redirects and the body together.
@@ -327,6 +387,9 @@ class PageFetcher:
             transport=_CheckedTransport(self.allow_loopback),
             headers={"User-Agent": user_agent, "Accept": "text/html,application/xhtml+xml,text/plain;q=0.9,*/*;q=0.1"},
         )
+        hooks = self.client.event_hooks
+        if _take_location not in hooks["response"]:
+            self.client.event_hooks = {**hooks, "response": [*hooks["response"], _take_location]}
 
     def check_url(self, url: str, *, requested: str | None = None) -> None:
         """Refuse ``url`` unless it is http(s) on a host whose addresses are all public.
@@ -337,12 +400,16 @@ class PageFetcher:
                 redirect target).
 
         Raises:
-            FetchRefusedError: another scheme, or a refused address (see
+            FetchRefusedError: another scheme, a URL that cannot be parsed or a port
+                outside 1..65535 (:func:`parse_page_url`), or a refused address (see
                 :func:`address_refusal`). A name that does not resolve passes (the request
                 then fails as an unreachable host).
         """
-        parts = httpx.URL(url)
         via = f" (redirected from {requested})" if requested and requested != url else ""
+        try:
+            parts = parse_page_url(url)
+        except ValueError as e:
+            raise FetchRefusedError(f"fetch refused: {url}{via} is not a valid URL ({e}).", reason="url") from e
         if parts.scheme not in ("http", "https"):
             raise FetchRefusedError(f"fetch refused: {url}{via} is not an http:// or https:// URL.", reason="scheme")
         host = parts.host
@@ -358,7 +425,8 @@ class PageFetcher:
         """Download ``url`` and extract its main text.
 
         Redirects (301/302/303/307/308) are followed by hand, at most ``max_redirects``,
-        each target checked with :meth:`check_url` before it is requested.
+        each target checked with :meth:`check_url` before it is requested (httpx never
+        reads ``Location`` itself: the client gets a response hook that moves it aside).
 
         Returns:
             A Document with ``doc_id == url``, ``url`` the requested URL, ``title`` and
@@ -374,18 +442,26 @@ class PageFetcher:
                 another scheme, or more than ``max_redirects`` redirects.
             DocumentNotFoundError: HTTP 404 or 410.
             UnsupportedContentError: a content type outside ``allowed_types``.
-            SearchError: another 4xx answer, a bad redirect, or no text could be extracted.
+            SearchError: another 4xx answer, no text could be extracted, or a bad redirect:
+                a ``Location`` that is no valid URL (``http:127.0.0.1:1/x``, a host that
+                is no valid name, a port outside 1..65535), in a message that names the
+                page first, as every error of a page (nothing is sent to such a target).
             AuthError, BackendUnavailableError: see :func:`send_with_retries`; also when
                 ``max_time_s`` ran out before an answer came.
         """
-        if not isinstance(url, str) or urlsplit(url.strip()).scheme.lower() not in ("http", "https"):
+        if not isinstance(url, str):
             raise BadQueryError(f"fetch needs an http:// or https:// URL, got {url!r}.")
         url = url.strip()
         try:
-            parsed = httpx.URL(url)
-        except httpx.InvalidURL as e:
+            parts = urlsplit(url)  # ValueError: e.g. an unclosed IPv6 bracket
+            if parts.scheme.lower() not in ("http", "https"):
+                raise BadQueryError(f"fetch needs an http:// or https:// URL, got {url!r}.")
+            parsed = parse_page_url(url)
+        except BadQueryError:
+            raise
+        except ValueError as e:
             raise BadQueryError(f"fetch needs a valid URL, got {url!r} ({e}).") from e
-        if not urlsplit(url).netloc or not parsed.host:
+        if not parts.netloc or not parsed.host:
             raise BadQueryError(f"fetch needs a URL with a host, got {url!r}.")
         deadline = time.monotonic() + self.max_time_s
         current = url
@@ -396,17 +472,21 @@ class PageFetcher:
             if left <= 0:
                 raise BackendUnavailableError(f"{url}: no answer within max_time_s={self.max_time_s:g} s "
                                               f"({len(redirects)} redirect(s) followed).")
-            resp = send_with_retries(
-                self.client, "GET", current, backend="fetch", retry=self.retry,
-                stream=True, timeout=httpx.Timeout(min(self.retry.timeout_s, left)),
-            )
-            if not resp.is_redirect:
+            try:
+                resp = send_with_retries(
+                    self.client, "GET", current, backend="fetch", retry=self.retry,
+                    stream=True, timeout=httpx.Timeout(min(self.retry.timeout_s, left)),
+                )
+            except URL_ERRORS as e:  # a URL httpx cannot send (parsed and checked above): nothing was sent
+                raise SearchError(f"{url}: cannot request {current!r} ({type(e).__name__}: {e}).") from e
+            location = resp.headers.get(_LOCATION)
+            if resp.status_code not in _REDIRECTS or location is None:
                 break
-            location = resp.headers["location"]
             resp.close()
             try:
                 current = str(resp.url.join(location))
-            except (httpx.InvalidURL, ValueError) as e:
+                parse_page_url(current)
+            except (ValueError, *URL_ERRORS) as e:  # UnicodeError is a ValueError
                 raise SearchError(f"{url}: HTTP {resp.status_code} redirect to an invalid URL {location!r} ({e}).") from e
             redirects.append(current)
         else:
