@@ -18,10 +18,18 @@ any of ``aliases``) and possibly more (``more_arguments``). Tag calls are
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from concurrent.futures import Executor
 from typing import Any
 
 from drgym.types import Document, SearchResult
+
+
+TOOL_CALL_OPEN = "<tool_call>"
+"""The tag that opens a call in the JSON protocol (Qwen / Hermes function calling)."""
+TOOL_CALL_CLOSE = "</tool_call>"
+"""The tag that closes a call in the JSON protocol: its one stop string."""
 
 
 class Tool:
@@ -124,6 +132,58 @@ class Tool:
             The arguments, or the error text shown to the agent when the body is malformed.
         """
         return {self.argument: content}
+
+    @property
+    def open_tag(self) -> str:
+        """The tag that opens a call in the tag protocol (``"<search>"``)."""
+        return f"<{self.name}>"
+
+    @property
+    def close_tag(self) -> str:
+        """The tag that closes a call in the tag protocol (``"</search>"``): a stop string."""
+        return f"</{self.name}>"
+
+    def tag_body(self, arguments: dict[str, str]) -> str:
+        """The body of a tag call with ``arguments``: the inverse of :meth:`tag_arguments`
+        (the ``argument``'s value; a tool with more arguments joins them itself)."""
+        return arguments[self.argument]
+
+    def render(self, arguments: dict[str, str] | str, protocol: str = "tags", *, call_id: str = "call_0") -> str:
+        """The action text that calls this tool, as :mod:`drgym.envs.parsing` reads it.
+
+        Args:
+            arguments: ``{name: value}`` of every argument (:attr:`argument_names`), or
+                the value of :attr:`argument` alone.
+            protocol: ``"tags"`` (``<search> q </search>``), ``"json"``
+                (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``) or
+                ``"openai"`` (the JSON of an assistant message with one ``tool_calls`` entry).
+            call_id: the ``id`` of the OpenAI tool call.
+
+        Returns:
+            The action string.
+
+        Raises:
+            ValueError: an unknown protocol, or an argument missing or not a string.
+
+        >>> SearchTool().render("capital of France")
+        '<search> capital of France </search>'
+        """
+        args = {self.argument: arguments} if isinstance(arguments, str) else dict(arguments)
+        missing = [n for n in self.argument_names if not isinstance(args.get(n), str)]
+        if missing:
+            raise ValueError(f"{self.name} needs string arguments {list(self.argument_names)}; "
+                             f"missing or not a string: {missing}.")
+        if protocol == "tags":
+            return f"{self.open_tag} {self.tag_body(args)} {self.close_tag}"
+        if protocol == "json":
+            return (f"{TOOL_CALL_OPEN}\n" + json.dumps({"name": self.name, "arguments": args}, ensure_ascii=False)
+                    + f"\n{TOOL_CALL_CLOSE}")
+        if protocol == "openai":
+            return json.dumps({"role": "assistant", "content": "", "tool_calls": [
+                {"id": call_id, "type": "function",
+                 "function": {"name": self.name, "arguments": json.dumps(args, ensure_ascii=False)}}]},
+                ensure_ascii=False)
+        raise ValueError(f"protocol must be 'tags', 'json' or 'openai', got {protocol!r}.")
 
     def value(self, arguments: dict[str, str]) -> Any:
         """What :meth:`call_batch` gets for one call: the ``argument``'s string, or for a tool
@@ -304,6 +364,9 @@ class FindInPageTool(Tool):
                     f"<{self.name}>https://en.wikipedia.org/wiki/Lyon population</{self.name}>.")
         return {"url": parts[0], "text": parts[1].strip()}
 
+    def tag_body(self, arguments: dict[str, str]) -> str:
+        return f"{arguments['url']} {arguments['text']}"
+
     def call_batch(self, backend, arguments, *, k, executor=None):
         docs = fetch_each(backend, [url for url, _ in arguments], executor)
         return [d if isinstance(d, BaseException) else (d, text) for d, (_, text) in zip(docs, arguments)]
@@ -349,3 +412,34 @@ DEFAULT_TOOLS: tuple[Tool, ...] = (SearchTool(), FetchTool(), AnswerTool())
 def tool_schemas(tools: tuple[Tool, ...] | list[Tool] = DEFAULT_TOOLS) -> list[dict[str, Any]]:
     """OpenAI ``tools`` schemas of ``tools``, in order."""
     return [t.schema() for t in tools]
+
+
+def stop_strings(tools: Iterable[Tool] = DEFAULT_TOOLS, protocol: str = "tags") -> tuple[str, ...]:
+    """The stop strings that end an agent turn calling ``tools`` in ``protocol``.
+
+    A turn ends at the closing tag of its first call (Search-R1: generation stops at
+    ``</search>``), so the stop strings are what the tools declare: each tool's
+    :attr:`Tool.close_tag` in the tag protocol, ``</tool_call>`` in the JSON one.
+
+    Args:
+        tools: the tools the env offers (``env.tools.values()``), in order.
+        protocol: ``"tags"``, ``"json"``, or ``"any"`` for both (a policy that does not
+            know the env's protocol).
+
+    Returns:
+        The stop strings, tags first in tool order (``("</search>", "</fetch>",
+        "</answer>")`` for :data:`DEFAULT_TOOLS`).
+
+    Raises:
+        ValueError: an unknown protocol, or no tools.
+
+    >>> stop_strings(DEFAULT_TOOLS, "any")
+    ('</search>', '</fetch>', '</answer>', '</tool_call>')
+    """
+    tools = tuple(tools)
+    if not tools:
+        raise ValueError("stop_strings needs at least one tool.")
+    if protocol not in ("tags", "json", "any"):
+        raise ValueError(f"protocol must be 'tags', 'json' or 'any', got {protocol!r}.")
+    tags = tuple(t.close_tag for t in tools) if protocol in ("tags", "any") else ()
+    return tags + ((TOOL_CALL_CLOSE,) if protocol in ("json", "any") else ())

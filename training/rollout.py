@@ -6,9 +6,10 @@ the policy there: a pluggable generation step (:class:`HFTurnStep` with KV reuse
 :class:`VLLMTurnStep`) plus the token bookkeeping GRPO needs.
 
 One rollout is one episode of ``drgym/SearchQA-v0``: the model writes a turn that ends
-at ``</search>`` or ``</answer>`` (stop strings), the environment answers a search with
-an ``<information>...</information>`` block, and the block's tokens are appended to the
-*same* assistant turn, as in Search-R1 (Jin et al. 2025, §3.1 "loss masking for
+at the closing tag of a tool call (``</search>``, ``</fetch>``, ``</answer>``: the stop
+strings the env's tools declare, :func:`drgym.envs.tools.stop_strings`), the environment
+answers a search with an ``<information>...</information>`` block, and the block's
+tokens are appended to the *same* assistant turn, as in Search-R1 (Jin et al. 2025, §3.1 "loss masking for
 retrieved tokens"). The completion handed to TRL is the interleaving of model tokens and
 observation tokens; ``env_mask`` is 1 on model tokens and 0 on observation tokens, so
 TRL 1.16 multiplies it into the loss mask (``loss_mask = completion_mask * tool_mask``).
@@ -32,20 +33,17 @@ from pydantic import StrictBool
 from drgym.training.ranks import gather_rows, world
 
 from drgym.config import RolloutSection
+from drgym.envs.tools import DEFAULT_TOOLS, stop_strings
 from drgym.errors import ConfigError
 from drgym.policies.generation import cut_ids_at_stop, opened_reasoning, render_chat
 
 log = logging.getLogger(__name__)
 
-STOP_STRINGS = ("</search>", "</answer>")
-"""Stop strings of a tag-protocol turn (Search-R1: a turn ends at its search or answer)."""
-JSON_STOP_STRINGS = ("</tool_call>",)
+STOP_STRINGS = stop_strings(DEFAULT_TOOLS, "tags")
+"""Stop strings of a tag-protocol turn with the default tools (Search-R1: a turn ends at
+the closing tag of its call): ``("</search>", "</fetch>", "</answer>")``."""
+JSON_STOP_STRINGS = stop_strings(DEFAULT_TOOLS, "json")
 """Stop strings of a JSON-protocol turn: a turn ends at its first complete tool call."""
-
-
-def stop_strings(protocol: str) -> tuple[str, ...]:
-    """The stop strings of a turn in ``protocol`` (``"tags"`` or ``"json"``)."""
-    return JSON_STOP_STRINGS if protocol == "json" else STOP_STRINGS
 
 
 # -- token layout ------------------------------------------------------------------------
@@ -210,7 +208,8 @@ def hf_generate_turn(model, tokenizer, contexts: list[list[int]], *, max_new_tok
         temperature: sampling temperature (as ``GRPOConfig.temperature``).
         keys: row identities, needed to reuse the cache next turn (None: no reuse).
         prev: the :class:`TurnCache` of the previous turn.
-        stops: the turn's stop strings (:func:`stop_strings` of the protocol).
+        stops: the turn's stop strings (:func:`drgym.envs.tools.stop_strings` of the
+            env's tools and protocol).
 
     Returns:
         ``(new_ids, turn_cache)``: each row's new ids cut by :func:`cut_generated_turn`, and the
@@ -290,8 +289,8 @@ class RolloutSettings(RolloutSection):
         enable_thinking: the chat template's thinking switch for the prompts (the run
             config's top-level ``enable_thinking``; None: the template's default).
         protocol: the env's action protocol (the run config's top-level ``protocol``):
-            ``"tags"`` turns stop at ``</search>`` / ``</answer>``, ``"json"`` turns at
-            ``</tool_call>``.
+            ``"tags"`` turns stop at the tools' closing tags (``</search>``, ``</fetch>``,
+            ``</answer>``), ``"json"`` turns at ``</tool_call>``.
 
     With ``reuse_cache`` (:class:`~drgym.config.RolloutSection`), the HF backend keeps the
     KV cache between turns when a rollout batch fits one ``generate`` call (at most
@@ -307,8 +306,10 @@ class RolloutSettings(RolloutSection):
 
     @property
     def stops(self) -> tuple[str, ...]:
-        """The stop strings of a turn (:func:`stop_strings`)."""
-        return stop_strings(self.protocol)
+        """The stop strings of a turn with the default tools in :attr:`protocol`
+        (:func:`drgym.envs.tools.stop_strings`); :class:`SearchRolloutFunc` takes them
+        from its env's own tools instead."""
+        return stop_strings(DEFAULT_TOOLS, self.protocol)
 
 
 @dataclass
@@ -344,12 +345,15 @@ class HFTurnStep:
             ``gen_batch_size``, ``greedy``, ``reuse_cache``).
         rows: episodes in the rollout batch; the KV cache is reused between turns only
             when they fit one ``generate`` call (``rows <= gen_batch_size``).
+        stops: the turn's stop strings (None: ``settings.stops``, the default tools').
     """
 
     returns_logprobs = False
 
-    def __init__(self, model, tokenizer, settings: RolloutSettings, rows: int) -> None:
+    def __init__(self, model, tokenizer, settings: RolloutSettings, rows: int,
+                 stops: tuple[str, ...] | None = None) -> None:
         self.model, self.tokenizer, self.settings = model, tokenizer, settings
+        self.stops = tuple(stops) if stops is not None else settings.stops
         self.single = rows <= settings.gen_batch_size and settings.reuse_cache
         self._cache: TurnCache | None = None
 
@@ -362,7 +366,7 @@ class HFTurnStep:
                 self.model, self.tokenizer, contexts[b: b + s.gen_batch_size], max_new_tokens=s.max_new_tokens,
                 temperature=s.temperature, do_sample=not s.greedy,
                 keys=keys[b: b + s.gen_batch_size] if self.single else None, prev=self._cache if self.single else None,
-                stops=s.stops)
+                stops=self.stops)
             if self.single:
                 self._cache = cache
             ids_out += ids
@@ -374,7 +378,7 @@ class VLLMTurnStep:
 
     One call per turn with every active row of this rank, with the per-turn sampling
     parameters the HF path uses: ``max_tokens`` = ``max_new_tokens`` and ``stop`` =
-    :data:`STOP_STRINGS` with ``include_stop_str_in_output`` (set on TRL's
+    the turn's stop strings with ``include_stop_str_in_output`` (set on TRL's
     ``VLLMGeneration`` for the call and restored after; TRL 1.16 takes no per-call
     sampling parameters, and ``generation_kwargs`` override its own). Each row is still
     cut by :func:`cut_generated_turn`, as on HF.
@@ -401,8 +405,9 @@ class VLLMTurnStep:
 
     returns_logprobs = True
 
-    def __init__(self, trainer, tokenizer, settings: RolloutSettings) -> None:
+    def __init__(self, trainer, tokenizer, settings: RolloutSettings, stops: tuple[str, ...] | None = None) -> None:
         self.trainer, self.tokenizer, self.settings = trainer, tokenizer, settings
+        self.stops = tuple(stops) if stops is not None else settings.stops
         self.gen = trainer.vllm_generation
         _, n_proc = world(trainer)
         mode = getattr(self.gen, "mode", "colocate")
@@ -418,7 +423,7 @@ class VLLMTurnStep:
         old_len, old_kw = g.max_completion_length, g.generation_kwargs
         g.max_completion_length = self.settings.max_new_tokens
         g.generation_kwargs = {**(old_kw or {}), "max_tokens": self.settings.max_new_tokens,
-                               "stop": list(self.settings.stops), "include_stop_str_in_output": True}
+                               "stop": list(self.stops), "include_stop_str_in_output": True}
         try:
             yield
         finally:
@@ -621,6 +626,21 @@ class SearchRolloutFunc:
             self._pool.append(self.env_factory())
         return self._pool[:n]
 
+    @staticmethod
+    def stops(envs: list[Any]) -> tuple[str, ...]:
+        """The stop strings of a turn: what the envs' tools declare in their protocol
+        (:func:`drgym.envs.tools.stop_strings`), so a turn ends at every closing tag the
+        system prompt describes (``</fetch>`` too when the env offers fetch).
+
+        Raises:
+            ConfigError: the envs disagree (one rollout batch shares one generation call).
+        """
+        found = {stop_strings(e.tools.values(), e.protocol) for e in envs}
+        if len(found) != 1:
+            raise ConfigError(f"the rollout's envs declare different stop strings {sorted(found)}; "
+                              "every env of a rollout must have the same tools and protocol.")
+        return found.pop()
+
     def run(self, prompts: list[Any], *, model=None, tokenizer, trainer=None, step=None) -> dict[str, Any]:
         """Run one episode per prompt; see the class docstring for the returned fields.
 
@@ -639,12 +659,14 @@ class SearchRolloutFunc:
                                   "drgym.training.data.build_dataset so prompts map to tasks.")
             tasks.append(self.prompt_to_task[key])
         self.history.append([t.task_id for t in tasks])
+        envs = self._envs(len(prompts))
         if step is None:
-            step = VLLMTurnStep(trainer, tokenizer, self.settings) if trainer is not None else HFTurnStep(
-                model, tokenizer, self.settings, rows=len(prompts))
+            stops = self.stops(envs)
+            step = VLLMTurnStep(trainer, tokenizer, self.settings, stops) if trainer is not None else HFTurnStep(
+                model, tokenizer, self.settings, rows=len(prompts), stops=stops)
         recorder = TokenRecorder(step, tokenizer, self.settings)
         t0 = time.perf_counter()
-        with BatchedDriver(self._envs(len(prompts))) as driver:
+        with BatchedDriver(envs) as driver:
             trajs = driver.run(recorder, [{"task": t} for t in tasks], seed=None)
         drain = getattr(step, "drain", None)
         if drain is not None:

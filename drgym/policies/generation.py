@@ -21,12 +21,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from drgym.envs.tools import DEFAULT_TOOLS, stop_strings
 from drgym.reasoning import OPEN_TAG, ends_in_reasoning
 
-DEFAULT_STOPS: tuple[str, ...] = ("</search>", "</fetch>", "</answer>", "</tool_call>")
-"""Closing tags that end an assistant turn (the env parses the text up to them)."""
-
-_OPEN_FOR_CLOSE = {"</search>": "<search>", "</fetch>": "<fetch>", "</answer>": "<answer>", "</tool_call>": "<tool_call>"}
+DEFAULT_STOPS: tuple[str, ...] = stop_strings(DEFAULT_TOOLS, "any")
+"""Closing tags that end an assistant turn (the env parses the text up to them): those the
+default tools declare, in both protocols (:func:`drgym.envs.tools.stop_strings`)."""
 
 
 def cut_text_at_stop(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS, eos: tuple[str, ...] | list[str] = ()) -> tuple[str, str]:
@@ -129,14 +129,15 @@ def close_open_tag(text: str, stops: tuple[str, ...] | list[str] = DEFAULT_STOPS
     """Re-append the closing tag an API stripped when it stopped on it.
 
     OpenAI-compatible servers drop the matched stop string from the completion. When
-    the text has an opening ``<search>`` (etc.) after the last closing tag, the closing
-    tag is appended so the env sees a complete action.
+    the text has an opening ``<search>`` (the opening tag of any stop string ``</x>``)
+    after the last closing tag, the closing tag is appended so the env sees a complete
+    action.
     """
     last_open, close = -1, None
     for c in stops:
-        o = _OPEN_FOR_CLOSE.get(c)
-        if not o:
-            continue
+        if not (c.startswith("</") and c.endswith(">")):
+            continue  # not a closing tag: nothing opens it
+        o = "<" + c[2:]
         i = text.rfind(o)
         if i > last_open and text.find(c, i) < 0:
             last_open, close = i, c

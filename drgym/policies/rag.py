@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from drgym.envs.tools import DEFAULT_TOOLS, AnswerTool, SearchTool
 from drgym.errors import ConfigError
 from drgym.policies.base import Conversation, Policy
 from drgym.policies.generation import TokenUsage
@@ -25,7 +26,9 @@ _PREFIX = re.compile(
     r"(?:\s+(?:to|for)\s+(?:this|the)\s+question)?(?:\s+is)?\s*[:\-]?\s*",
     re.IGNORECASE,
 )
-_TAG = re.compile(r"</?(?:answer|search|fetch|think|information)>", re.IGNORECASE)
+_SEARCH, _ANSWER = SearchTool(), AnswerTool()
+_TAG = re.compile(r"</?(?:" + "|".join([*(re.escape(t.name) for t in DEFAULT_TOOLS), "think", "information"]) + r")>",
+                  re.IGNORECASE)
 _INFO = re.compile(r"<information>(.*?)</information>", re.DOTALL)
 
 
@@ -134,7 +137,7 @@ class RagPolicy(Policy):
             question = self.question_of(conv, info)
             searched = any(m.get("role") == "assistant" for m in conv)
             if not searched:
-                out[i] = f"<search> {' '.join(question.split())} </search>"
+                out[i] = _SEARCH.render(" ".join(question.split()))
             else:
                 to_read.append((i, self.reader_conversation(question, self.passages_of(conv, info))))
         usage = [TokenUsage(finish="search") for _ in conversations]
@@ -143,7 +146,7 @@ class RagPolicy(Policy):
             reader_usage = getattr(self.reader, "last_usage", None) or [TokenUsage() for _ in to_read]
             for (i, _), reply, u in zip(to_read, replies, reader_usage):
                 ans = clean_answer(reply)
-                out[i] = f"<answer> {ans} </answer>" if ans else "<answer> unknown </answer>"
+                out[i] = _ANSWER.render(ans or "unknown")
                 usage[i] = u
         self.last_usage = usage
         return [o or "" for o in out]
@@ -186,7 +189,7 @@ class SearchFirstPolicy(Policy):
         rest = []
         for i, (conv, info) in enumerate(zip(conversations, infos)):
             if not any(m.get("role") == "assistant" for m in conv):
-                out[i] = f"<search> {' '.join(RagPolicy.question_of(conv, info).split())} </search>"
+                out[i] = _SEARCH.render(" ".join(RagPolicy.question_of(conv, info).split()))
             else:
                 rest.append(i)
         usage = [TokenUsage(finish="search") for _ in conversations]

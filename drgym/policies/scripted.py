@@ -7,10 +7,11 @@ agents should beat.
 
 from __future__ import annotations
 
-import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
+from drgym.envs.tools import DEFAULT_TOOLS, Tool
 from drgym.policies.base import Conversation, Policy
 
 _WORD_RE = re.compile(r"[A-Za-z0-9][\w'’.-]*|\S")
@@ -88,28 +89,30 @@ class ScriptedPolicy(Policy):
             ``"json"`` (``<tool_call>{...}</tool_call>``) or ``"openai"`` (the JSON of an
             assistant message with ``tool_calls``).
         fetch: False skips the fetch and answers from the top passage.
+        tools: the env's tools; the calls are written by their own
+            :meth:`~drgym.envs.tools.Tool.render` (it needs ``search``, ``answer`` and,
+            with ``fetch``, ``fetch``).
 
     Raises:
-        ValueError: unknown protocol, or ``act`` called without ``infos``.
+        ValueError: unknown protocol, a needed tool missing from ``tools``, or ``act``
+            called without ``infos``.
     """
 
     name = "scripted"
 
-    def __init__(self, protocol: str = "tags", fetch: bool = True) -> None:
+    def __init__(self, protocol: str = "tags", fetch: bool = True, tools: Sequence[Tool] = DEFAULT_TOOLS) -> None:
         if protocol not in ("tags", "json", "openai"):
             raise ValueError(f"protocol must be 'tags', 'json' or 'openai', got {protocol!r}.")
+        self.tools = {t.name: t for t in tools}
+        missing = [n for n in ("search", "answer", *(("fetch",) if fetch else ())) if n not in self.tools]
+        if missing:
+            raise ValueError(f"the scripted policy needs the tools {missing}; got {sorted(self.tools)}.")
         self.protocol = protocol
         self.fetch = fetch
         self._top: dict[str, dict[str, Any]] = {}
 
-    def _call(self, name: str, arg_name: str, value: str, n: int) -> str:
-        if self.protocol == "tags":
-            return f"<{name}> {value} </{name}>"
-        if self.protocol == "json":
-            return "<tool_call>\n" + json.dumps({"name": name, "arguments": {arg_name: value}}, ensure_ascii=False) + "\n</tool_call>"
-        return json.dumps({"role": "assistant", "content": "", "tool_calls": [
-            {"id": f"call_{n}", "type": "function", "function": {"name": name, "arguments": json.dumps({arg_name: value}, ensure_ascii=False)}}
-        ]}, ensure_ascii=False)
+    def _call(self, name: str, value: str, n: int) -> str:
+        return self.tools[name].render(value, self.protocol, call_id=f"call_{n}")
 
     def act_one(self, info: dict[str, Any]) -> str:
         """The action for one episode given its latest ``info``."""
@@ -118,15 +121,15 @@ class ScriptedPolicy(Policy):
         results = info.get("results") or []
         if turn == 0:
             self._top.pop(ep, None)
-            return self._call("search", "query", str(info["question"]), turn)
+            return self._call("search", str(info["question"]), turn)
         if turn == 1 and results:
             self._top[ep] = results[0]
             if self.fetch and info.get("fetches_left", 1) > 0 and info.get("turns_left", 2) > 1:
-                return self._call("fetch", "url", str(results[0]["url"]), turn)
+                return self._call("fetch", str(results[0]["url"]), turn)
         doc = results[0] if results else self._top.get(ep)
         self._top.pop(ep, None)
         span = answer_span(doc.get("text", ""), str(info.get("question", "")), doc.get("title", "")) if doc else "unknown"
-        return self._call("answer", "answer", span, turn)
+        return self._call("answer", span, turn)
 
     def act(self, conversations: list[Conversation], infos: list[dict[str, Any]] | None = None) -> list[str]:
         """One action per conversation (see the class docstring)."""
