@@ -469,12 +469,21 @@ class TaskSlice(Section):
 
 
 class TasksSection(Section):
-    """``tasks:``: the training and the held-out task slices (:class:`TaskSlice`)."""
+    """``tasks:``: the training and the held-out task slices (:class:`TaskSlice`).
+
+    Attributes:
+        train: the training questions.
+        eval: held-out questions for settings and the curves (dev).
+        test: the slice the run's claim is made on: read only for final figures and by
+            ``drgym train preflight`` (its size sets the smallest detectable lift), never
+            during training.
+    """
 
     section: ClassVar[str] = "tasks"
 
     train: TaskSlice | None = None
     eval: TaskSlice | None = None
+    test: TaskSlice | None = None
 
 
 class EnvSection(Section):
@@ -597,6 +606,8 @@ class EntropyBrakeSection(Section):
         window: logged steps averaged, and the least number of steps between two cuts.
         factor: multiplier of the learning rate per engagement.
         min_scale: the smallest learning-rate scale.
+        z: engage only when the window's mean plus ``z`` standard errors is below
+            ``floor`` (one-sided confidence; 0: the bare mean).
     """
 
     section: ClassVar[str] = "entropy_brake"
@@ -605,6 +616,7 @@ class EntropyBrakeSection(Section):
     window: int = 5
     factor: float = 0.5
     min_scale: float = 0.125
+    z: float = 0.0
 
 
 class TrainingConfig(Section):
@@ -784,9 +796,11 @@ class ServeSettings(BaseModel):
             no authentication (the default, for loopback use). A secret: never printed
             (``repr`` shows ``**********``), compared in constant time.
         log_level: uvicorn log level.
-        encoder_backend: runtime of the query encoder: ``torch`` (default), ``onnx`` (the
+        encoder_backend: runtime of the query encoder: ``torch`` (float32), ``onnx`` (the
             same float32 weights in ONNX Runtime) or ``onnx-int8`` (those weights quantised
-            to int8; rankings move a little) (:data:`drgym.embedding.ENCODER_BACKENDS`).
+            to int8; rankings move a little) (:data:`drgym.embedding.ENCODER_BACKENDS`);
+            None (default): ``onnx-int8`` on the CPU, ``torch`` on a GPU
+            (:func:`drgym.embedding.resolve_encoder_backend`).
         mmap: memory-map the dense shards' FAISS files instead of reading them into memory
             (``LocalSearchEngine(mmap=True)``).
         search_threads: CPU threads each micro-batch's query encoding and FAISS search run
@@ -828,7 +842,7 @@ class ServeSettings(BaseModel):
     retrieve_collapse: Collapse = "passage"
     api_keys: SecretStr = SecretStr("")
     log_level: str = "warning"
-    encoder_backend: Literal["torch", "onnx", "onnx-int8"] = "torch"
+    encoder_backend: Literal["torch", "onnx", "onnx-int8"] | None = None
     mmap: bool = False
     search_threads: int = Field(1, ge=0)
     search_params: dict[str, int] | None = None

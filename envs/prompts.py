@@ -16,6 +16,7 @@ a report can cite ``[3]``; see :mod:`drgym.envs.deepresearch`.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from drgym.envs.text import count_tokens, truncate_tokens
@@ -167,6 +168,22 @@ def tool_response_block(content: str) -> str:
 def tags_observation(body: str) -> str:
     """Wrap a result or error text as the Search-R1 ``<information>`` block."""
     return f"\n\n<information>{body}</information>\n\n"
+
+
+_SHOWN = re.compile(r"<information>(.*?)</information>|<tool_response>\n?(.*?)\n?</tool_response>", re.DOTALL)
+
+
+def shown_text(observation: str) -> str:
+    """What an observation shows of its tool results: the bodies of its ``<information>``
+    (tags) or ``<tool_response>`` (JSON) blocks, joined by new lines; ``""`` when it has none.
+
+    The text "did the agent see the gold" is asked of (the answerable filter, question
+    synthesis, gold-in-view statistics).
+
+    >>> shown_text("ok" + tags_observation("Doc 1 (Title: Lyon, URL: u) Lyon is a city."))
+    'Doc 1 (Title: Lyon, URL: u) Lyon is a city.'
+    """
+    return "\n".join(a or b for a, b in _SHOWN.findall(observation))
 
 
 def corrective_message(error: str, protocol: str, tools: tuple[Tool, ...] | list[Tool] = DEFAULT_TOOLS) -> str:

@@ -19,6 +19,12 @@ answerable-train-wide  answerable-train plus the answerable questions of    ~470
                     R1-Searcher's training sets (r1-stage1, r1-stage2)
 answerable-train-wide-capped  the same, at most 3 questions per gold answer   ~320    yes
                     (136 of the 461 have the gold "American")
+synth-train         questions synthesised from wiki-default documents and   ~10k    yes
+                    verified in the answerable env (``drgym data synth``)
+synth-dev           the same, from documents of no other slice              ~200    yes
+synth-test          the same, from documents of no other slice (final)      >=400   yes
+breadth-train       answerable-train-wide-capped plus synth-train,          ~10k    yes
+                    one task per question
 search-skill-train  gold in the top-10 but not in the top-3 observation     rest    yes
 search-skill-test   its test slice                                          200     yes
 nq-open             NQ-open dev, first 200 rows (JSONL)                     200     yes
@@ -73,6 +79,7 @@ from drgym.atomic import decode_line, load_jsonl_strict
 from drgym.errors import ConfigError, CorpusError, unknown_name
 from drgym.paths import DATA_DIR
 from drgym.records import Task
+from drgym.rewards.qa import normalize_answer
 
 TASKS_DIR = DATA_DIR / "tasks"
 ANSWER_SPLIT = "<|answer_split|>"
@@ -541,7 +548,47 @@ def shipped_split(file: str, name: str) -> list[Task]:
                           "rewrite it with python scripts/make_answerable_pool.py.") from e
 
 
+SYNTH_DIR = "synth"
+"""Questions synthesised from ``wiki-default`` by ``drgym data synth`` (rules generator,
+verified in the ``smollm2_answerable_cpu`` env), split by document: ``train.jsonl``,
+``dev.jsonl``, ``test.jsonl`` and ``record.json``."""
+
+
+def load_task_records(path: str | Path) -> list[Task]:
+    """Tasks from a JSONL file of :meth:`Task.to_dict` rows (what ``drgym data synth`` writes).
+
+    Raises:
+        CorpusError: the file is missing, a line is not JSON, or a row is not a task (named by line).
+    """
+    rows = load_jsonl_strict(path, error=CorpusError)
+    out = []
+    for n, r in enumerate(rows, 1):
+        try:
+            out.append(Task.from_dict(r))
+        except (KeyError, TypeError, AttributeError) as e:
+            raise CorpusError(f"{path}: row {n} is not a task record ({type(e).__name__}: {e}).") from e
+    return out
+
+
+def unique_questions(*sets: list[Task]) -> list[Task]:
+    """The tasks of ``sets`` in order, keeping the first of each question
+    (:func:`drgym.rewards.qa.normalize_answer`: lower case, no punctuation or articles)."""
+    seen: set[str] = set()
+    out = []
+    for tasks in sets:
+        for t in tasks:
+            k = normalize_answer(t.question)
+            if k not in seen:
+                seen.add(k)
+                out.append(t)
+    return out
+
+
 TASK_SETS: dict[str, Callable[[], list[Task]]] = {
+    "synth-train": lambda: load_task_records(_shipped(f"{SYNTH_DIR}/train.jsonl")),
+    "synth-dev": lambda: load_task_records(_shipped(f"{SYNTH_DIR}/dev.jsonl")),
+    "synth-test": lambda: load_task_records(_shipped(f"{SYNTH_DIR}/test.jsonl")),
+    "breadth-train": lambda: unique_questions(load_tasks("answerable-train-wide-capped"), load_tasks("synth-train")),
     "answerable-train": lambda: shipped_split(ANSWERABLE_SPLIT, "train"),
     "answerable-dev": lambda: shipped_split(ANSWERABLE_SPLIT, "dev"),
     "answerable-test": lambda: shipped_split(ANSWERABLE_SPLIT, "test"),

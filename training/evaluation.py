@@ -54,8 +54,9 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
 
     Returns:
         ``evaluate``; its ``name`` argument is the policy name recorded in the run
-        directory (default ``"hf:<run name>"``), and the ``trajectories`` it returns are
-        the episode dicts in task order.
+        directory (default ``"hf:<run name>"``), its ``temperature`` replaces the
+        greedy/rollout choice above (``drgym train preflight`` samples at the training
+        temperature), and the ``trajectories`` it returns are the episode dicts in task order.
     """
     base = cfg.rollout_settings()
     tasks = list(tasks)
@@ -67,11 +68,12 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
 
     scorer = WeightedReward([(f.reward, w) for f, w in zip(reward_funcs, weights)])
 
-    def evaluate(model, tokenizer, out_dir, name: str | None = None):
+    def evaluate(model, tokenizer, out_dir, name: str | None = None, temperature: float | None = None):
         be = backend if backend is not None else backend_from_settings(cfg.search)
         pol = HFPolicy(model, tokenizer=tokenizer, name=name or f"hf:{cfg.name}", layout="continuation",
                        scaffold="none", max_new_tokens=base.max_new_tokens, batch_size=base.gen_batch_size,
-                       temperature=0.0 if cfg.eval.greedy else base.temperature,
+                       temperature=(temperature if temperature is not None
+                                    else 0.0 if cfg.eval.greedy else base.temperature),
                        stops=base.stops, seed=cfg.seed,
                        enable_thinking=cfg.enable_thinking)
         rc = RolloutConfig(env=cfg.env["id"], tasks=label, policy=pol.name, backend=f"training:{cfg.search}",

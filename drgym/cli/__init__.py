@@ -51,9 +51,9 @@ def version() -> None:
 
 
 def _register_all() -> None:
-    from drgym.cli import compare, distributed, evaluate, index, mcp, rollout, search, serve, train
+    from drgym.cli import compare, data, distributed, evaluate, index, mcp, rollout, search, serve, train
 
-    for module in (index, search, serve, mcp, distributed, rollout, evaluate, train, compare):
+    for module in (index, search, serve, mcp, distributed, rollout, evaluate, data, train, compare):
         module.register(app)
 
 

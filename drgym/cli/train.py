@@ -196,6 +196,37 @@ def plot_cmd(
         typer.echo(str(p))
 
 
+@train_app.command("preflight")
+def preflight_cmd(
+    config: str = typer.Option(..., "--config", "-c", help="YAML file or bundled config name."),
+    n_tasks: int = typer.Option(16, "--n", help="Training questions sampled."),
+    k: Optional[int] = typer.Option(None, "--k", help="Episodes per question (default grpo.num_generations)."),
+    model: Optional[str] = typer.Option(None, "--model", help="Start policy (default the config's model)."),
+    test_set: Optional[str] = typer.Option(None, "--test-set", help="Slice the claim is made on "
+                                           "(default tasks.test, else answerable-test)."),
+    data_only: bool = typer.Option(False, "--data-only", help="Only the data checks: load no model."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Also write the record to this JSON file."),
+) -> None:
+    """Before training: gold in view, the start policy's pass@1/pass@k at the training temperature,
+    zero-variance groups, rollout time per step, and the smallest lift the test slice can detect.
+
+    Ends with plain verdicts on whether the run can show a lift, and why not. Takes a few
+    minutes on 2 CPU cores for the SmolLM2 configs (16 questions x num_generations episodes).
+    """
+    try:
+        from drgym.atomic import atomic_write_json
+        from drgym.training.config import load_config
+        from drgym.training.preflight import preflight
+
+        cfg = load_config(config)
+        rec = preflight(cfg, n_tasks=n_tasks, k=k, model_path=model, test_set=test_set, skip_policy=data_only)
+        if out is not None:
+            atomic_write_json(out, rec, indent=1)
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+    typer.echo(json.dumps(rec, indent=1))
+
+
 def register(app: typer.Typer) -> None:
     """Add this area's commands to ``app``: ``train grpo|sft|check`` and ``plot``."""
     app.add_typer(train_app, name="train")

@@ -1,0 +1,130 @@
+"""``drgym data synth``: training and test questions made from a corpus, verified by retrieval."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+data_app = typer.Typer(help="Task data: questions synthesised from a corpus.", no_args_is_help=True,
+                       rich_markup_mode=None)
+
+HELD_OUT = "answerable-test,answerable-dev,hipporag-test,hipporag-dev,search-skill-test"
+
+
+@data_app.command("synth")
+def synth_cmd(
+    config: str = typer.Option("smollm2_answerable_cpu", "--config", "-c",
+                               help="Training config whose env verifies the questions (its search and env "
+                                    "settings, exactly as training sees them)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for train.jsonl, dev.jsonl, test.jsonl and "
+                                                     "record.json."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", help="Passages to write questions from: a corpus file "
+                                         "(any format `drgym index build` reads) or a named corpus; default: the "
+                                         "config's search corpus."),
+    corpus_format: Optional[str] = typer.Option(None, "--format", help="Corpus file format (default: sniffed)."),
+    generator: str = typer.Option("rules", "--generator", "-g",
+                                  help="'rules' (deterministic, no model), or a teacher: 'openai:MODEL@URL', "
+                                       "'hf:NAME'."),
+    held_out: str = typer.Option(HELD_OUT, "--held-out",
+                                 help="Comma-separated task sets (names or files) never to overlap: their "
+                                      "questions are dropped, and the documents the env shows for them are used "
+                                      "by no slice. '' for none."),
+    test_frac: float = typer.Option(0.06, "--test-frac", help="Share of documents for the test slice."),
+    dev_frac: float = typer.Option(0.02, "--dev-frac", help="Share of documents for the dev slice."),
+    max_per_answer: int = typer.Option(3, "--max-per-answer", help="Most questions per answer string."),
+    max_docs: Optional[int] = typer.Option(None, "--max-docs", help="Use a seeded sample of this many documents."),
+    max_verify: Optional[int] = typer.Option(None, "--max-verify", help="Verify at most this many candidates."),
+    seed: int = typer.Option(20261207, "--seed", help="Seeds the document split and samples."),
+) -> None:
+    """Write (question, answer, evidence) tasks from a corpus, kept when the env's own search shows the answer.
+
+    Each question is searched through the config's env at its exact settings; it is kept
+    only when a gold alias is in the observation. Questions are split by document (no test
+    question's evidence document is in train). record.json holds every count kept and
+    dropped, by stage, rule and answer type, and how the questions compare with NQ-open's.
+    """
+    from drgym.cli.train import _fail
+
+    try:
+        _synth(config, out, corpus, corpus_format, generator, held_out, test_frac, dev_frac, max_per_answer,
+               max_docs, max_verify, seed)
+    except Exception as e:  # noqa: BLE001
+        _fail(e)
+
+
+def _synth(config, out, corpus, corpus_format, generator, held_out, test_frac, dev_frac, max_per_answer, max_docs,
+           max_verify, seed) -> None:
+    import random
+    import sys
+    import time
+
+    from drgym.atomic import atomic_write_json, atomic_write_text
+    from drgym.corpus.named import NAMED, load_named_corpus
+    from drgym.corpus.readers import read_corpus
+    from drgym.envs.task_loaders import load_tasks
+    from drgym.errors import ConfigError
+    from drgym.records import Task
+    from drgym.synth.pipeline import SynthSettings, question_profile, rules_generator, shown_docs, synthesize
+    from drgym.training.config import load_config
+    from drgym.training.data import make_env_factory
+
+    t0 = time.perf_counter()
+    settings = SynthSettings(seed=seed, test_frac=test_frac, dev_frac=dev_frac, max_per_answer=max_per_answer,
+                             max_verify=max_verify)
+    cfg = load_config(config)
+    cfg.apply_threads()
+    corpus = corpus or (cfg.search or {}).get("corpus")
+    if not corpus:
+        raise ConfigError(f"config {config!r} names no search corpus: pass --corpus FILE or a named corpus.")
+    docs = load_named_corpus(corpus) if corpus in NAMED else list(read_corpus(corpus, corpus_format))
+    if max_docs is not None:
+        docs = random.Random(seed).sample(docs, min(max_docs, len(docs)))
+    if generator == "rules":
+        gen, gen_desc = rules_generator, {"generator": "rules", "module": "drgym.synth.rules"}
+    else:
+        from drgym.synth.teacher import TeacherGenerator
+
+        gen = TeacherGenerator(generator)
+        gen_desc = {"generator": generator}
+    held_sets = [h.strip() for h in held_out.split(",") if h.strip()]
+    held_tasks = [t for h in held_sets for t in load_tasks(h)]
+    factory = make_env_factory(cfg, [Task(task_id="synth-probe", question="probe", answers=["probe"])])
+
+    def say(s: str) -> None:
+        print(s, file=sys.stderr, flush=True)
+
+    held_docs = {d for row in shown_docs(factory, [t.question for t in held_tasks]) for d in row}
+    say(f"{len(held_tasks)} held-out questions show {len(held_docs)} documents; none of them is used")
+    res = synthesize(docs, gen, factory, settings=settings, held_out_questions=[t.question for t in held_tasks],
+                     held_out_docs=held_docs, progress=say)
+    if generator != "rules":
+        gen_desc.update(gen.describe())
+    nq = [t for t in load_tasks("nq-open")]
+    profile = {"synth-train": question_profile([t.question for t in res.slices["train"]],
+                                               [t.answers[0] for t in res.slices["train"]]),
+               "synth-test": question_profile([t.question for t in res.slices["test"]],
+                                              [t.answers[0] for t in res.slices["test"]]),
+               "nq-open (200 dev questions)": question_profile([t.question for t in nq], [t.answers[0] for t in nq])}
+    engine = factory().backend.identity()
+    record = {
+        "command": " ".join(["drgym data synth", *sys.argv[3:]]) if len(sys.argv) > 3 else "drgym data synth",
+        "config": config, "corpus": corpus, "documents": len(docs), "generator": gen_desc,
+        "engine": engine, "env": {"search": cfg.search, "env": cfg.env},
+        "held_out": {"task_sets": held_sets, "questions": len(held_tasks), "documents": len(held_docs)},
+        **res.record, "profile": profile, "seconds_total": round(time.perf_counter() - t0, 1),
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    for name, rows in res.slices.items():
+        atomic_write_text(out / f"{name}.jsonl", "".join(json.dumps(t.to_dict(), ensure_ascii=False) + "\n"
+                                                         for t in rows))
+    atomic_write_json(out / "record.json", record, indent=1)
+    typer.echo(json.dumps({k: len(v) for k, v in res.slices.items()} | {"seconds": record["seconds_total"],
+                                                                          "out": str(out)}))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``data synth`` to ``app``."""
+    app.add_typer(data_app, name="data")
