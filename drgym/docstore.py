@@ -16,24 +16,32 @@ One file, ``docs.sqlite``, in WAL mode, with two tables:
 in one transaction together with a row of a progress table, so a killed build resumes
 after the last committed unit.
 
-Reads are thread-safe: each thread gets its own read-only connection (SQLite
-connections must not be shared between threads without a lock, and WAL lets readers
-run concurrently).
+Reads are thread-safe: a thread borrows a read-only connection from a pool for each
+query (:class:`PinnedSQLite`), so concurrent queries run on separate connections. Every
+connection reads the file that was at the path when the store was opened: an index
+rebuilt under a running process (``drgym index build --force`` renames the new folder
+into place) is not read by connections opened later, so the process keeps serving the
+one index it loaded, whole, until it loads the index again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
+import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from drgym.corpus.chunking import Passage
 from drgym.corpus.urls import normalize_url
-from drgym.errors import CorruptIndexError, DocumentNotFoundError, IndexNotFoundError, SearchError
+from drgym.errors import CorruptIndexError, DocumentNotFoundError, IndexNotFoundError, IndexReplacedError, SearchError
 from drgym.types import Document
+
+log = logging.getLogger(__name__)
 
 SCHEMA = """
 CREATE TABLE documents (
@@ -84,6 +92,164 @@ class PassageRecord:
     source: str
 
 
+def file_identity(path: str | Path) -> tuple[int, int] | None:
+    """``(st_dev, st_ino)`` of the file or folder at ``path``; None when nothing is there
+    or it cannot be examined."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+class PinnedSQLite:
+    """Read-only SQLite connections that all read the file that was at ``path`` when
+    this object was made, whatever is renamed to ``path`` later.
+
+    SQLite opens a file by path, and each connection opens it again. An index rebuilt
+    under a running process is renamed into place (:func:`drgym.index.build.swap_into_place`),
+    so a connection opened after that would read the new file while the process ranks
+    with the old index's rows. Here the first connection is opened at once, the file is
+    held open (POSIX: its inode cannot be reused while this object lives), and a further
+    connection is kept only when ``path`` names the same file (device and inode) both
+    before and after SQLite opens it. Once ``path`` names another file, no connection is
+    opened any more: a query waits for an idle connection of the pinned file (there is
+    always at least the first), logged once. Connections are pooled, not bound to
+    threads: a query borrows one (:meth:`connection`) and gives it back.
+
+    Args:
+        path: the SQLite file.
+        params: URI query parameters (default ``"mode=ro&immutable=1"``: read-only, and
+            SQLite takes no locks on a file that never changes).
+
+    Attributes:
+        identity: ``(st_dev, st_ino)`` of the pinned file.
+        replaced: True once ``path`` was found to name another file (or none).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        IndexReplacedError: ``path`` was replaced while the first connection was opened.
+        sqlite3.Error: SQLite cannot open the file.
+    """
+
+    def __init__(self, path: str | Path, params: str = "mode=ro&immutable=1") -> None:
+        self.path = Path(path)
+        self._uri = f"{self.path.resolve().as_uri()}?{params}"
+        self._fd: int | None = None
+        if os.name == "posix":  # elsewhere an open file could not be renamed over
+            self._fd = os.open(self.path, os.O_RDONLY)
+            st = os.fstat(self._fd)
+            self.identity = (st.st_dev, st.st_ino)
+        else:
+            ident = file_identity(self.path)
+            if ident is None:
+                raise FileNotFoundError(f"No file at {self.path}")
+            self.identity = ident
+        self.replaced = False
+        self._cond = threading.Condition()
+        self._idle: list[sqlite3.Connection] = []
+        self._all: list[sqlite3.Connection] = []
+        self._closed = False
+        try:
+            first = self._open()
+        except BaseException:
+            self._release_fd()
+            raise
+        if first is None:
+            self._release_fd()
+            raise IndexReplacedError(f"{self.path} was replaced while it was being opened; open it again.")
+        self._all.append(first)
+        self._idle.append(first)
+
+    def _open(self) -> sqlite3.Connection | None:
+        """A new connection to the pinned file, or None when ``path`` names another file."""
+        if file_identity(self.path) != self.identity:
+            return None
+        conn = sqlite3.connect(self._uri, uri=True, check_same_thread=False)
+        if file_identity(self.path) != self.identity:  # replaced while SQLite opened it
+            conn.close()
+            return None
+        conn.execute("PRAGMA query_only = ON")
+        return conn
+
+    def same_file(self) -> bool:
+        """Whether ``path`` still names the pinned file."""
+        return file_identity(self.path) == self.identity
+
+    def _closed_error(self) -> SearchError:
+        return SearchError(f"Document store {self.path} is closed; open the index again.")
+
+    def _borrow(self) -> sqlite3.Connection:
+        with self._cond:
+            if self._closed:
+                raise self._closed_error()
+            if self._idle:
+                return self._idle.pop()
+            may_open = not self.replaced
+        if may_open:
+            conn = self._open()  # outside the lock: opening reads the file's header
+            if conn is not None:
+                with self._cond:
+                    if self._closed:
+                        conn.close()
+                        raise self._closed_error()
+                    self._all.append(conn)
+                return conn
+            with self._cond:
+                if not self.replaced:
+                    self.replaced = True
+                    log.warning("%s was replaced on disk after this process opened it (the index was rebuilt); "
+                                "this process keeps reading the file it opened with its %d open connection(s). "
+                                "Restart it (or load the index again) to serve the new index.",
+                                self.path, len(self._all))
+        with self._cond:
+            while not self._idle:
+                if self._closed:
+                    raise self._closed_error()
+                self._cond.wait()
+            return self._idle.pop()
+
+    def _give_back(self, conn: sqlite3.Connection) -> None:
+        with self._cond:
+            if self._closed:
+                return
+            self._idle.append(conn)
+            self._cond.notify()
+
+    @contextlib.contextmanager
+    def connection(self) -> Iterator[sqlite3.Connection]:
+        """Borrow a connection for one query (blocks while all are busy and no new one
+        may be opened).
+
+        Raises:
+            SearchError: the pool is closed.
+        """
+        conn = self._borrow()
+        try:
+            yield conn
+        finally:
+            self._give_back(conn)
+
+    def _release_fd(self) -> None:
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        """Close every connection and the pinned file. Idempotent."""
+        with self._cond:
+            self._closed = True
+            conns, self._all, self._idle = self._all, [], []
+            self._cond.notify_all()
+        for c in conns:
+            try:
+                c.close()
+            except sqlite3.Error as e:  # closing a connection another thread still uses
+                log.debug("closing a connection to %s: %s", self.path, e)
+        self._release_fd()
+
+
 class DocStore:
     """Read access to ``docs.sqlite`` (see the module docstring).
 
@@ -99,50 +265,36 @@ class DocStore:
         self.path = Path(path)
         if not self.path.exists():
             raise IndexNotFoundError(f"Document store not found: {self.path}")
-        self._local = threading.local()
-        self._conns: list[sqlite3.Connection] = []
-        self._lock = threading.Lock()
-        self._closed = False
         try:
-            conn = self._conn()
-            self.n_documents = int(conn.execute("SELECT count(*) FROM documents").fetchone()[0])
-            self.n_passages = int(conn.execute("SELECT count(*) FROM passages").fetchone()[0])
+            self._db = PinnedSQLite(self.path)
+        except FileNotFoundError as e:
+            raise IndexNotFoundError(f"Document store not found: {self.path}") from e
         except sqlite3.DatabaseError as e:
-            self.close()
             raise CorruptIndexError(f"Document store {self.path} is unreadable ({e}); rebuild the index.") from e
+        try:
+            self.n_documents = int(self._query("SELECT count(*) FROM documents")[0][0])
+            self.n_passages = int(self._query("SELECT count(*) FROM passages")[0][0])
+        except BaseException:
+            self.close()
+            raise
 
     # -- connections ---------------------------------------------------------------------
-    def _conn(self) -> sqlite3.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            if self._closed:
-                raise SearchError(f"Document store {self.path} is closed; open the index again.")
-            # immutable: a built index never changes (builds write a new folder and rename
-            # it), so SQLite needs no lock or -shm file and reads work on read-only disks
-            conn = sqlite3.connect(f"file:{self.path}?mode=ro&immutable=1", uri=True, check_same_thread=False)
-            conn.execute("PRAGMA query_only = ON")
-            self._local.conn = conn
-            with self._lock:
-                self._conns.append(conn)
-        return conn
+    @property
+    def replaced(self) -> bool:
+        """Whether ``path`` now names another file than the one this store reads (the
+        index was rebuilt under this process; it keeps reading the one it opened)."""
+        return not self._db.same_file()
 
     def _query(self, sql: str, args: Sequence = ()) -> list[tuple]:
         try:
-            return self._conn().execute(sql, args).fetchall()
+            with self._db.connection() as conn:
+                return conn.execute(sql, args).fetchall()
         except sqlite3.DatabaseError as e:
             raise CorruptIndexError(f"Document store {self.path} is unreadable ({e}); rebuild the index.") from e
 
     def close(self) -> None:
         """Close every connection (of every thread). Idempotent."""
-        with self._lock:
-            self._closed = True
-            for c in self._conns:
-                try:
-                    c.close()
-                except sqlite3.Error:
-                    pass
-            self._conns.clear()
-        self._local = threading.local()
+        self._db.close()
 
     # -- lookups -------------------------------------------------------------------------
     @staticmethod

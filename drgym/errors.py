@@ -38,6 +38,12 @@ class CorruptIndexError(IndexError_, ValueError):
     """An index file exists but cannot be read (truncated, wrong shape, bad JSON)."""
 
 
+class IndexReplacedError(CorruptIndexError):
+    """The index folder was replaced on disk (``drgym index build --force``) after this
+    process loaded it, and a part not yet loaded would come from the new index: restart
+    the process (or load the engine again) to serve the new one."""
+
+
 class SearchError(DrgymError):
     """A search or fetch failed (bad request, remote error, timeout)."""
 

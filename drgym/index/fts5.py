@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
-import threading
 from pathlib import Path
 from typing import Iterable
 
 import numpy as np
 
+from drgym.docstore import PinnedSQLite
 from drgym.errors import ConfigError, CorruptIndexError
 from drgym.index.bm25 import LEGACY_TOKENIZER, TOKENIZER, TOKENIZERS, _legacy_tokenize, tokenize
 
@@ -99,7 +99,8 @@ class FTS5BM25Index:
     """A BM25 index in SQLite FTS5, searched from disk (see the module docstring).
 
     Same interface as :class:`drgym.index.bm25.BM25Index`'s :meth:`search`. The file is
-    opened read-only, one connection per thread.
+    opened read-only, through a pool of connections pinned to the file opened first
+    (:class:`drgym.docstore.PinnedSQLite`): an index rebuilt under the process is not read.
 
     Args:
         folder: the index folder (holding ``bm25.fts5.sqlite``).
@@ -116,10 +117,15 @@ class FTS5BM25Index:
         self.n_passages = int(n_passages)
         self.tokenizer = tokenizer or LEGACY_TOKENIZER
         self._tokenize = _token_fn(self.tokenizer)
-        self._local = threading.local()
+        self._db = None
         try:
-            meta = dict(self._con().execute("SELECT key, value FROM meta").fetchall())
-        except sqlite3.Error as e:
+            if not self.path.is_file():
+                raise sqlite3.OperationalError(f"no such file: {self.path}")
+            # pinned: connections opened later read this file, not one renamed over it
+            self._db = PinnedSQLite(self.path, "mode=ro")
+            meta = dict(self._query("SELECT key, value FROM meta"))
+        except (sqlite3.Error, OSError) as e:
+            self.close()
             raise self._corrupt(f"is unreadable ({type(e).__name__}: {e})") from e
         if meta.get("n_passages") != str(self.n_passages):
             raise self._corrupt(f"holds {meta.get('n_passages')} passages, the manifest says {self.n_passages}")
@@ -131,14 +137,9 @@ class FTS5BM25Index:
 
         return corrupt_file_error(self.path, problem, self.path.parent)
 
-    def _con(self) -> sqlite3.Connection:
-        con = getattr(self._local, "con", None)
-        if con is None:
-            if not self.path.is_file():
-                raise sqlite3.OperationalError(f"no such file: {self.path}")
-            con = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
-            self._local.con = con
-        return con
+    def _query(self, sql: str, args=()) -> list[tuple]:
+        with self._db.connection() as con:
+            return con.execute(sql, args).fetchall()
 
     def match_expression(self, query: str) -> str | None:
         """The FTS5 query of ``query``: its distinct tokens that can change the ranking,
@@ -153,7 +154,7 @@ class FTS5BM25Index:
         if not toks:
             return None
         marks = ",".join("?" * len(toks))
-        df = dict(self._con().execute(f"SELECT term, doc FROM vocab WHERE term IN ({marks})", toks).fetchall())
+        df = dict(self._query(f"SELECT term, doc FROM vocab WHERE term IN ({marks})", toks))
         keep = [t for t in toks if 0 < df.get(t, 0) and 2 * df[t] < self.n_passages]
         return " OR ".join(f'"{t}"' for t in keep) if keep else None
 
@@ -180,8 +181,8 @@ class FTS5BM25Index:
                 out.append((np.zeros(0, np.float32), np.zeros(0, np.int64)))
                 continue
             try:
-                hits = self._con().execute("SELECT rowid, -bm25(passages) FROM passages WHERE passages MATCH ? "
-                                           "ORDER BY bm25(passages) LIMIT ?", (expr, int(k) + _MARGIN)).fetchall()
+                hits = self._query("SELECT rowid, -bm25(passages) FROM passages WHERE passages MATCH ? "
+                                   "ORDER BY bm25(passages) LIMIT ?", (expr, int(k) + _MARGIN))
             except sqlite3.Error as e:
                 raise self._corrupt(f"could not be searched ({type(e).__name__}: {e})") from e
             rows = np.fromiter((r for r, _ in hits), dtype=np.int64, count=len(hits))
@@ -193,8 +194,6 @@ class FTS5BM25Index:
         return out
 
     def close(self) -> None:
-        """Close this thread's connection (others close with their threads)."""
-        con = getattr(self._local, "con", None)
-        if con is not None:
-            con.close()
-            self._local.con = None
+        """Close every connection. Idempotent."""
+        if self._db is not None:
+            self._db.close()

@@ -16,16 +16,18 @@ disk is skipped.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drgym.errors import CorruptIndexError, IndexMismatchError, IndexNotFoundError
+from drgym.errors import CorruptIndexError, IndexMismatchError, IndexNotFoundError, IndexReplacedError
 
 log = logging.getLogger(__name__)
 
@@ -452,3 +454,64 @@ def record_files(folder: Path) -> dict[str, int]:
         if p.is_file() and p.name != MANIFEST and not p.name.endswith(("-wal", "-shm", ".lock")):
             out[p.relative_to(folder).as_posix()] = p.stat().st_size
     return out
+
+
+class FolderPin:
+    """The index folder a process loaded, to tell when another folder was renamed to its
+    path (``drgym index build --force`` moves the old folder aside and deletes it).
+
+    The folder is held open (POSIX), so its inode cannot be reused while the pin lives,
+    and :meth:`check` compares the device and inode now at the path with the pinned ones.
+    A part of an index loaded after the check passes twice (before and after loading it)
+    belongs to the pinned folder.
+
+    Args:
+        folder: the index folder.
+
+    Raises:
+        IndexNotFoundError: no folder at ``folder``.
+    """
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self._fd: int | None = None
+        try:
+            if os.name == "posix":
+                self._fd = os.open(self.folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+                st = os.fstat(self._fd)
+            else:
+                st = os.stat(self.folder)
+        except OSError as e:
+            raise IndexNotFoundError(f"No index at {self.folder} ({e.strerror or e}).") from e
+        self.identity = (st.st_dev, st.st_ino)
+
+    def unchanged(self) -> bool:
+        """Whether ``folder`` still names the pinned folder."""
+        try:
+            st = os.stat(self.folder)
+        except OSError:
+            return False
+        return (st.st_dev, st.st_ino) == self.identity
+
+    def check(self, doing: str) -> None:
+        """Refuse to go on when the folder was replaced.
+
+        Args:
+            doing: what the caller was about to do or did, e.g. ``"loading its dense
+                index"`` (goes into the message).
+
+        Raises:
+            IndexReplacedError: ``folder`` names another folder (or none) now.
+        """
+        if not self.unchanged():
+            raise IndexReplacedError(
+                f"Index {self.folder} was replaced on disk (rebuilt or removed) after this process loaded it, "
+                f"before {doing}: its parts would come from two indexes. This process keeps serving what it "
+                "loaded where it can; restart it (or load the engine again) to serve the new index.")
+
+    def close(self) -> None:
+        """Release the folder. Idempotent."""
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None

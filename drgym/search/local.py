@@ -83,26 +83,33 @@ class _Shared:
     """Resources of one loaded index, shared by engines that differ only in method."""
 
     def __init__(self, folder: Path, encoder, device, search_params, verify: bool | str = False,
-                 gpu: dict[str, bool] | None = None, encoder_backend: str = "torch") -> None:
+                 gpu: dict[str, bool] | None = None, encoder_backend: str | None = None) -> None:
         from drgym.docstore import DocStore
         from drgym.index.dense import load_tie_rank
-        from drgym.index.manifest import IndexManifest
+        from drgym.index.manifest import FolderPin, IndexManifest
 
         self.folder = folder
-        self.manifest = IndexManifest.read(folder)
-        self.manifest.check_files(folder, _verify_mode(verify))
-        self.device = device
-        self.search_params = search_params
-        self.gpu = dict(gpu or {})
-        self.docstore = DocStore(folder / "docs.sqlite")
+        # the folder is pinned first: a part loaded later (now or lazily) is checked to come
+        # from the same folder, not from an index rebuilt and renamed to this path since
+        self.pin = FolderPin(folder)
+        self.docstore = None
         try:
+            self.manifest = IndexManifest.read(folder)
+            self.manifest.check_files(folder, _verify_mode(verify))
+            self.device = device
+            self.search_params = search_params
+            self.gpu = dict(gpu or {})
+            self.docstore = DocStore(folder / "docs.sqlite")  # pinned to its file (drgym.docstore.PinnedSQLite)
             if self.docstore.n_passages != self.manifest.n_passages:
                 raise CorruptIndexError(
                     f"{folder}/docs.sqlite holds {self.docstore.n_passages} passages, the manifest says {self.manifest.n_passages}."
                 )
             self.tie_rank = load_tie_rank(folder, self.manifest.n_passages)
+            self.pin.check("its load finished")
         except BaseException:
-            self.docstore.close()
+            if self.docstore is not None:
+                self.docstore.close()
+            self.pin.close()
             raise
         self._encoder = encoder  # an Encoder, or None to load the manifest's on first use
         self.encoder_backend = encoder_backend
@@ -128,8 +135,13 @@ class _Shared:
                 from drgym.index.dense import DenseIndex
 
                 m = self.manifest
-                self._dense = DenseIndex.from_manifest(self.folder, m, device=self.device,
-                                                       search_params=self.search_params, **self.gpu)
+                self.pin.check("its dense index was first used")
+                dense = DenseIndex.from_manifest(self.folder, m, device=self.device,
+                                                 search_params=self.search_params, **self.gpu)
+                if not self.pin.unchanged():  # replaced while the files were opened
+                    dense.close()
+                    self.pin.check("its dense index was first used")
+                self._dense = dense
             return self._dense
 
     @property
@@ -143,13 +155,22 @@ class _Shared:
                 from drgym.index.fts5 import FTS5BM25Index
 
                 cls = FTS5BM25Index if bm25_engine_of(self.manifest.bm25) == "fts5" else BM25Index
-                self._bm25 = cls(self.folder, self.manifest.n_passages, self.manifest.bm25.get("tokenizer"))
+                self.pin.check("its BM25 index was first used")
+                bm25 = cls(self.folder, self.manifest.n_passages, self.manifest.bm25.get("tokenizer"))
+                if not self.pin.unchanged():  # replaced while the files were opened
+                    if hasattr(bm25, "close"):
+                        bm25.close()
+                    self.pin.check("its BM25 index was first used")
+                self._bm25 = bm25
             return self._bm25
 
     def close(self) -> None:
         if self._dense is not None:  # the shard threads of a DenseIndex
             self._dense.close()
+        if self._bm25 is not None and hasattr(self._bm25, "close"):
+            self._bm25.close()
         self.docstore.close()
+        self.pin.close()
 
 
 def _verify_mode(verify: bool | str) -> str:
