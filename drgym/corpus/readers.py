@@ -494,6 +494,75 @@ def sniff_format(path: str | os.PathLike) -> str:
     raise CorpusError(f"{path}: empty corpus file.")
 
 
+class _BelowErrors:
+    """A logging filter that drops records below ERROR (for :func:`check_corpus_start`)."""
+
+    def filter(self, record: Any) -> bool:
+        return record.levelno >= 40  # logging.ERROR
+
+
+CHECK_WHOLE_BYTES = 5 * 2**20
+"""A corpus file smaller than this (5 MiB on disk) is read whole by :func:`check_corpus_start`."""
+
+CHECK_FIRST_ROWS = 1000
+"""How many documents of a larger file :func:`check_corpus_start` reads."""
+
+
+def check_corpus_start(path: str | os.PathLike, format: str | None = None, *,
+                       first_rows: int = CHECK_FIRST_ROWS, whole_bytes: int = CHECK_WHOLE_BYTES) -> dict[str, Any]:
+    """Read the start of a corpus file (the whole file when it is small) through its reader,
+    so that a malformed corpus is reported in a second, before a build loads any model.
+
+    Every row read goes through the same reader the build uses (:func:`read_corpus`), so
+    the same errors are raised, naming the file and line: bytes that are not UTF-8, a line
+    that is not JSON or not a JSON object, a row without the format's fields. A ``.gz``
+    file's size is its compressed size. A ``datasets`` folder is not checked (it is read
+    by ``datasets`` whole at build time).
+
+    Args:
+        path: a corpus file.
+        format: one of :data:`FORMATS`, or None to sniff it.
+        first_rows: documents read from a file of ``whole_bytes`` or more (>= 1).
+        whole_bytes: files smaller than this many bytes are read whole.
+
+    Returns:
+        ``{"path", "format", "rows", "whole"}``: the documents read, and whether that was
+        the whole file (``rows`` 0 and ``whole`` False for a ``datasets`` folder).
+
+    Raises:
+        CorpusError: the file is missing, empty, of no known format, or a row read is
+            malformed (the reader's own message, with the file and line).
+        ConfigError: ``first_rows`` < 1.
+    """
+    from itertools import islice
+
+    if first_rows < 1:
+        from drgym.errors import ConfigError
+
+        raise ConfigError(f"first_rows must be >= 1, got {first_rows}.")
+    path = Path(path)
+    if not path.exists():
+        raise CorpusError(f"Corpus file not found: {path}")
+    fmt = format or sniff_format(path)
+    if path.is_dir():
+        return {"path": str(path), "format": fmt, "rows": 0, "whole": False}
+    whole = path.stat().st_size < whole_bytes
+    import logging
+
+    # the readers' warnings (a wiki18 row without a title line) are the build's to give,
+    # once, when it reads the rows; errors are raised here as there
+    quiet = _BelowErrors()
+    reader_log = logging.getLogger(__name__)
+    reader_log.addFilter(quiet)
+    docs = read_corpus(path, fmt)
+    try:
+        rows = sum(1 for _ in (docs if whole else islice(docs, first_rows)))
+    finally:
+        docs.close()  # a file read in part is closed now
+        reader_log.removeFilter(quiet)
+    return {"path": str(path), "format": fmt, "rows": rows, "whole": whole}
+
+
 ID_PREFIX_FORMATS = ("wiki18", "web")
 """Formats whose doc_id is ``<prefix><row id>``, the prefix settable (``id_prefix=``)."""
 

@@ -454,6 +454,28 @@ def _estimate_docs(units: list[Unit]) -> int:
     return n
 
 
+def check_corpus_files(corpus: str, format: str | None = None) -> None:
+    """Check the start of every file of a corpus path (each whole when small:
+    :func:`drgym.corpus.readers.check_corpus_start`) before a build loads any model; a
+    named corpus, and a path that does not exist (the build names it), pass unchecked.
+
+    Raises:
+        CorpusError: a file is empty or of no known format (when ``format`` is None),
+            or a row read is malformed (file and line named).
+    """
+    from drgym.corpus.named import NAMED
+    from drgym.corpus.readers import check_corpus_start
+    from drgym.index.units import corpus_files
+
+    if corpus in NAMED:
+        return
+    p = Path(corpus).expanduser()
+    if not p.exists():
+        return
+    for f in corpus_files(p):
+        check_corpus_start(f, format)
+
+
 def _plan(spec: IndexSpec, root: Path, docs: list[Document] | None) -> tuple[list[Unit], list[dict], str, str]:
     """Units, sources, label and (for named / in-memory corpora) fingerprint; a file
     corpus's plan is cached under ``<root>/.plans`` by its sources, so a rebuild or a
@@ -537,6 +559,8 @@ def build_index(
         from drgym.embedding import check_encoder
 
         check_encoder(spec.encoder)
+    if docs is None:  # a malformed corpus file is reported now, not after the encoder has loaded
+        check_corpus_files(spec.corpus, spec.format)
     t = time.perf_counter()
     units, sources, label, fingerprint = _plan(spec, root, docs)
     timings["plan"] = time.perf_counter() - t
