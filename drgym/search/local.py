@@ -11,7 +11,13 @@ Three methods share one index folder:
   shards; score = inner product of unit vectors (cosine).
 * ``"bm25"``: BM25 lexical scores: bm25s in memory (:mod:`drgym.index.bm25`), or
   SQLite FTS5 on disk for an index built with ``bm25_engine="fts5"`` (:mod:`drgym.index.fts5`).
-* ``"hybrid"``: reciprocal rank fusion (k=60) of the dense and BM25 top-100.
+* ``"hybrid"``: reciprocal rank fusion (k=60) of the dense and BM25 top ``D``, where
+  ``D = max(rrf_depth, max_k)`` (100 by default) is fixed per engine: it does not change
+  with the ``k`` of a call nor with the over-fetch of document collapse, so a passage's
+  fused score is the same at every ``k`` and the top 10 at ``k=10`` is the first 10 at
+  ``k=100``. Hybrid ranks only the passages in either top ``D``; with document collapse a
+  ``k`` near ``max_k`` can therefore give fewer than ``k`` documents when those passages
+  hold fewer.
 
 Results are collapsed to documents by default (``collapse="document"``): the k best
 *documents*, each shown by its best-scoring passage (max-score aggregation), as
@@ -61,7 +67,9 @@ its own window, 256 tokens for MiniLM): long queries are truncated, never reject
 
 
 RRF_DEPTH = 100
-"""Candidates taken from each of dense and BM25 before reciprocal rank fusion."""
+"""Least number of candidates taken from each of dense and BM25 before reciprocal rank
+fusion; an engine fuses at :attr:`LocalSearchEngine.fusion_depth` (this or ``max_k``,
+the larger)."""
 
 OVERFETCH = 4
 """Passages fetched per wanted document when collapsing to documents; the depth grows by
@@ -227,7 +235,8 @@ class LocalSearchEngine(SearchBackend):
             :func:`drgym.index.dense.search_params_for` of them (the rule ``drgym serve``
             and ``drgym serve-ray`` use too).
         max_k: largest accepted ``k``.
-        rrf_depth: candidates per method fused by hybrid search.
+        rrf_depth: least candidates per method fused by hybrid search; hybrid fuses the
+            top ``max(rrf_depth, max_k)`` of each (:attr:`fusion_depth`), at every ``k``.
         collapse: ``"document"`` (default: k distinct documents, best passage each) or
             ``"passage"`` (k best passages); see :data:`drgym.search.base.COLLAPSE_MODES`.
         verify: False (default): check each index file's size and sampled checksum
@@ -409,6 +418,13 @@ class LocalSearchEngine(SearchBackend):
         return self._shared.encoder
 
     @property
+    def fusion_depth(self) -> int:
+        """Candidates hybrid search takes from each of dense and BM25 before fusing them:
+        ``max(rrf_depth, max_k)``, the same for every ``k`` and every collapse depth, so
+        hybrid's ranking of a query does not depend on how many results are asked for."""
+        return max(self.rrf_depth, self.max_k)
+
+    @property
     def n_passages(self) -> int:
         """Rows in the index."""
         return self.manifest.n_passages
@@ -454,6 +470,10 @@ class LocalSearchEngine(SearchBackend):
     def search_rows(self, queries: list[str], k: int, method: str | None = None) -> list[tuple[np.ndarray, np.ndarray]]:
         """Rankings as index rows (no docstore lookup).
 
+        Hybrid fuses the top :attr:`fusion_depth` of dense and of BM25 whatever ``k`` is,
+        and returns the first ``k`` rows of that fusion: fewer when the two lists hold
+        fewer distinct rows (at most ``2 * fusion_depth``).
+
         Returns:
             Per query ``(scores, rows)``: float32 and int64 arrays of length <= k, best first.
         """
@@ -465,7 +485,7 @@ class LocalSearchEngine(SearchBackend):
         sh = self._shared
         cut = [q[:MAX_QUERY_CHARS] for q in queries]
         dense_runs = bm25_runs = None
-        depth = k if method != "hybrid" else max(k, self.rrf_depth)
+        depth = k if method != "hybrid" else self.fusion_depth  # fixed: never k's over-fetch
         if method in ("dense", "hybrid"):
             qv = self.encode_queries(cut)
             S, R = sh.dense.search(qv, depth, threads=self.search_threads)
@@ -501,7 +521,8 @@ class LocalSearchEngine(SearchBackend):
             method: override the engine's method for this call.
             collapse: override the engine's collapse mode for this call: ``"document"``
                 (k distinct documents, each its best passage; fewer only when the method
-                ranks fewer, e.g. BM25 ranks only passages sharing a query term) or
+                ranks fewer, e.g. BM25 ranks only passages sharing a query term, hybrid only
+                the passages in the dense or BM25 top :attr:`fusion_depth`) or
                 ``"passage"`` (k best passages).
 
         Returns:
