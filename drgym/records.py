@@ -190,44 +190,93 @@ class Trajectory:
 
 _MODELS: Any = None
 
+RECORD_SCORE_LIMIT = 1e6
+"""The largest absolute value a run-file record may hold as its ``reward`` or a
+``reward_components`` value: drgym's scores lie in [0, 1], a format penalty or a count
+component (``n_claims``, ``length_tokens``) stays far below it; a value beyond is a
+damaged or hand-edited line (:func:`trajectory_record_error`)."""
+
+RECORD_SECONDS_LIMIT = 1e7
+"""The largest number of seconds (about 116 days) a run-file record may hold as a timing
+(``timings``, ``steps[i].latency_s``, ``metadata`` ``latency_s`` / ``wall_share_s``, a
+turn's ``generation_s``)."""
+
+RECORD_COUNT_LIMIT = 10**9
+"""The largest count a run-file record may hold (tokens of one turn, turns, searches,
+fetches, invalid actions, observation tokens, the task's position)."""
+
 
 def _record_models():
     """The pydantic models of a trajectory record (built on first use: pydantic is not
-    imported by everything that reads records)."""
+    imported by everything that reads records).
+
+    Every number that :mod:`drgym.evaluation.metrics` reads is constrained: finite
+    (``allow_inf_nan=False``, so ``NaN``, ``Infinity`` and ``1e400`` are refused), of
+    its JSON type (strict: the string ``"NaN"`` is not a number, ``true`` is not a count)
+    and in range (scores within +-:data:`RECORD_SCORE_LIMIT`, seconds in
+    [0, :data:`RECORD_SECONDS_LIMIT`], counts in [0, :data:`RECORD_COUNT_LIMIT`]).
+    """
     global _MODELS
     if _MODELS is None:
-        from pydantic import BaseModel, ConfigDict, StrictBool, StrictFloat, StrictInt, StrictStr
+        from typing import Annotated
 
-        Number = StrictInt | StrictFloat
+        from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictStr
+
+        Score = Annotated[float, Strict(), Field(ge=-RECORD_SCORE_LIMIT, le=RECORD_SCORE_LIMIT, allow_inf_nan=False)]
+        Seconds = Annotated[float, Strict(), Field(ge=0.0, le=RECORD_SECONDS_LIMIT, allow_inf_nan=False)]
+        Count = Annotated[int, Strict(), Field(ge=0, le=RECORD_COUNT_LIMIT)]
+        # strict float accepts a JSON integer (within float range) and refuses true/false and strings
+        strict = ConfigDict(extra="allow", allow_inf_nan=False)
 
         class ToolCallRecord(BaseModel):
-            model_config = ConfigDict(extra="allow")
+            model_config = strict
             name: StrictStr
             arguments: dict[str, Any]
             error: StrictStr | None = None
 
         class StepRecord(BaseModel):
-            model_config = ConfigDict(extra="allow")
+            model_config = strict
             action: StrictStr
             tool_calls: list[ToolCallRecord]
             observation: StrictStr
             results: list[dict[str, Any]]
+            latency_s: Seconds | None = None
             error: StrictStr | None
 
+        class UsageRecord(BaseModel):
+            model_config = strict
+            prompt_tokens: Count | None = None
+            completion_tokens: Count | None = None
+            generation_s: Seconds | None = None
+
+        class MetadataRecord(BaseModel):
+            model_config = strict
+            usage: list[UsageRecord] | None = None
+            latency_s: Seconds | None = None
+            wall_share_s: Seconds | None = None
+            answer_confidence: Annotated[float, Strict(), Field(ge=0.0, le=1.0, allow_inf_nan=False)] | None = None
+            turns: Count | None = None
+            searches: Count | None = None
+            fetches: Count | None = None
+            invalid_actions: Count | None = None
+            obs_tokens: Count | None = None
+            task_index: Count | None = None
+            task_sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
+
         class TrajectoryRecord(BaseModel):
-            model_config = ConfigDict(extra="allow")
+            model_config = strict
             episode_id: StrictStr
             task_id: StrictStr
             env_id: StrictStr
             messages: list[dict[str, Any]]
             steps: list[StepRecord]
             final_answer: StrictStr | None
-            reward: Number | None
-            reward_components: dict[str, Any]
+            reward: Score | None
+            reward_components: dict[str, Score | None]
             terminated: StrictBool
             truncated: StrictBool
-            timings: dict[str, Any]
-            metadata: dict[str, Any]
+            timings: dict[str, Seconds | None]
+            metadata: MetadataRecord
 
         _MODELS = TrajectoryRecord
     return _MODELS
@@ -240,11 +289,21 @@ def trajectory_record_error(record: Any) -> str | None:
     writes (``episode_id``, ``task_id``, ``env_id``, ``messages``, ``steps`` (each with
     ``action``, ``tool_calls``, ``observation``, ``results``, ``error``),
     ``final_answer``, ``reward``, ``reward_components``, ``terminated``, ``truncated``,
-    ``timings``, ``metadata``), with their JSON types; extra fields are allowed.
+    ``timings``, ``metadata``), with their JSON types; extra fields are allowed. The
+    numbers the run metrics read must be finite and in range: ``reward`` and each
+    ``reward_components`` value (a number within +-:data:`RECORD_SCORE_LIMIT`, or null),
+    ``timings`` values, ``steps[i].latency_s`` and
+    ``metadata`` ``latency_s`` / ``wall_share_s`` / ``usage[j].generation_s`` (seconds in
+    [0, :data:`RECORD_SECONDS_LIMIT`]), ``metadata`` ``usage[j].prompt_tokens`` /
+    ``completion_tokens``, ``turns``, ``searches``, ``fetches``, ``invalid_actions``,
+    ``obs_tokens``, ``task_index`` (integers in [0, :data:`RECORD_COUNT_LIMIT`]),
+    ``metadata["answer_confidence"]`` (in [0, 1]) and ``metadata["task_sha256"]`` (64
+    lowercase hex digits).
 
     Returns:
         None for a valid record; else one line naming the first problems (``"not a JSON
-        object (list)"``, ``"steps.0.action: Field required"``...).
+        object (list)"``, ``"steps.0.action: Field required"``, ``"reward: Input should
+        be a finite number"``...).
 
     >>> trajectory_record_error(Trajectory(episode_id="e0", task_id="t0").to_dict()) is None
     True
@@ -252,6 +311,8 @@ def trajectory_record_error(record: Any) -> str | None:
     'not a JSON object (list)'
     >>> trajectory_record_error({"task_id": "t0"})
     'episode_id: Field required; env_id: Field required; messages: Field required (+8 more)'
+    >>> trajectory_record_error({**Trajectory(episode_id="e0", task_id="t0").to_dict(), "reward": float("nan")})
+    'reward: Input should be a finite number'
     """
     if not isinstance(record, dict):
         return f"not a JSON object ({'null' if record is None else type(record).__name__})"

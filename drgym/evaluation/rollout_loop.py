@@ -454,6 +454,10 @@ def run_rollout(
             different env/tasks/policy/backend/seed/options); pass ``fresh=True`` or
             another ``out``. Options are checked before anything is loaded.
         EngineChangedError: resuming against another search engine (a ConfigError).
+        TasksChangedError: resuming over tasks whose question, golds or other fields
+            differ from those the recorded episodes of their ids answered (a ConfigError).
+        InvalidEpisodeError: an episode's record holds a number the run file refuses
+            (a reward of ``NaN``...); it is not written.
         RunLockedError: another process is writing ``out``.
         RunDiskFullError: the disk holding ``out`` filled up (the episodes before are saved).
         ServiceUnavailableError: the search server, the policy's or the judge's endpoint
@@ -484,6 +488,7 @@ def _run_locked(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_
                 allow_engine_change: bool, t_start: float) -> RunResult:
     """:func:`run_rollout` once the run directory is held."""
     run.check_identity(config)
+    run.bind_tasks(tasks)  # episodes recorded under these ids must have answered these tasks
     done_ids = run.done_task_ids()
     todo = [t for t in tasks if t.task_id not in done_ids]
     skipped = len(tasks) - len(todo)

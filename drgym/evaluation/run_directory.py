@@ -21,6 +21,12 @@ What keeps a run directory right:
   to end, and removes the file when it ends (also on an error or Ctrl-C; a killed run
   leaves it, and the next run takes it over); a second run into the same directory
   stops with :class:`RunLockedError`;
+- one task per id: each episode records its task's content hash
+  (``metadata["task_sha256"]``: :func:`task_content_sha256` of the question, golds and
+  every other field of the :class:`~drgym.records.Task`); a resume whose tasks differ
+  from those of the episodes with their ids (a task file's lines reordered, a gold
+  edited, another file of the same name) raises :class:`TasksChangedError` naming them,
+  and so does a run directory whose episodes record no hash (written by an older drgym);
 - one engine: ``config.json`` records the search engine's identity (``engine``:
   :meth:`drgym.search.base.SearchBackend.identity`, e.g. the index fingerprint and
   method, or what a server's ``/health`` reports); resuming against another engine
@@ -33,8 +39,11 @@ What keeps a run directory right:
   next run (the record kept for a task is its first complete one, else its last one);
 - damaged lines: on resume every line of ``trajectories.jsonl`` is checked against the
   episode schema (:func:`drgym.records.trajectory_record_error`); lines that are not
-  UTF-8, not JSON objects or not whole records are moved to
-  ``trajectories.rejected.jsonl`` with one warning and their episodes run again;
+  UTF-8, not JSON objects, not whole records, or hold a number that is not finite or
+  out of range (a ``NaN`` or ``1e308`` reward, a negative count) are moved to
+  ``trajectories.rejected.jsonl`` with one warning and their episodes run again; an
+  episode whose record would fail that check is not written
+  (:class:`InvalidEpisodeError`);
 - a full disk: an episode line is appended in one write and the file truncated back on
   failure, so no partial line is left; :class:`RunDiskFullError` names the file and the
   full directory.
@@ -65,6 +74,30 @@ class EngineChangedError(ConfigError):
     or provider: :meth:`drgym.search.base.SearchBackend.identity`). Resuming would mix
     two engines' results in one run; ``allow_engine_change=True``
     (``--allow-engine-change``) resumes anyway and records both identities."""
+
+
+class TasksChangedError(ConfigError):
+    """A run directory is being resumed over tasks whose content differs from that of the
+    episodes recorded under their ids (the question, the golds or another field of the
+    :class:`~drgym.records.Task`: :func:`task_content_sha256`), or whose episodes record no
+    task content at all (written by an older drgym). Resuming would keep episodes of other
+    questions, or score them against old golds; the message names the tasks.
+
+    Attributes:
+        task_ids: the task ids whose recorded content differs from (or is missing for) the
+            task now given, in task order.
+    """
+
+    def __init__(self, message: str, task_ids: list[str]) -> None:
+        super().__init__(message)
+        self.task_ids = task_ids
+
+
+class InvalidEpisodeError(DrgymError, ValueError):
+    """A finished episode's record fails the run file's own check
+    (:func:`drgym.records.trajectory_record_error`: e.g. a reward that returned ``NaN``),
+    so it is not written: a resume would refuse the line. The message names the episode,
+    its task and the field."""
 
 
 class RunLockedError(DrgymError):
@@ -168,6 +201,27 @@ def engine_identity(backend: Any) -> dict[str, Any]:
     return json.loads(json.dumps(redact(ident), sort_keys=True, default=str))
 
 
+def task_content_sha256(task: Any) -> str:
+    """The content hash that binds an episode to its task: SHA-256 (64 hex digits) of
+    the task's :meth:`~drgym.records.Task.to_dict` (id, question, golds, kind, gold
+    documents, key points, source and metadata) as canonical JSON (sorted keys, no
+    spaces, UTF-8; a value JSON cannot hold is written as its ``str``).
+
+    >>> from drgym.records import Task
+    >>> a = task_content_sha256(Task(task_id="t-0", question="Capital of France?", answers=["Paris"]))
+    >>> len(a), a == task_content_sha256(Task(task_id="t-0", question="Capital of France?", answers=["Lyon"]))
+    (64, False)
+    """
+    data = task.to_dict() if hasattr(task, "to_dict") else task
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _listed(ids: list[str], most: int = 5) -> str:
+    """``"a, b, c"``, or the first ``most`` and how many more."""
+    return ", ".join(ids[:most]) + (f" and {len(ids) - most} more" if len(ids) > most else "")
+
+
 # -- the run directory -------------------------------------------------------------------
 class RunDirectory:
     """A rollout run directory: ``config.json``, ``trajectories.jsonl``, ``metrics.json``.
@@ -203,6 +257,7 @@ class RunDirectory:
         self.lock_path = self.out / LOCK_FILE
         self._lock_fd: int | None = None
         self._opened_records: list[dict[str, Any]] = []
+        self._task_hashes: dict[str, str] = {}
         self._acquire()
         try:
             if fresh:
@@ -321,6 +376,8 @@ class RunDirectory:
                 why = f"not valid JSON ({e.msg}, column {e.colno})"
             except RecursionError:
                 why = "not valid JSON (nested too deeply)"
+            except ValueError as e:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+                why = f"not valid JSON ({e})"
             if why is None:
                 records.append(rec)
                 raw_lines.append(raw + b"\n")
@@ -362,6 +419,50 @@ class RunDirectory:
             raise ConfigError(
                 f"{self.out} holds a different run (differs in: {', '.join(diff)}). Use another --out, or --fresh to discard it."
             )
+
+    def bind_tasks(self, tasks: list[Any]) -> None:
+        """Bind the run to its tasks' content: check that every episode recorded under one
+        of their ids answered the same task, and stamp each episode appended from now on
+        with its task's :func:`task_content_sha256` (``metadata["task_sha256"]``).
+
+        Episodes of task ids not among ``tasks`` (a larger ``n`` before) are not checked
+        now (they are not in the run's metrics); the run that takes them in again checks
+        them. Failed episodes are checked too (their record is reported until redone).
+
+        Args:
+            tasks: the run's :class:`~drgym.records.Task` objects.
+
+        Raises:
+            TasksChangedError: an episode recorded under a task id holds another task's
+                content hash, or none (written by an older drgym); the message names the
+                tasks (the first five, and how many in all).
+        """
+        self._task_hashes = {t.task_id: task_content_sha256(t) for t in tasks}
+        order = {tid: i for i, tid in enumerate(self._task_hashes)}
+        changed: set[str] = set()
+        unhashed: set[str] = set()
+        for d in self._opened_records:
+            tid = d["task_id"]
+            if tid not in self._task_hashes:
+                continue
+            got = (d.get("metadata") or {}).get("task_sha256")
+            if got is None:
+                unhashed.add(tid)
+            elif got != self._task_hashes[tid]:
+                changed.add(tid)
+        if changed:
+            ids = sorted(changed, key=order.__getitem__)
+            raise TasksChangedError(
+                f"{self.out} holds episodes of {len(ids)} task(s) whose question, golds or other fields have changed "
+                f"since they ran ({_listed(ids)}): the task file was edited, reordered or replaced (a plain JSONL "
+                "file's task ids are its line numbers). Resuming would keep answers to other questions or score "
+                "them against old golds. Use --fresh or another --out.", ids)
+        if unhashed:
+            ids = sorted(unhashed, key=order.__getitem__)
+            raise TasksChangedError(
+                f"{self.out} holds episodes that record no task content hash ({len(ids)} task(s): {_listed(ids)}); "
+                "they were written by an older drgym, so it cannot be checked that they answered these questions "
+                "with these golds. Use --fresh or another --out to run them again.", ids)
 
     def done_task_ids(self) -> set[str]:
         """Task ids with a complete episode in ``trajectories.jsonl`` when the directory was
@@ -435,19 +536,32 @@ class RunDirectory:
         """Append one finished episode (a whole line, atomically); an episode with a
         backend or policy failure gets ``metadata["failed"]`` (its reasons).
 
+        When the run is bound to its tasks (:meth:`bind_tasks`), the episode gets its
+        task's content hash (``metadata["task_sha256"]``).
+
         Returns:
             The episode's failures (:func:`drgym.evaluation.metrics.episode_failures`; empty: complete).
 
         Raises:
+            InvalidEpisodeError: the record fails :func:`drgym.records.trajectory_record_error`
+                (a reward of ``NaN``...): nothing is written.
             RunDiskFullError: the disk is full (nothing of the line was written).
         """
         from drgym.evaluation.metrics import episode_failures
+        from drgym.records import trajectory_record_error
 
+        if traj.task_id in self._task_hashes:
+            traj.metadata["task_sha256"] = self._task_hashes[traj.task_id]
         d = traj.to_dict()
         failures = episode_failures(d)
         if failures:
             d["metadata"]["failed"] = failures
             traj.metadata["failed"] = failures
+        why = trajectory_record_error(json.loads(json.dumps(d)))  # as the line will read back
+        if why is not None:
+            raise InvalidEpisodeError(
+                f"episode {traj.episode_id} (task {traj.task_id}) was not written to {self.trajectories}: its record "
+                f"is not valid ({why}); a resume would refuse it. The reward or policy that produced it is at fault.")
         try:
             append_jsonl(self.trajectories, d)
         except DiskFullError as e:
@@ -485,19 +599,32 @@ def select_episodes(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def read_run_episodes(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The episodes of a run's ``trajectories.jsonl`` for a reader that does not write the
-    run (``drgym report``): lines that are not UTF-8 JSON objects with a string
-    ``task_id`` are skipped (not moved: only a resuming run moves them), then one record
-    per task id as :func:`select_episodes` picks it, in the order task ids first appear.
+    run (``drgym report``): lines that are not whole episode records
+    (:func:`drgym.records.trajectory_record_error`: not UTF-8 JSON objects, fields
+    missing, a non-finite or out-of-range number) are skipped with one warning (not moved:
+    only a resuming run moves them), then one record per task id as
+    :func:`select_episodes` picks it, in the order task ids first appear.
 
     Raises:
         FileNotFoundError: no file at ``path``.
     """
+    from drgym.records import trajectory_record_error
+
     records = []
-    for raw in Path(path).read_bytes().splitlines():
+    skipped: list[tuple[int, str]] = []
+    for n, raw in enumerate(Path(path).read_bytes().splitlines(), 1):
+        if not raw.strip():
+            continue
         try:
             d = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-            continue
-        if isinstance(d, dict) and isinstance(d.get("task_id"), str):
+            why = trajectory_record_error(d)
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, a huge integer
+            why = f"not valid JSON or not UTF-8 ({type(e).__name__})"
+        if why is None:
             records.append(d)
+        else:
+            skipped.append((n, why))
+    if skipped:
+        log.warning("%s: %d line(s) are not whole episode records and are left out (line %d: %s%s).", path,
+                    len(skipped), skipped[0][0], skipped[0][1], "; ..." if len(skipped) > 1 else "")
     return list(select_episodes(records).values())
