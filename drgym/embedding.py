@@ -46,7 +46,43 @@ output channel, activations quantised at run time): less CPU again, but the quer
 embeddings, are always encoded by torch in float32."""
 
 ONNX_BACKENDS = ("onnx", "onnx-int8")
-"""The :data:`ENCODER_BACKENDS` that run in ONNX Runtime (CPU only, need ``drgym[onnx]``)."""
+"""The :data:`ENCODER_BACKENDS` that run in ONNX Runtime (CPU only)."""
+
+DEFAULT_ENCODER_BACKEND = "onnx-int8"
+"""The query encoder's runtime on the CPU when none is asked for (``backend=None``) in the
+library, the envs, ``drgym serve`` and ``drgym mcp``: measured on the shipped qrels and
+on answer recall for real questions (``scripts/bench_encoder_choice.py``), it ties torch
+float32 within the paired bootstrap interval at about a fifth of torch's forward CPU. On a
+GPU the default is ``torch`` (the ONNX backends run on the CPU only). Ask for ``"torch"``
+to reproduce the float32 rankings exactly."""
+
+
+def resolve_encoder_backend(backend: str | None, device: str | None = None) -> str:
+    """The query encoder runtime a ``backend`` setting means on ``device``.
+
+    Args:
+        backend: one of :data:`ENCODER_BACKENDS`, or None for the default:
+            :data:`DEFAULT_ENCODER_BACKEND` on the CPU, ``"torch"`` on a GPU.
+        device: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; None: CUDA when torch sees one,
+            else the CPU (as :class:`Encoder`).
+
+    Returns:
+        A name of :data:`ENCODER_BACKENDS` (``backend`` itself when given).
+
+    Raises:
+        ConfigError: ``backend`` is not None and not one of :data:`ENCODER_BACKENDS`.
+    """
+    if backend is not None:
+        if backend not in ENCODER_BACKENDS:
+            from drgym.errors import unknown_name
+
+            raise unknown_name("encoder backend", backend, ENCODER_BACKENDS)
+        return backend
+    if device is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return DEFAULT_ENCODER_BACKEND if str(device) == "cpu" else "torch"
 
 _DEFAULT_ALIASES = {"default", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2", "minilm"}
 
@@ -169,14 +205,18 @@ class Encoder:
             64-78 ms p50 on 2 threads against 15.4 ms on 1). A batch of 64 queries is
             1.4-1.5x faster on 2 threads when idle (154-167 ms against 228-239 ms). None
             always keeps the process setting.
-        backend: runtime of the query forward pass, one of :data:`ENCODER_BACKENDS`.
-            ``"onnx"`` (CPU only) exports the model to ONNX on first use, into
+        backend: runtime of the query forward pass, one of :data:`ENCODER_BACKENDS`;
+            None (default): :data:`DEFAULT_ENCODER_BACKEND` on the CPU, ``"torch"`` on a
+            GPU (:func:`resolve_encoder_backend`), and ``"torch"`` for a model the ONNX
+            export cannot reproduce (:func:`onnx_unsupported`; logged); ``backend`` keeps
+            the one chosen. ``"onnx"`` (CPU only) exports the model to ONNX on first use, into
             ``$DRGYM_HOME/onnx/`` keyed by the weights' hash, and runs it in ONNX Runtime;
             it needs the model to be a Transformer followed by mean (or CLS) pooling and
             optional normalisation, as MiniLM and e5 are. ``"onnx-int8"`` (CPU only) also
             quantises that export to int8 once (:class:`OnnxQueryEncoder`), next to it, and
             runs the quantised file; passages stay float32 torch.
     Attributes:
+        backend: the query encoder's runtime (resolved: never None).
         name: canonical model name (recorded in index manifests).
         revision: content hash of the weights (recorded in index manifests).
         dim: embedding dimension (384 for MiniLM).
@@ -200,14 +240,12 @@ class Encoder:
         prefixes: Prefixes | None = None,
         max_length: int | None = None,
         query_threads: int | None = 1,
-        backend: str = "torch",
+        backend: str | None = None,
     ) -> None:
         from drgym.cpu import configure_threads
 
-        if backend not in ENCODER_BACKENDS:
-            from drgym.errors import unknown_name
-
-            raise unknown_name("encoder backend", backend, ENCODER_BACKENDS)
+        if backend is not None:
+            resolve_encoder_backend(backend)  # an unknown name fails before the model loads
 
         configure_threads()  # torch threads from the available cores / $DRGYM_THREADS
         try:
@@ -220,6 +258,8 @@ class Encoder:
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = device
+        default = backend is None
+        backend = resolve_encoder_backend(backend, device)
         if backend in ONNX_BACKENDS and device != "cpu":
             raise ConfigError(f"encoder backend {backend!r} runs on the CPU only; the device is {device!r} "
                               "(use backend 'torch').")
@@ -242,6 +282,11 @@ class Encoder:
         self.dim = int(get_dim())
         self.revision = _weights_revision(self.load_path)
         self.query_threads = query_threads
+        if default and backend in ONNX_BACKENDS and onnx_unsupported(self.model):
+            # the default only: a backend asked for by name raises instead (OnnxQueryEncoder)
+            log.info("query encoder %s: %s, so it runs in torch (the default %s runs only Transformer + mean/CLS "
+                     "pooling models)", self.name, onnx_unsupported(self.model), backend)
+            backend = "torch"
         self.backend = backend
         self._onnx = None
         if backend in ONNX_BACKENDS:
@@ -311,6 +356,22 @@ _ONNX_MISSING = ("The ONNX query encoder needs onnxruntime and onnx: pip install
                  "(or use encoder backend 'torch').")
 
 
+def onnx_unsupported(model: Any) -> str | None:
+    """Why :class:`OnnxQueryEncoder` cannot reproduce a sentence-transformers ``model``, or
+    None when it can (its modules are a Transformer, a mean or CLS Pooling and an optional
+    Normalize, as MiniLM's and e5's)."""
+    modules = list(model)
+    kinds = [type(m).__name__ for m in modules]
+    if len(modules) not in (2, 3) or kinds[0] != "Transformer" or kinds[1] != "Pooling" or (
+            len(modules) == 3 and kinds[2] != "Normalize"):
+        return f"its modules are {kinds}, not Transformer, Pooling and an optional Normalize"
+    pool = modules[1]
+    mode = getattr(pool, "pooling_mode", None) or pool.get_pooling_mode_str()
+    if mode not in ("mean", "cls"):
+        return f"pooling {mode!r} (supported: mean, cls)"
+    return None
+
+
 class OnnxQueryEncoder:
     """The query forward pass of an :class:`Encoder` in ONNX Runtime: the same weights in
     float32, or (``int8=True``) those weights quantised to int8.
@@ -349,18 +410,12 @@ class OnnxQueryEncoder:
         except ImportError as e:
             raise DependencyNotInstalled(_ONNX_MISSING) from e
         backend = "onnx-int8" if int8 else "onnx"
+        why = onnx_unsupported(encoder.model)
+        if why:
+            raise ConfigError(f"encoder backend {backend!r} cannot run {encoder.name!r}: {why} (use backend 'torch').")
         modules = list(encoder.model)
-        kinds = [type(m).__name__ for m in modules]
-        if len(modules) not in (2, 3) or kinds[0] != "Transformer" or kinds[1] != "Pooling" or (
-                len(modules) == 3 and kinds[2] != "Normalize"):
-            raise ConfigError(f"encoder backend {backend!r} cannot run {encoder.name!r}: its modules are {kinds}, "
-                              "not Transformer, Pooling and an optional Normalize (use backend 'torch').")
         pool = modules[1]
-        mode = getattr(pool, "pooling_mode", None) or pool.get_pooling_mode_str()
-        if mode not in ("mean", "cls"):
-            raise ConfigError(f"encoder backend {backend!r} cannot run {encoder.name!r}: pooling {mode!r} "
-                              "(supported: mean, cls; use backend 'torch').")
-        self.pooling = mode
+        self.pooling = getattr(pool, "pooling_mode", None) or pool.get_pooling_mode_str()
         self.normalize = len(modules) == 3
         self.model = encoder.model
         self.int8 = bool(int8)
@@ -485,18 +540,26 @@ class OnnxQueryEncoder:
 
         Args:
             texts: query texts with the model's query prefix.
-            batch_size: texts per forward pass (sorted by length, as sentence-transformers does).
+            batch_size: texts per forward pass (sorted by length, as sentence-transformers
+                does); 1 whatever is asked with ``int8``: dynamic quantisation scales the
+                activations of a whole forward pass, so in a batch a query's vector would
+                depend on the other queries (and on the padding they bring), and a server's
+                micro-batches would rank the same query differently. One query a pass costs
+                about a fifth more forward CPU than batches of 64 (measured:
+                ``scripts/bench_search.py --profile``).
             threads: intra-op threads of the session that runs them (:meth:`session_for`);
                 None: ``query_threads`` for at most :data:`SMALL_QUERY_BATCH` texts, else the
                 process's torch threads when the encoder was made.
 
         Returns:
             float32 array of shape ``(len(texts), dim)``; rows of unit L2 norm when the
-            model normalises.
+            model normalises. With ``int8`` each row depends on its text alone.
         """
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
         if not texts:
             return out
+        if self.int8:
+            batch_size = 1
         order = np.argsort([-len(t) for t in texts], kind="stable")
         for s in range(0, len(texts), batch_size):
             idx = order[s:s + batch_size]

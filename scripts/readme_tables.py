@@ -18,6 +18,8 @@ Tables and their sources:
 - ``search_profile`` and ``search_encoders``: ``scripts/results/bench_search_profile*.json``
   (``python scripts/bench_search.py --profile 300``); ``search_encoders`` has one row per
   query encoder of SEARCH_ENCODER_ROWS.
+- ``encoder_choice``: ``scripts/results/bench_encoder_choice.json``
+  (``python scripts/bench_encoder_choice.py``), the default query encoder's decision.
 - ``bench_train``: ``training/results/bench_train*.json`` (``python scripts/bench_train.py``),
   one row per entry of BENCH_TRAIN_ROWS.
 """
@@ -693,7 +695,7 @@ def search_profile() -> str:
 SEARCH_ENCODERS = "scripts/results/bench_search_profile_int8.json"
 # (encoder backend, label, key of its agreement with torch in the JSON, its recall key)
 SEARCH_ENCODER_ROWS: list[tuple[str, str, str | None, str]] = [
-    ("torch", "torch, float32 (default)", None, "torch"),
+    ("torch", "torch, float32", None, "torch"),
     ("onnx", "`onnx`: ONNX Runtime, float32", "onnx_encoder_agreement", "onnx"),
     ("onnx-int8", "`onnx-int8`: ONNX Runtime, int8", "onnx_int8_encoder_agreement", "onnx-int8"),
 ]
@@ -736,6 +738,61 @@ def search_encoders() -> str:
             f"per channel, a {q['file_mb']:.0f} MB file against {q['float32_file_mb']:.0f} MB. One run, "
             f"{d['started'][:10]}, load {d['load_avg_1_5_15'][0]:.1f} on {d['cpus']} cores shared with other jobs. "
             f"`{d['command']}`.")
+
+
+ENCODER_CHOICE = "scripts/results/bench_encoder_choice.json"
+ENCODER_CHOICE_LABELS = {"torch": "`torch`, float32", "onnx": "`onnx`: ONNX Runtime, float32",
+                         "onnx-int8": "`onnx-int8`: ONNX Runtime, int8"}
+
+
+def encoder_choice() -> str:
+    """The default query encoder's decision (scripts/bench_encoder_choice.py): qrels recall@10
+    and nDCG@10, answer recall@5/@20 and agreement with torch for each encoder and method,
+    with each change against torch and its paired bootstrap interval."""
+    d = _load(ENCODER_CHOICE)
+    sets = list(d["answer_sets"])
+    names = {"nq-open": "NQ", "hotpotqa-dev": "HotpotQA", "musique-dev": "MuSiQue", "nq-open-full": "NQ (2,819)"}
+
+    def change(c: dict) -> str:
+        lo, hi = c["ci95"]
+        return f"{c['mean']:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+
+    rows = []
+    for backend, by in d["by_backend"].items():
+        for method, m in by.items():
+            row = [ENCODER_CHOICE_LABELS[backend] + (" (default on the CPU)" if backend == d["decision"] else ""),
+                   method, f"{m['qrels']['recall@10']:.3f}", f"{m['qrels']['ndcg@10']:.3f}",
+                   " / ".join(f"{m['answer_recall'][s]['@5']:.3f}" for s in sets),
+                   " / ".join(f"{m['answer_recall'][s]['@20']:.3f}" for s in sets)]
+            if "difference_to_torch" in m:
+                a, diff = m["agreement_with_torch"], m["difference_to_torch"]
+                row += [f"{a['overlap_at_10']:.3f} / {a['top1_same']:.3f}",
+                        " / ".join(change(diff["qrels"][k]) for k in ("recall@10", "ndcg@10")),
+                        " / ".join(change(diff["answer_recall_all_sets"][k]) for k in ("@5", "@20"))]
+            else:
+                row += ["1 (reference)", "-", "-"]
+            rows.append(row)
+    label = " / ".join(names.get(s, s) for s in sets)
+    head = ["query encoder", "method", "recall@10 (qrels)", "nDCG@10 (qrels)", f"answer recall@5, {label}",
+            f"answer recall@20, {label}", "top-10 overlap / top-1 with torch",
+            "change against torch: recall@10 / nDCG@10 [95% CI]", "change against torch: answer recall@5 / @20 [95% CI]"]
+    n_answer = sum(d["answer_sets"].values())
+    ties = ", ".join(f"`{b}` {'ties' if t else 'does not tie'}" for b, t in d["ties_torch"].items())
+    q = d.get("onnx_int8", {})
+    passages = int(re.search(r"passages=(\d+)", d["index"]).group(1))
+    return (_table(head, rows)
+            + f"\n\nwiki-default ({passages:,} passages), the same torch "
+            "float32 passage vectors "
+            f"for every row. qrels: the shipped HippoRAG qrels ({d['by_backend']['onnx']['dense']['difference_to_torch']['qrels']['recall@10']['queries']} "
+            f"queries), documents. Answer recall@k: a gold answer in the text of one of the top k passages "
+            f"(SQuAD normalisation, whole words) over {n_answer} shipped questions ("
+            + ", ".join(f"{names.get(s, s)} {n}" for s, n in d["answer_sets"].items())
+            + f"; yes/no answers left out); overlap and top-1 over the same questions, passages. Changes: mean "
+            f"per-query difference to torch with its 95% paired bootstrap interval ({d['boot']:,} resamples), the "
+            f"answer recall over all {n_answer} questions. A tie: every interval holds 0 and none reaches below "
+            f"-{d['margin']}. {ties}; the default is `{d['decision']}`. int8: onnxruntime {q.get('onnxruntime', '?')}, "
+            f"{q.get('file_mb', 0):.0f} MB. One run, {d['started'][:10]}, load {d['load_avg_1_5_15_at_start'][0]:.1f} "
+            f"on {d['cpus']} cores. `{d['command']}`.")
 
 
 def _curve(path: str, other: str, rerank: str = "re-rank") -> str:
@@ -1048,6 +1105,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "probe_groups_cost": probe_groups_cost,
     "search_profile": search_profile,
     "search_encoders": search_encoders,
+    "encoder_choice": encoder_choice,
 }
 
 
@@ -1079,6 +1137,7 @@ TABLE_PAGES: dict[str, str] = {
     "probe_groups_cost": "docs/benchmarks/scale.md",
     "search_profile": "docs/benchmarks/search.md",
     "search_encoders": "docs/benchmarks/search.md",
+    "encoder_choice": "docs/benchmarks/search.md",
     "grpo_summary": "docs/training.md",
     "test_table": "docs/training.md",
     "answerable_pool": "docs/training.md",

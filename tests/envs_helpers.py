@@ -126,7 +126,8 @@ def nq_open_questions(n: int) -> list[str]:
 @contextlib.contextmanager
 def engine_with_encoder(default_engine, backend: str):
     """The wiki-default index of ``default_engine`` served (hybrid, CPU) with query encoder
-    ``backend`` (``"onnx"``, ``"onnx-int8"``: exported and quantised once into DRGYM_HOME)."""
+    ``backend`` (``"torch"``, ``"onnx"``, ``"onnx-int8"``: exported and quantised once into
+    DRGYM_HOME)."""
     from drgym.search.local import LocalSearchEngine
 
     engine = LocalSearchEngine(default_engine.folder, method="hybrid", device="cpu", encoder_backend=backend)

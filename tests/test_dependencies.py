@@ -194,15 +194,6 @@ def _check_faiss_gpu() -> None:
     assert gpus_available() == 0
 
 
-def _check_onnx() -> None:
-    from drgym.embedding import Encoder
-    from drgym.errors import DependencyNotInstalled
-
-    for backend in ("onnx", "onnx-int8"):
-        with pytest.raises(DependencyNotInstalled, match=re.escape("drgym[onnx]")):
-            Encoder(backend=backend, device="cpu")
-
-
 def _check_ray() -> None:
     from drgym.distributed import require_ray
     from drgym.errors import DependencyNotInstalled
@@ -217,8 +208,6 @@ OPTIONAL_BACKENDS: dict[str, tuple[str, Callable[[], None]]] = {
     "vllm": ("vllm", _check_vllm),
     "faiss-gpu-cu12": ("faiss", _check_faiss_gpu),
     "ray": ("ray", _check_ray),
-    "onnxruntime": ("onnxruntime", _check_onnx),
-    "onnx": ("onnx", _check_onnx),
 }
 
 

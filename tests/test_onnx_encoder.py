@@ -13,6 +13,14 @@ pytest.importorskip("onnxruntime")
 
 
 @pytest.fixture(scope="module")
+def torch_engine(default_engine):
+    """The wiki-default index with the torch float32 query encoder: the reference (the
+    default query encoder on the CPU is onnx-int8)."""
+    with engine_with_encoder(default_engine, "torch") as engine:
+        yield engine
+
+
+@pytest.fixture(scope="module")
 def onnx_engine(default_engine):
     """The wiki-default index served with the ONNX query encoder (exported once into the
     session's DRGYM_HOME)."""
@@ -20,11 +28,11 @@ def onnx_engine(default_engine):
         yield engine
 
 
-def test_query_vectors_equal_torch(default_engine, onnx_engine):
+def test_query_vectors_equal_torch(torch_engine, onnx_engine):
     qs = nq_open_questions(64)
-    a = default_engine.encoder.encode_queries(qs)
+    a = torch_engine.encoder.encode_queries(qs)
     b = onnx_engine.encoder.encode_queries(qs)
-    assert onnx_engine.encoder.backend == "onnx" and default_engine.encoder.backend == "torch"
+    assert onnx_engine.encoder.backend == "onnx" and torch_engine.encoder.backend == "torch"
     assert a.shape == b.shape == (64, 384) and b.dtype == np.float32
     np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
     assert float((a * b).sum(1).min()) > 0.99999
@@ -34,9 +42,9 @@ def test_query_vectors_equal_torch(default_engine, onnx_engine):
 
 
 @pytest.mark.parametrize("method", ["dense", "hybrid"])
-def test_rankings_equal_torch(default_engine, onnx_engine, method):
+def test_rankings_equal_torch(torch_engine, onnx_engine, method):
     qs = nq_open_questions(100)
-    ra = [[r.doc_id for r in res] for res in default_engine.search_batch(qs, 10, method=method)]
+    ra = [[r.doc_id for r in res] for res in torch_engine.search_batch(qs, 10, method=method)]
     rb = [[r.doc_id for r in res] for res in onnx_engine.search_batch(qs, 10, method=method)]
     assert ra == rb
 
@@ -70,7 +78,7 @@ def test_serve_settings_take_the_backend():
     from drgym.search.wire import ServerSettings
 
     assert ServerSettings(encoder_backend="onnx").encoder_backend == "onnx"
-    assert ServerSettings().encoder_backend == "torch"
+    assert ServerSettings().encoder_backend is None  # the default for the device
     with pytest.raises(ValidationError):
         ServerSettings(encoder_backend="tensorrt")
 

@@ -26,6 +26,7 @@ def mcp(
     method: Optional[str] = typer.Option(None, help="dense, bm25 or hybrid (env DRGYM_METHOD; default: the engine's)."),
     index_dir: Optional[str] = typer.Option(None, "--index-dir", help="Serve this built index folder (or index name) instead of --corpus."),
     encoder: Optional[str] = typer.Option(None, help="Encoder name or path; must match the index (default: the index's)."),
+    encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", help="Query encoder runtime: onnx-int8 (default on the CPU), onnx or torch (float32; default on a GPU), as drgym serve's (env DRGYM_ENCODER_BACKEND)."),
     host: Optional[str] = typer.Option(None, help="Address to bind with --transport http (env DRGYM_HOST; default 127.0.0.1)."),
     port: Optional[int] = typer.Option(None, help="TCP port with --transport http (env DRGYM_PORT; default 8000)."),
     path: str = typer.Option("/mcp", "--path", help="Endpoint path with --transport http."),
@@ -51,7 +52,8 @@ def mcp(
     if not path.startswith("/"):
         typer.echo(f"drgym mcp: error: --path must start with '/', got {path!r}.", err=True)
         raise typer.Exit(2)
-    given = dict(corpus=corpus, method=method, index_dir=index_dir, encoder=encoder, host=host, port=port,
+    given = dict(corpus=corpus, method=method, index_dir=index_dir, encoder=encoder, encoder_backend=encoder_backend,
+                 host=host, port=port,
                  max_k=max_k, collapse=collapse, log_level=log_level)
     try:
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})

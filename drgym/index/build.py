@@ -211,20 +211,22 @@ _ENCODERS: dict[tuple[str, str | None, str], object] = {}
 _ENCODERS_LOCK = threading.Lock()
 
 
-def get_encoder(name: str = "all-MiniLM-L6-v2", device: str | None = None, backend: str = "torch"):
+def get_encoder(name: str = "all-MiniLM-L6-v2", device: str | None = None, backend: str | None = None):
     """A process-wide shared :class:`drgym.embedding.Encoder` (loaded once per name, device
     and query ``backend``: ``"torch"``, ``"onnx"`` or ``"onnx-int8"``, see
-    :data:`drgym.embedding.ENCODER_BACKENDS`).
+    :data:`drgym.embedding.ENCODER_BACKENDS`; None: the default for the device,
+    :func:`drgym.embedding.resolve_encoder_backend`).
 
     Encoders are not safe for concurrent ``encode`` calls (fast tokenizers raise
     "Already borrowed"); :class:`~drgym.search.local.LocalSearchEngine` serialises them.
     """
-    from drgym.embedding import Encoder
+    from drgym.embedding import Encoder, resolve_encoder_backend
 
     if device is None:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    backend = resolve_encoder_backend(backend, device)
     key = (name, device, backend)
     with _ENCODERS_LOCK:
         enc = _ENCODERS.get(key)

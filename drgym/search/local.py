@@ -251,10 +251,14 @@ class LocalSearchEngine(SearchBackend):
             cache, shared by processes and evictable, and an index larger than RAM loads
             (its searches then read from disk).
         encoder_backend: runtime of the query encoder when it is loaded here (``encoder``
-            None or a name): ``"torch"`` (default), ``"onnx"`` (ONNX Runtime on the CPU,
-            the same float32 weights) or ``"onnx-int8"`` (those weights quantised to int8
-            by ONNX Runtime; query vectors and rankings move a little, the index's passage
-            vectors do not change; :data:`drgym.embedding.ENCODER_BACKENDS`).
+            None or a name): ``"torch"`` (float32, as the passages were encoded), ``"onnx"``
+            (ONNX Runtime on the CPU, the same float32 weights) or ``"onnx-int8"`` (those
+            weights quantised to int8 by ONNX Runtime; query vectors and rankings move a
+            little, the index's passage vectors do not change;
+            :data:`drgym.embedding.ENCODER_BACKENDS`); None (default):
+            :data:`drgym.embedding.DEFAULT_ENCODER_BACKEND` (``onnx-int8``) on the CPU,
+            ``torch`` on a GPU (:func:`drgym.embedding.resolve_encoder_backend`). The
+            backend used is part of :meth:`identity`.
         search_threads: CPU threads one search call's query encoding and FAISS search
             use, whatever the batch size; None (default) uses the process's thread count
             for large batches and one thread for small ones. ``drgym serve`` sets 1: its
@@ -289,7 +293,7 @@ class LocalSearchEngine(SearchBackend):
         gpu_shard: bool = False,
         gpu_float16: bool = False,
         mmap: bool = False,
-        encoder_backend: str = "torch",
+        encoder_backend: str | None = None,
         search_threads: int | None = None,
         _shared: _Shared | None = None,
     ) -> None:
@@ -354,7 +358,7 @@ class LocalSearchEngine(SearchBackend):
         gpu_shard: bool = False,
         gpu_float16: bool = False,
         mmap: bool = False,
-        encoder_backend: str = "torch",
+        encoder_backend: str | None = None,
         search_threads: int | None = None,
     ) -> "LocalSearchEngine":
         """Build the index of ``corpus`` if it is missing or outdated, then load it.
@@ -434,7 +438,10 @@ class LocalSearchEngine(SearchBackend):
         ``manifest_fingerprint``: sha256 of the manifest's :meth:`~drgym.index.manifest.IndexManifest.identity`,
         first 16 hex digits, the corpus fingerprint, passages), the method, the encoder,
         ``max_k``, the collapse mode and the ranking settings (``rrf_depth``, FAISS
-        ``search_params``)."""
+        ``search_params``), and ``encoder_backend``: the query encoder's runtime
+        (:data:`drgym.embedding.ENCODER_BACKENDS`; it moves rankings, so a run resumed
+        against another is refused), None for ``method="bm25"``, which encodes no query.
+        Loads the query encoder if it is not loaded yet (dense and hybrid)."""
         import hashlib
         import json
 
@@ -443,7 +450,8 @@ class LocalSearchEngine(SearchBackend):
         return {"kind": "local", "index": m.name, "manifest_fingerprint": fp, "corpus_fingerprint": m.corpus_fingerprint,
                 "n_passages": m.n_passages, "method": self.method, "encoder": m.encoder,
                 "encoder_revision": m.encoder_revision, "max_k": self.max_k, "collapse": self.collapse,
-                "rrf_depth": self.rrf_depth, "search_params": self._shared.search_params}
+                "rrf_depth": self.rrf_depth, "search_params": self._shared.search_params,
+                "encoder_backend": None if self.method == "bm25" else getattr(self.encoder, "backend", None)}
 
     def __repr__(self) -> str:
         m = self.manifest
