@@ -261,6 +261,8 @@ def _record_models():
             invalid_actions: Count | None = None
             obs_tokens: Count | None = None
             task_index: Count | None = None
+            wall_phases_s: dict[str, Seconds | None] | None = None
+            citations: list[dict[str, Any]] | None = None
             task_sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
         class TrajectoryRecord(BaseModel):
@@ -293,12 +295,13 @@ def trajectory_record_error(record: Any) -> str | None:
     numbers the run metrics read must be finite and in range: ``reward`` and each
     ``reward_components`` value (a number within +-:data:`RECORD_SCORE_LIMIT`, or null),
     ``timings`` values, ``steps[i].latency_s`` and
-    ``metadata`` ``latency_s`` / ``wall_share_s`` / ``usage[j].generation_s`` (seconds in
-    [0, :data:`RECORD_SECONDS_LIMIT`]), ``metadata`` ``usage[j].prompt_tokens`` /
+    ``metadata`` ``latency_s`` / ``wall_share_s`` / ``usage[j].generation_s`` and the values
+    of ``metadata["wall_phases_s"]`` (seconds in [0, :data:`RECORD_SECONDS_LIMIT`]), ``metadata`` ``usage[j].prompt_tokens`` /
     ``completion_tokens``, ``turns``, ``searches``, ``fetches``, ``invalid_actions``,
     ``obs_tokens``, ``task_index`` (integers in [0, :data:`RECORD_COUNT_LIMIT`]),
     ``metadata["answer_confidence"]`` (in [0, 1]) and ``metadata["task_sha256"]`` (64
-    lowercase hex digits).
+    lowercase hex digits); ``metadata["usage"]`` entries and ``metadata["citations"]``
+    entries are JSON objects.
 
     Returns:
         None for a valid record; else one line naming the first problems (``"not a JSON

@@ -164,6 +164,10 @@ def _record(**over) -> dict:
     ("metadata__latency_s", float("nan"), "metadata.latency_s: Input should be a finite number"),
     ("metadata__answer_confidence", 1.5, "metadata.answer_confidence: Input should be less than or equal to 1"),
     ("metadata__task_sha256", "abc", "metadata.task_sha256: String should match pattern"),
+    ("metadata__usage", [5], "metadata.usage.0: Input should be a valid dictionary"),
+    ("metadata__wall_phases_s", {"search": float("nan")}, "metadata.wall_phases_s.search: Input should be a finite number"),
+    ("metadata__wall_share_s", "0.1", "metadata.wall_share_s: Input should be a valid number"),
+    ("metadata__citations", ["https://x"], "metadata.citations.0: Input should be a valid dictionary"),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 40 and ":" not in v else (f"{str(v)[:8]}..." if len(str(v)) > 12 else str(v)))
 def test_record_numbers_must_be_finite_and_in_range(path, value, why):
     assert trajectory_record_error(_record()) is None
@@ -242,3 +246,26 @@ def test_an_episode_whose_reward_is_nan_is_not_written(bm25_backend, tmp_path):
         run_rollout(cfg, backend=bm25_backend, progress=False, reward=NaNReward())
     path = tmp_path / "run" / "trajectories.jsonl"
     assert not path.exists() or path.read_bytes() == b""
+
+
+def test_drgym_rollout_refuses_a_reversed_task_file_in_one_line(hotpot_rows, bm25_backend, monkeypatch, tmp_path):
+    import drgym.search.registry as registry
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    # the CLI's "local" backend is the small BM25 engine (as the process cache would hold it)
+    monkeypatch.setattr(registry, "_CACHE", {json.dumps(["local", {}], sort_keys=True, default=str): bm25_backend})
+    tasks, out = tmp_path / "qs.jsonl", tmp_path / "run"
+    _write_tasks(tasks, hotpot_rows[:3])
+    args = ["rollout", "--policy", "scripted", "--tasks", str(tasks), "--n", "0", "--out", str(out), "--no-plots",
+            "--no-progress"]
+    first = CliRunner().invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "3 new episodes, 0 resumed" in first.output
+    _write_tasks(tasks, hotpot_rows[:3][::-1])
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2
+    [line] = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
+    assert "episodes of 2 task(s)" in line and "(qs-0, qs-2)" in line  # the middle line stayed in place
+    assert "Traceback" not in res.output
