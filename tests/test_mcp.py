@@ -367,6 +367,10 @@ def browsecomp_like_server():
     def search_short(query: Annotated[str, Field(max_length=20)]) -> list[dict[str, Any]]:
         return ranked(query)
 
+    @server.tool(name="search_raw", structured_output=False)
+    def search_raw(query: str) -> str:
+        return query  # the query is the answer's JSON text
+
     @server.tool(name="get_document")
     def get_document(docid: str) -> dict[str, Any] | None:
         return {"docid": docid, "text": DOCS[docid]} if docid in DOCS else None
@@ -407,11 +411,25 @@ def test_server_argument_errors_are_bad_queries(browsecomp_url):
             b.search("a query longer than twenty characters", 1)
 
 
+def test_non_finite_scores_are_malformed_answers(browsecomp_url):
+    from drgym.errors import BackendUnavailableError
+
+    url, _ = browsecomp_url
+    with MCPSearchBackend(url, search_tool="search_raw", retry={"attempts": 1}) as b:
+        assert [(h.doc_id, h.score) for h in b.search('[{"docid": "101", "score": 2.5}, {"docid": "102"}]', 5)] == \
+            [("101", 2.5), ("102", 0.0)]
+        for raw, shown in [("NaN", "nan"), ("Infinity", "inf"), ("-Infinity", "-inf"), ("true", "True"),
+                           ('"high"', "'high'")]:
+            with pytest.raises(BackendUnavailableError, match=f"a hit's score is not a finite number: {shown}"):
+                b.search(f'[{{"docid": "101", "score": 1.0}}, {{"docid": "102", "score": {raw}}}]', 5)
+
+
 def test_backend_names_missing_tools(browsecomp_url):
     url, _ = browsecomp_url
     with MCPSearchBackend(url, search_tool="retrieve") as b:
         for _ in range(2):  # the second call (on the open session) too
-            with pytest.raises(ConfigError, match="has no tool 'retrieve' .*get_document, search, search_short, search_text"):
+            with pytest.raises(ConfigError, match="has no tool 'retrieve' .*get_document, search, search_raw, search_short, "
+                                                  "search_text"):
                 b.search("x", 1)
     with MCPSearchBackend(url, document_tool="read") as b:
         with pytest.raises(ConfigError, match="has no tool 'read'"):

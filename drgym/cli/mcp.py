@@ -33,12 +33,18 @@ def mcp(
     max_k: Optional[int] = typer.Option(None, "--max-k", help="Largest k the search tool accepts (default 100)."),
     collapse: Optional[str] = typer.Option(None, "--collapse", help="What search returns: document (k distinct documents, best passage each; default) or passage (k best passages)."),
     log_level: Optional[str] = typer.Option(None, "--log-level", help="uvicorn log level with --transport http (default warning)."),
+    api_keys: Optional[str] = typer.Option(None, "--api-keys", help="With --transport http: comma-separated keys, one of which every request must send in x-api-key, else 401 (env DRGYM_API_KEYS, as drgym serve; default: no auth, and a warning on a non-loopback --host)."),
+    allowed_hosts: Optional[str] = typer.Option(None, "--allowed-hosts", envvar="DRGYM_ALLOWED_HOSTS", help="With --transport http: comma-separated Host header values accepted besides the loopback names and --host (e.g. search.example.org, or search.example.org:8000 for one port); any other Host is answered 421."),
+    allowed_origins: Optional[str] = typer.Option(None, "--allowed-origins", envvar="DRGYM_ALLOWED_ORIGINS", help="With --transport http: comma-separated browser origins accepted besides http(s):// of the accepted hosts (e.g. https://app.example.org); any other Origin is answered 403."),
 ) -> None:
     """Serve a local index as MCP tools: search(query, k), get_document(docid) and fetch(url).
 
     The rankings, limits and errors are drgym serve's. With --transport stdio nothing but
-    the protocol goes to stdout (messages go to stderr). Exits with status 2 and a one-line
-    message when the index is missing, corrupt or was built with another encoder.
+    the protocol goes to stdout (messages go to stderr). With --transport http every
+    request's Host and Origin headers are checked (loopback names, --host and
+    --allowed-hosts / --allowed-origins), and with --api-keys its x-api-key. Exits with
+    status 2 and a one-line message when the index is missing, corrupt or was built with
+    another encoder.
     """
     from pydantic import ValidationError
 
@@ -54,7 +60,7 @@ def mcp(
         raise typer.Exit(2)
     given = dict(corpus=corpus, method=method, index_dir=index_dir, encoder=encoder, encoder_backend=encoder_backend,
                  host=host, port=port,
-                 max_k=max_k, collapse=collapse, log_level=log_level)
+                 max_k=max_k, collapse=collapse, log_level=log_level, api_keys=api_keys)
     try:
         settings = ServerSettings(**{k: v for k, v in given.items() if v is not None})
     except ValidationError as e:
@@ -62,6 +68,17 @@ def mcp(
         typer.echo(f"drgym mcp: error: invalid settings: {msgs}", err=True)
         raise typer.Exit(2) from None
     if transport == "http":
+        from drgym.server.mcp import is_loopback, transport_security
+
+        try:
+            transport_security(settings.host, allowed_hosts, allowed_origins)
+        except DrgymError as e:
+            typer.echo(f"drgym mcp: error: {e}", err=True)
+            raise typer.Exit(2) from None
+        if not settings.key_set() and not is_loopback(settings.host):
+            typer.echo(f"drgym mcp: WARNING: listening on {settings.host} without --api-keys: anyone who can reach "
+                       f"port {settings.port} can use this server. Give --api-keys (or DRGYM_API_KEYS), or bind "
+                       "127.0.0.1.", err=True)
         check_bindable_or_exit(settings, "drgym mcp")
     try:
         # stdout is the protocol channel under stdio: anything the loaders print goes to stderr
@@ -87,9 +104,10 @@ def mcp(
 
         from drgym.server.app import uvicorn_options
 
-        app = streamable_http_app(server, host=settings.host, path=path)
+        app = streamable_http_app(server, host=settings.host, path=path, api_keys=settings.key_set(),
+                                  allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)
         typer.echo(f"drgym mcp: {backend!r} on http://{settings.host}:{settings.port}{path} "
-                   f"(max_k={settings.max_k})", err=True)
+                   f"(max_k={settings.max_k}, auth={'on' if settings.key_set() else 'off'})", err=True)
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
                     **uvicorn_options())
     finally:

@@ -44,8 +44,10 @@ as :class:`~drgym.errors.SearchError`. A malformed answer is a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -60,6 +62,7 @@ import tenacity
 from drgym import errors as _errors
 from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.errors import (
+    AuthError,
     BackendUnavailableError,
     BadQueryError,
     ConfigError,
@@ -76,6 +79,8 @@ log = logging.getLogger(__name__)
 
 SPEC_PREFIX = "mcp:"
 STDIO_PREFIX = "stdio:"
+API_KEY_ENV = "DRGYM_API_KEY"
+"""The environment variable of the key sent when no ``api_key`` is given (as the ``http://`` client)."""
 ENGINE_RESOURCE = "drgym://engine"
 """URI of the resource a drgym MCP server describes its engine with (identity and limits)."""
 
@@ -271,6 +276,9 @@ class MCPSearchBackend(SearchBackend):
         cwd: working folder of a stdio server (default: this process's).
         name: backend name in logs and errors (default ``"mcp"``).
         deterministic: whether rankings are repeatable (True: a fixed index).
+        api_key: sent as ``x-api-key`` to an HTTP server (``drgym mcp --api-keys``); None
+            reads ``DRGYM_API_KEY``; unused over stdio. A server that refuses it answers
+            401, raised as :class:`~drgym.errors.AuthError` (not retried).
 
     Attributes:
         retry: the :class:`~drgym.config.RetryPolicy` in use (every field set).
@@ -298,6 +306,7 @@ class MCPSearchBackend(SearchBackend):
         cwd: str | None = None,
         name: str = "mcp",
         deterministic: bool = True,
+        api_key: str | None = None,
     ) -> None:
         if transport is None:
             transport = "http" if isinstance(target, str) and target.strip().lower().startswith(("http://", "https://")) \
@@ -330,6 +339,9 @@ class MCPSearchBackend(SearchBackend):
         self.cwd = cwd
         self.name = name
         self.deterministic = deterministic
+        if api_key is None:
+            api_key = os.environ.get(API_KEY_ENV) or None
+        self._api_key = api_key if transport == "http" else None
         self._answered = False
         self._lock = threading.Lock()
         self._connect_lock = threading.Lock()
@@ -378,11 +390,15 @@ class MCPSearchBackend(SearchBackend):
             fut.cancel()
             raise
 
+    def credentials(self) -> tuple[str, ...]:
+        """The ``x-api-key`` sent, if any (see :meth:`SearchBackend.credentials`)."""
+        return (self._api_key,) if self._api_key else ()
+
     def _server(self) -> Any:
         from mcp.client.stdio import StdioServerParameters
 
         if self.transport == "http":
-            return self.target
+            return _keyed_http(str(self.target), self._api_key) if self._api_key else self.target
         argv = list(self.target)
         return StdioServerParameters(command=argv[0], args=argv[1:], env=self.env, cwd=self.cwd)
 
@@ -454,6 +470,10 @@ class MCPSearchBackend(SearchBackend):
                 except (ConfigError, BackendUnavailableError):
                     raise
                 except Exception as e:
+                    refused = _auth_refusal(e)
+                    if refused is not None:  # a wrong or missing key: retrying cannot help
+                        raise AuthError(f"{self.name}: the MCP server {self.describe()} refused the connection: "
+                                        f"{refused}") from e
                     raise _Transient(f"could not connect ({_describe(e)})") from e
                 with self._lock:
                     self._session = session
@@ -584,7 +604,9 @@ class MCPSearchBackend(SearchBackend):
         """Top-``k`` hits of one ``search_tool`` call (see :meth:`SearchBackend.search`).
 
         Returns:
-            At most ``k`` hits, ranks 1..n, ``score`` the server's (0.0 when it sends none).
+            At most ``k`` hits, ranks 1..n, ``score`` the server's (0.0 when it sends none;
+            a score that is not a finite number, NaN or a boolean, is a malformed answer:
+            :class:`~drgym.errors.BackendUnavailableError`).
 
         Raises:
             BadQueryError: empty query, k outside 1..max_k (checked before sending, and
@@ -602,11 +624,13 @@ class MCPSearchBackend(SearchBackend):
         out: list[SearchResult] = []
         for rec in _hit_records(_payload(result), where)[:k]:
             f = record_fields(rec)
-            score = rec.get("score")
+            raw = rec.get("score")
             try:
-                score = float(score) if score is not None else 0.0
+                score = 0.0 if raw is None else float("nan") if isinstance(raw, bool) else float(raw)
             except (TypeError, ValueError):
-                raise BackendUnavailableError(f"{where}: a hit's score is not a number: {score!r}") from None
+                score = float("nan")
+            if not math.isfinite(score):
+                raise BackendUnavailableError(f"{where}: a hit's score is not a finite number: {raw!r}")
             out.append(SearchResult(score=score, rank=len(out) + 1, **f))
         return out
 
@@ -714,6 +738,35 @@ class MCPSearchBackend(SearchBackend):
                 self._thread.join(10.0)
             if not self._loop.is_running():
                 self._loop.close()
+
+
+def _keyed_http(url: str, api_key: str) -> Any:
+    """A streamable-HTTP transport to ``url`` whose requests carry ``x-api-key``."""
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+
+    @contextlib.asynccontextmanager
+    async def transport():
+        async with create_mcp_http_client(headers={"x-api-key": api_key}) as http:
+            async with streamable_http_client(url, http_client=http) as streams:
+                yield streams
+
+    return transport()
+
+
+def _auth_refusal(e: BaseException) -> str | None:
+    """The message of an ``AuthError: ...`` error answer (``drgym mcp``'s 401), found in
+    ``e`` or the exception groups around it; None for any other failure."""
+    from mcp.shared.exceptions import MCPError
+
+    todo = [e]
+    while todo:
+        x = todo.pop()
+        if isinstance(x, BaseExceptionGroup):
+            todo.extend(x.exceptions)
+        elif isinstance(x, MCPError) and str(x.message).startswith("AuthError:"):
+            return str(x.message).removeprefix("AuthError:").strip()
+    return None
 
 
 def _describe(e: BaseException) -> str:

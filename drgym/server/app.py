@@ -87,6 +87,22 @@ URL_NOT_FOUND_DETAIL = "URL not found."
 BAD_KEY_DETAIL = "Invalid or missing API Key: send a key accepted by this server in the x-api-key header."
 API_KEY_HEADER = "x-api-key"
 
+
+def api_key_accepted(keys: list[bytes], given: str | None) -> bool:
+    """Whether ``given`` (an ``x-api-key`` header value, None when absent) is one of
+    ``keys`` (the server's keys, UTF-8 encoded). Used by ``drgym serve`` and ``drgym mcp``.
+
+    Every key is compared, each in constant time (:func:`hmac.compare_digest`), so the
+    answer time does not tell how much of a guess was right. Header values arrive latin-1
+    decoded (RFC 9110); encoding them back gives the bytes sent.
+    """
+    sent = (given or "").encode("latin-1", "replace")  # a missing key is compared too: the same time
+    ok = False
+    for k in keys:
+        ok |= hmac.compare_digest(sent, k)
+    return ok and given is not None
+
+
 UVICORN_H11_MAX_EVENT = 1 << 20
 """Largest request head (bytes) uvicorn's h11 parser accepts; 10k-character queries need
 more than its 16 KiB default once percent-encoded (httptools has no such limit)."""
@@ -420,14 +436,7 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
                                   description="API key; required because this server was started with --api-keys")
 
     async def check_key(x_api_key: Annotated[str | None, Security(api_key_header)]) -> None:
-        # Every key is compared, each in constant time (hmac.compare_digest), so the
-        # answer time does not tell how much of a guess was right. Header values arrive
-        # latin-1 decoded (RFC 9110); encoding them back gives the bytes sent.
-        given = (x_api_key or "").encode("latin-1", "replace")
-        ok = False
-        for k in keys:
-            ok |= hmac.compare_digest(given, k)
-        if not ok or x_api_key is None:
+        if not api_key_accepted(keys, x_api_key):
             raise HTTPException(status_code=401, detail=BAD_KEY_DETAIL)
 
     auth = [Depends(check_key)] if keys else []

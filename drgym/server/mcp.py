@@ -42,16 +42,18 @@ The server also offers the resource ``drgym://engine``: JSON of the backend's
 # No ``from __future__ import annotations``: the SDK evaluates the tool functions' annotations,
 # which use limits local to create_mcp_server (k's maximum).
 import inspect
+import ipaddress
 import json
 import logging
-from typing import Annotated, Any
+from typing import Annotated, Any, Iterable
 
 from pydantic import BaseModel, Field
 
-from drgym.errors import BadQueryError, DocumentNotFoundError, DrgymError, SearchError
+from drgym.errors import BadQueryError, ConfigError, DocumentNotFoundError, DrgymError, SearchError
 from drgym.search.base import SearchBackend
 from drgym.search.mcp import ENGINE_RESOURCE, tool_error_text
 from drgym.search.wire import JsonInt, ServerSettings
+from drgym.server.app import API_KEY_HEADER, BAD_KEY_DETAIL, api_key_accepted
 from drgym.types import Document, SearchResult
 
 log = logging.getLogger(__name__)
@@ -217,13 +219,142 @@ def create_mcp_server(backend: SearchBackend, settings: ServerSettings | None = 
     return server
 
 
-def streamable_http_app(server, *, host: str = "127.0.0.1", path: str = "/mcp"):
-    """The Starlette app that serves ``server`` over streamable HTTP at ``path``.
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+"""The Host names of this machine's loopback interface, always accepted."""
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` listens on the loopback interface only (``127.0.0.0/8``,
+    ``::1``, ``localhost``); ``0.0.0.0``, ``::`` and other addresses and names are not."""
+    h = host.strip().strip("[]").lower()
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def _split_list(values: Iterable[str] | str | None) -> list[str]:
+    if values is None:
+        return []
+    if isinstance(values, str):
+        values = values.split(",")
+    return [v.strip() for v in values if v and v.strip()]
+
+
+def _has_port(host: str) -> bool:
+    """Whether a Host value names a port (``name:8000``, ``[::1]:8000``, ``name:*``)."""
+    return host.rsplit("]", 1)[-1].startswith(":") if host.startswith("[") else ":" in host
+
+
+def transport_security(host: str, allowed_hosts: Iterable[str] | str | None = None,
+                       allowed_origins: Iterable[str] | str | None = None):
+    """The SDK's DNS-rebinding protection (``Host`` and ``Origin`` checks) for a server
+    bound to ``host``: on for every bind address, loopback or not.
+
+    Accepted ``Host`` values: the loopback names (``127.0.0.1``, ``localhost``, ``[::1]``),
+    the bound address itself when it is not a wildcard (``0.0.0.0``, ``::``), and
+    ``allowed_hosts``; each with any port (or none), unless an entry names its own
+    (``name:8000``). Accepted ``Origin`` values: ``http://`` and ``https://`` of each
+    accepted host, and ``allowed_origins`` (``https://app.example.org``: any port, or one
+    with its port). A request without ``Origin`` (not from a browser) passes that check.
+    The SDK answers a refused ``Host`` with 421 and a refused ``Origin`` with 403.
+
+    Args:
+        host: the bind address.
+        allowed_hosts, allowed_origins: more accepted values: a list, or one
+            comma-separated string.
+
+    Returns:
+        A :class:`mcp.server.transport_security.TransportSecuritySettings`.
+
+    Raises:
+        ConfigError: an entry with a scheme in ``allowed_hosts`` or without one in
+            ``allowed_origins``, or one with a wildcard other than ``:*``.
+    """
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    extra_hosts, extra_origins = _split_list(allowed_hosts), _split_list(allowed_origins)
+    for h in extra_hosts:
+        if "/" in h or "*" in h.replace(":*", ""):
+            raise ConfigError(f"allowed hosts are Host header values such as 'search.example.org' or "
+                              f"'search.example.org:8000', got {h!r}.")
+    for o in extra_origins:
+        if "://" not in o or "/" in o.split("://", 1)[1] or "*" in o.replace(":*", ""):
+            raise ConfigError(f"allowed origins are origins such as 'https://app.example.org' or "
+                              f"'http://app.example.org:3000', got {o!r}.")
+    names = list(LOOPBACK_NAMES)
+    bound = host.strip()
+    if bound and bound.strip("[]") not in ("0.0.0.0", "::"):
+        names.append(f"[{bound.strip('[]')}]" if ":" in bound.strip("[]") else bound)
+    hosts: list[str] = []
+    for h in [*names, *extra_hosts]:
+        hosts += [h] if _has_port(h) else [h, f"{h}:*"]
+    origins = [f"{scheme}://{h}" for h in hosts for scheme in ("http", "https")]
+    for o in extra_origins:
+        origins += [o] if _has_port(o.split("://", 1)[1]) else [o, f"{o}:*"]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True, allowed_hosts=list(dict.fromkeys(hosts)),
+                                     allowed_origins=list(dict.fromkeys(origins)))
+
+
+UNAUTHORIZED_BODY = {"jsonrpc": "2.0", "id": None,
+                     "error": {"code": -32001, "message": f"AuthError: {BAD_KEY_DETAIL}"}}
+"""The body of a 401: a JSON-RPC error, which MCP clients show as the request's error
+(:class:`drgym.search.mcp.MCPSearchBackend` raises it as :class:`~drgym.errors.AuthError`)."""
+
+
+class APIKeyMiddleware:
+    """ASGI middleware: every HTTP request must carry one of ``keys`` in ``x-api-key``,
+    else 401 with :data:`UNAUTHORIZED_BODY` (``drgym serve``'s header, message and
+    constant-time comparison: :func:`drgym.server.app.api_key_accepted`). Other scopes
+    (lifespan) pass.
+
+    Args:
+        app: the ASGI app to guard.
+        keys: the accepted keys (non-empty).
+    """
+
+    def __init__(self, app: Any, keys: Iterable[str]) -> None:
+        self.app = app
+        self.keys = [k.encode("utf-8") for k in sorted(keys)]
+        if not self.keys:
+            raise ConfigError("APIKeyMiddleware needs at least one key.")
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            from starlette.datastructures import Headers
+            from starlette.responses import JSONResponse
+
+            if not api_key_accepted(self.keys, Headers(scope=scope).get(API_KEY_HEADER)):
+                response = JSONResponse(UNAUTHORIZED_BODY, status_code=401, headers={"WWW-Authenticate": API_KEY_HEADER})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def streamable_http_app(server, *, host: str = "127.0.0.1", path: str = "/mcp", api_keys: Iterable[str] = (),
+                        allowed_hosts: Iterable[str] | str | None = None,
+                        allowed_origins: Iterable[str] | str | None = None):
+    """The ASGI app that serves ``server`` over streamable HTTP at ``path``.
 
     Args:
         server: from :func:`create_mcp_server`.
-        host: the address it will be bound to (a loopback address turns on the SDK's
-            DNS-rebinding protection: only ``127.0.0.1``/``localhost`` Host headers).
+        host: the address it will be bound to; the ``Host``/``Origin`` checks accept it
+            (:func:`transport_security`).
         path: the endpoint path.
+        api_keys: keys of which every request must carry one in ``x-api-key`` (else 401),
+            as ``drgym serve --api-keys``; empty: no authentication.
+        allowed_hosts, allowed_origins: more ``Host`` and ``Origin`` values to accept
+            (:func:`transport_security`): the names clients reach this server by.
+
+    Returns:
+        The SDK's Starlette app, wrapped in :class:`APIKeyMiddleware` when there are keys.
+
+    Raises:
+        ConfigError: a malformed allowed host or origin.
     """
-    return server.streamable_http_app(streamable_http_path=path, host=host)
+    app = server.streamable_http_app(streamable_http_path=path, host=host,
+                                     transport_security=transport_security(host, allowed_hosts, allowed_origins))
+    keys = [k for k in api_keys if k]
+    return APIKeyMiddleware(app, keys) if keys else app
