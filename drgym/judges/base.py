@@ -10,7 +10,8 @@ way: ``cxcscmu/deepresearch_benchmarking`` ``eval_kpr_async.py`` and
 ``Ayanami0730/deep_research_bench`` ``deepresearch_bench_race.py``):
 
 - malformed JSON, missing or out-of-range fields, refusals (no JSON at all), timeouts
-  and 429/5xx answers are retried with exponential backoff (tenacity), as the judge's
+  and 429/5xx answers are retried with exponential backoff and jitter
+  (:func:`drgym.search.retry.retrying`), as the judge's
   ``retry`` (:class:`~drgym.config.RetryPolicy`) says;
 - an endpoint that cannot be reached at all (connection refused or reset) is retried
   the same way, and, once it has answered before, for at least ``retry.reconnect_s`` seconds
@@ -46,16 +47,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    wait_exponential,
-)
 
 from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.errors import ConfigError, JudgeError, ServiceUnavailableError
 from drgym.reasoning import strip_reasoning  # the one reasoning rule, shared with the action parser
 from drgym.judges.cache import VerdictCache
+from drgym.search.retry import retrying
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +303,8 @@ class Judge(abc.ABC):
         retry: a :class:`~drgym.config.RetryPolicy` or its fields; unset fields keep the
             class's ``DEFAULT_RETRY``. ``attempts``: tries per sample before the request
             is a recorded failure (3); ``backoff_s``: first wait between tries, seconds,
-            doubling up to ``max_backoff_s`` (1 s up to 30 s; 0 for the local judge);
+            doubling up to ``max_backoff_s``, plus up to ``backoff_s`` of jitter (1 s up
+            to 30 s; 0 for the local judge);
             ``timeout_s``: seconds per request of an endpoint (120); ``reconnect_s``: once
             the endpoint has answered, an unreachable endpoint is retried for at least
             this many seconds before :class:`JudgeUnavailableError` (default
@@ -515,13 +513,9 @@ class Judge(abc.ABC):
                     and state.seconds_since_start < float(self.retry.reconnect_s or 0.0))
 
     def _sample(self, template: PromptTemplate, messages: Messages, sample: int) -> tuple[BaseModel, str, int]:
-        retrying = Retrying(
-            stop=self._stop,
-            wait=wait_exponential(multiplier=self.retry.backoff_s, max=self.retry.max_backoff_s),
-            retry=retry_if_exception_type((JudgeOutputError, JudgeTransportError)),
-            reraise=True,
-        )
-        for attempt in retrying:
+        loop = retrying(self.retry, name=f"judge {self.model_id} ({template.tag})",
+                        retry_on=(JudgeOutputError, JudgeTransportError), stop=self._stop)
+        for attempt in loop:
             with attempt:
                 if self._down is not None:
                     raise JudgeUnreachableError(str(self._down))

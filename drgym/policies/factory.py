@@ -198,29 +198,23 @@ def check_policy_reachable(spec: str, *, retry: RetryLike = None) -> None:
         ServiceUnavailableError: no answer after ``retry.attempts`` tries; the message names the URL.
         ConfigError: a bad spec or a bad ``retry``.
     """
-    import time
-
     import httpx
 
     from drgym.errors import ServiceUnavailableError
+    from drgym.search.retry import retrying
 
     policy = resolve_retry(retry, REACHABLE_RETRY)
     for base in policy_endpoints(spec):
         url = f"{base}/models"
-        last: Exception | None = None
-        for i in range(policy.attempts):
-            if i:
-                time.sleep(min(policy.backoff_s * 2 ** (i - 1), policy.max_backoff_s))
-            try:
-                httpx.get(url, timeout=policy.timeout_s)
-                last = None
-                break
-            except httpx.TransportError as e:  # refused, reset, DNS, timeouts
-                last = e
-        if last is not None:
+        # one probe before the run starts, nothing retrying alongside it: no jitter, so a
+        # dead endpoint fails in the documented time
+        loop = retrying(policy, name=f"policy endpoint {base}", retry_on=httpx.TransportError, jitter=False)
+        try:
+            loop(lambda: httpx.get(url, timeout=policy.timeout_s))
+        except httpx.TransportError as e:  # refused, reset, DNS, timeouts
             raise ServiceUnavailableError(
                 f"policy endpoint {base} is not reachable: GET {url} failed {policy.attempts} attempt(s) "
-                f"({type(last).__name__}: {last}). Start the server, or fix the URL in --policy openai:MODEL@URL.")
+                f"({type(e).__name__}: {e}). Start the server, or fix the URL in --policy openai:MODEL@URL.") from e
 
 
 def make_policy(spec: str, **options: Any) -> Policy:

@@ -2,8 +2,8 @@
 
 Works with ``vllm serve``, OpenAI, OpenRouter, llama.cpp's server... Requests of one
 batch run concurrently on a thread pool over one pooled ``httpx.Client``; transport
-errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff (tenacity), as
-the policy's ``retry`` (:class:`~drgym.config.RetryPolicy`) says: ``attempts`` tries, and
+errors, timeouts, HTTP 429 and 5xx are retried with exponential backoff and jitter
+(:func:`drgym.search.retry.retrying`), as the policy's ``retry`` (:class:`~drgym.config.RetryPolicy`) says: ``attempts`` tries, and
 once the server has answered, for at least ``reconnect_s`` seconds (a restarting
 server). If the endpoint still fails, :meth:`OpenAIPolicy.act` raises
 :class:`~drgym.errors.ServiceUnavailableError`: an unreachable model cannot act, so the
@@ -38,6 +38,7 @@ from drgym.envs.tools import DEFAULT_TOOLS, tool_schemas
 from drgym.errors import BackendUnavailableError, ConfigError, ServiceUnavailableError
 from drgym.policies.base import Conversation, Policy
 from drgym.policies.generation import DEFAULT_STOPS, Timer, TokenUsage, close_open_tag
+from drgym.search.retry import retrying
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class OpenAIPolicy(Policy):
         retry: retries of a request failing for transport reasons (refused, timeout,
             429/5xx) and the timeout of one attempt, a :class:`~drgym.config.RetryPolicy`
             or its fields (``-p 'retry={"attempts": 2}'``); unset fields keep
-            :attr:`DEFAULT_RETRY` (4 attempts of 60 s, backoff 0.5 s doubling up to 8 s;
+            :attr:`DEFAULT_RETRY` (4 attempts of 60 s, backoff 0.5 s with jitter doubling up to 8 s;
             once the server has answered, retried for at least ``reconnect_s`` seconds,
             by default ``$DRGYM_RECONNECT_S`` or 60).
         stops: stop strings in text mode (the server drops them; they are re-appended).
@@ -297,13 +298,6 @@ class OpenAIPolicy(Policy):
             BackendUnavailableError: HTTP 4xx (not retried).
         """
         import httpx
-        from tenacity import (
-            Retrying,
-            retry_if_exception_type,
-            stop_after_attempt,
-            stop_after_delay,
-            wait_exponential,
-        )
 
         def go() -> dict[str, Any]:
             if self._down is not None:  # another request of this batch gave up on the server
@@ -319,17 +313,13 @@ class OpenAIPolicy(Policy):
             except ValueError as e:
                 raise _Retryable(f"invalid JSON from server: {r.text[:200]}") from e
 
-        stop: Any = stop_after_attempt(self.retry.attempts)
-        reconnect = float(self.retry.reconnect_s or 0.0)
-        if self._answered and reconnect > 0:
-            stop = stop & stop_after_delay(reconnect)
-        retrying = Retrying(stop=stop,
-                            wait=wait_exponential(multiplier=self.retry.backoff_s, max=self.retry.max_backoff_s),
-                            retry=retry_if_exception_type((httpx.TransportError, _Retryable)), reraise=True)
+        reconnect = float(self.retry.reconnect_s or 0.0) if self._answered else 0.0
+        loop = retrying(self.retry, name=f"policy endpoint {self.base_url}", retry_on=(httpx.TransportError, _Retryable),
+                        min_elapsed_s=reconnect)
         try:
-            return retrying(go)
+            return loop(go)
         except (httpx.TransportError, _Retryable) as e:
-            made = retrying.statistics.get("attempt_number") or self.retry.attempts
+            made = loop.statistics.get("attempt_number") or self.retry.attempts
             err = ServiceUnavailableError(
                 f"policy endpoint {self.base_url}/chat/completions failed {made} attempt(s): {type(e).__name__}: {e}")
             with self._lock:

@@ -57,8 +57,6 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, TypeVar
 from urllib.parse import urlparse
 
-import tenacity
-
 from drgym import errors as _errors
 from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.errors import (
@@ -72,7 +70,7 @@ from drgym.errors import (
     ServiceUnavailableError,
 )
 from drgym.search.base import SearchBackend
-from drgym.search.retry import with_reconnect
+from drgym.search.retry import retrying, with_reconnect
 from drgym.types import Document, SearchResult
 
 log = logging.getLogger(__name__)
@@ -558,26 +556,15 @@ class MCPSearchBackend(SearchBackend):
         return self._with_retries(once, what)
 
     def _with_retries(self, once: Callable[[], _T], what: str) -> _T:
-        backoff = (tenacity.wait_exponential(multiplier=self.retry.backoff_s, max=self.retry.max_backoff_s)
-                   + tenacity.wait_random(0, self.retry.backoff_s))
-
-        def before_sleep(state: tenacity.RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            log.warning("%s: attempt %d failed (%s); retrying", self.name, state.attempt_number, exc)
-
-        stop: Any = tenacity.stop_after_attempt(self.retry.attempts)
         reconnect = float(self.retry.reconnect_s or 0.0) if self._answered else 0.0
-        if reconnect > 0:
-            stop = stop & tenacity.stop_after_delay(reconnect)
-        retrying = tenacity.Retrying(stop=stop, wait=backoff, retry=tenacity.retry_if_exception_type(_Transient),
-                                     before_sleep=before_sleep, reraise=True)
+        loop = retrying(self.retry, name=self.name, retry_on=_Transient, min_elapsed_s=reconnect)
         try:
-            return retrying(once)
+            return loop(once)
         except _Transient as e:
-            made = int(retrying.statistics.get("attempt_number") or self.retry.attempts)
+            made = int(loop.statistics.get("attempt_number") or self.retry.attempts)
             tries = f"{made} attempt(s)"
             if reconnect > 0:
-                tries += f" over {float(retrying.statistics.get('delay_since_first_attempt') or 0.0):.0f} s"
+                tries += f" over {float(loop.statistics.get('delay_since_first_attempt') or 0.0):.0f} s"
             raise ServiceUnavailableError(f"{self.name}: {what} failed on the MCP server {self.describe()}: {e} "
                                           f"— still failing after {tries}.") from e
 

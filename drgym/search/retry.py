@@ -1,6 +1,10 @@
-"""HTTP calls to remote search providers with retries (tenacity) and clear errors.
+"""Retries as a :class:`~drgym.config.RetryPolicy` says, and HTTP calls with clear errors.
 
-One function, :func:`send_with_retries`, shared by the web backends
+:func:`retrying` is drgym's one retry loop (tenacity): the HTTP calls below, the MCP
+backend, the ``openai:`` policy and its reachability check, and the judges all retry
+through it, with the same backoff, jitter and log line.
+
+:func:`send_with_retries`, shared by the HTTP search client, the web backends
 (:mod:`drgym.search.web`) and the page fetcher (:mod:`drgym.search.pages`):
 
 - 429 and 5xx answers, timeouts and connection failures are retried with exponential
@@ -24,7 +28,7 @@ import email.utils
 import logging
 import time
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Callable, Union
 
 import httpx
 import tenacity
@@ -122,6 +126,87 @@ def with_reconnect(retry: RetryPolicy) -> RetryPolicy:
     return retry if retry.reconnect_s is not None else retry.model_copy(update={"reconnect_s": default_reconnect_s()})
 
 
+RetryOn = Union[type[BaseException], tuple[type[BaseException], ...], Callable[[BaseException], bool]]
+"""What :func:`retrying` retries: an exception type, a tuple of them, or a predicate."""
+
+
+def retrying(
+    policy: RetryPolicy,
+    *,
+    name: str,
+    retry_on: RetryOn,
+    min_elapsed_s: float = 0.0,
+    stop: Callable[[tenacity.RetryCallState], bool] | None = None,
+    wait_for: Callable[[BaseException], float | None] | None = None,
+    jitter: bool = True,
+) -> tenacity.Retrying:
+    """A tenacity ``Retrying`` that retries as ``policy`` says: drgym's one retry loop.
+
+    - Stop: after ``policy.attempts`` tries; with ``min_elapsed_s`` > 0, not before that
+      many seconds have passed since the first try either (a service being restarted).
+    - Wait before retry ``n`` (1, 2, ...): ``policy.backoff_s * 2 ** (n - 1)`` seconds,
+      capped at ``policy.max_backoff_s``, plus a uniform random jitter of up to
+      ``policy.backoff_s`` seconds (so that concurrent callers do not retry in step).
+    - Log: one warning per retry, ``"<name>: attempt <n> failed (<error>); retrying in
+      <s> s"``.
+    - The last failure is raised as is (``reraise``); a failure ``retry_on`` does not
+      match is raised at once.
+
+    Use it as ``retrying(...)(fn)`` or ``for attempt in retrying(...): with attempt: ...``;
+    its ``statistics`` (``attempt_number``, ``delay_since_first_attempt``) say how many
+    tries were made.
+
+    Args:
+        policy: tries, backoff and its cap (``timeout_s``, ``max_retry_after_s`` and
+            ``reconnect_s`` are the caller's to apply).
+        name: who retries, in the log line (``"serper"``, ``"judge gpt-4.1-mini"``).
+        retry_on: the failures to retry: an exception type, a tuple of them, or a
+            predicate on the exception.
+        min_elapsed_s: keep retrying until at least this many seconds have passed, even
+            after ``policy.attempts`` tries; 0 stops after the attempts.
+        stop: a tenacity stop rule replacing the one above (a judge stops at once when
+            another request found its endpoint down).
+        wait_for: seconds a failure asks to wait instead of the backoff (an HTTP
+            ``Retry-After``), or None to back off as usual.
+        jitter: False leaves the jitter out (a single probe that nothing else retries
+            alongside: its waits are exactly the backoff).
+
+    Returns:
+        The ``tenacity.Retrying`` object (one per call: its statistics are that call's).
+
+    Raises:
+        ValueError: ``retry_on`` is neither an exception type, a tuple of them, nor callable.
+    """
+    def is_error_type(t: Any) -> bool:
+        return isinstance(t, type) and issubclass(t, BaseException)
+
+    if is_error_type(retry_on) or (isinstance(retry_on, tuple) and retry_on and all(map(is_error_type, retry_on))):
+        retry = tenacity.retry_if_exception_type(retry_on)
+    elif callable(retry_on):
+        retry = tenacity.retry_if_exception(retry_on)
+    else:
+        raise ValueError(f"retry_on must be an exception type, a tuple of them or a predicate, got {retry_on!r}.")
+    backoff: Any = tenacity.wait_exponential(multiplier=policy.backoff_s, max=policy.max_backoff_s)
+    if jitter and policy.backoff_s > 0:
+        backoff = backoff + tenacity.wait_random(0, policy.backoff_s)
+
+    def wait(state: tenacity.RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        asked = wait_for(exc) if (wait_for is not None and exc is not None) else None
+        return float(asked) if asked is not None else float(backoff(state))
+
+    def before_sleep(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        pause = state.next_action.sleep if state.next_action is not None else 0.0
+        log.warning("%s: attempt %d failed (%s); retrying in %.2g s", name, state.attempt_number, exc, pause)
+
+    if stop is None:
+        stop = tenacity.stop_after_attempt(policy.attempts)
+        if min_elapsed_s > 0:
+            stop = stop & tenacity.stop_after_delay(min_elapsed_s)
+    return tenacity.Retrying(stop=stop, wait=wait, retry=retry, before_sleep=before_sleep, reraise=True)
+
+
 def send_with_retries(
     client: httpx.Client,
     method: str,
@@ -165,24 +250,16 @@ def send_with_retries(
             ``retry.max_retry_after_s``); the message gives the number of tries made.
     """
     retry = retry or RetryPolicy()
-    attempts, backoff_s, max_retry_after_s = retry.attempts, retry.backoff_s, retry.max_retry_after_s
+    attempts, max_retry_after_s = retry.attempts, retry.max_retry_after_s
     request_kwargs.setdefault("timeout", httpx.Timeout(retry.timeout_s))
-    backoff = tenacity.wait_exponential(multiplier=backoff_s, max=retry.max_backoff_s) + tenacity.wait_random(0, backoff_s)
 
-    def wait(state: tenacity.RetryCallState) -> float:
-        exc = state.outcome.exception() if state.outcome else None
-        if isinstance(exc, RetryableHTTPError) and exc.retry_after is not None:
-            return exc.retry_after
-        return backoff(state)
+    def asked_wait(exc: BaseException) -> float | None:
+        return exc.retry_after if isinstance(exc, RetryableHTTPError) else None
 
     def should_retry(exc: BaseException) -> bool:
         if isinstance(exc, RetryableHTTPError):
             return exc.retry_after is None or exc.retry_after <= max_retry_after_s
         return isinstance(exc, (httpx.TimeoutException, httpx.TransportError))
-
-    def before_sleep(state: tenacity.RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome else None
-        log.warning("%s: attempt %d failed (%s); retrying", backend, state.attempt_number, exc)
 
     def once() -> httpx.Response:
         request = client.build_request(method, url, **request_kwargs)
@@ -211,23 +288,14 @@ def send_with_retries(
             )
         return resp
 
-    stop: Any = tenacity.stop_after_attempt(attempts)
-    if min_elapsed_s > 0:
-        stop = stop & tenacity.stop_after_delay(min_elapsed_s)
-    retrying = tenacity.Retrying(
-        stop=stop,
-        wait=wait,
-        retry=tenacity.retry_if_exception(should_retry),
-        before_sleep=before_sleep,
-        reraise=True,
-    )
+    loop = retrying(retry, name=backend, retry_on=should_retry, min_elapsed_s=min_elapsed_s, wait_for=asked_wait)
     try:
-        return retrying(once)
+        return loop(once)
     except (RetryableHTTPError, httpx.TransportError) as e:  # TransportError covers the timeouts
-        made = int(retrying.statistics.get("attempt_number") or attempts)
+        made = int(loop.statistics.get("attempt_number") or attempts)
         tries = f"{made} attempt(s)"
         if min_elapsed_s > 0:
-            tries += f" over {float(retrying.statistics.get('delay_since_first_attempt') or 0.0):.0f} s"
+            tries += f" over {float(loop.statistics.get('delay_since_first_attempt') or 0.0):.0f} s"
         if isinstance(e, RetryableHTTPError):
             if e.retry_after is not None and e.retry_after > max_retry_after_s:
                 raise RetryableHTTPError(
