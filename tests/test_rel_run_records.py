@@ -269,3 +269,16 @@ def test_drgym_rollout_refuses_a_reversed_task_file_in_one_line(hotpot_rows, bm2
     [line] = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
     assert "episodes of 2 task(s)" in line and "(qs-0, qs-2)" in line  # the middle line stayed in place
     assert "Traceback" not in res.output
+
+
+def test_task_hash_is_the_same_in_every_process():
+    import os
+    import subprocess
+    import sys
+
+    code = ("from drgym.records import Task; from drgym.evaluation.run_directory import task_content_sha256; "
+            "print(task_content_sha256(Task(task_id='t-0', question='q?', answers=['a'], "
+            "metadata={'kinds': {'alpha', 'beta', 'gamma', 'delta', 'epsilon'}, 'n': 1.5})))")
+    got = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2", "3")}
+    assert len(got) == 1 and len(got.pop()) == 64

@@ -205,7 +205,8 @@ def task_content_sha256(task: Any) -> str:
     """The content hash that binds an episode to its task: SHA-256 (64 hex digits) of
     the task's :meth:`~drgym.records.Task.to_dict` (id, question, golds, kind, gold
     documents, key points, source and metadata) as canonical JSON (sorted keys, no
-    spaces, UTF-8; a value JSON cannot hold is written as its ``str``).
+    spaces, UTF-8; a set is written as its sorted items, another value JSON cannot hold
+    as its ``str``), so the hash is the same in every process.
 
     >>> from drgym.records import Task
     >>> a = task_content_sha256(Task(task_id="t-0", question="Capital of France?", answers=["Paris"]))
@@ -213,7 +214,10 @@ def task_content_sha256(task: Any) -> str:
     (64, False)
     """
     data = task.to_dict() if hasattr(task, "to_dict") else task
-    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+    def plain(v: Any) -> Any:  # a set's order depends on the process's hash seed
+        return sorted(v, key=repr) if isinstance(v, (set, frozenset)) else str(v)
+
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=plain)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
