@@ -183,3 +183,25 @@ def test_cli_summary_lists_the_files_and_progress_reaches_a_pipe(bm25_backend, t
         in " ".join(res.output.split())
     assert "[progress] scripted: " in res.output and "[end] scripted: 6/6 episodes" in res.output
     assert not (out / "run.lock").exists() and (out / "answers.md").exists()
+
+
+def test_progress_gives_no_estimate_before_a_batch_has_ended(monkeypatch):
+    """Episodes stepped together end together: an estimate from the first one to end
+    would be the batch size times too long."""
+    from types import SimpleNamespace
+
+    from drgym.evaluation import rollout_loop
+
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    monkeypatch.setattr(rollout_loop, "PROGRESS_EVERY_S", 0.0)  # a line at every episode
+    buf = io.StringIO()
+    bar = rollout_loop._Progress(16, 0, enabled=True, console=Console(file=buf, markup=False), label="p", batch=8)
+    bar.start()
+    for _ in range(8):
+        bar.advance(SimpleNamespace(reward_components={"f1": 0.5}))
+    bar.stop()
+    lines = buf.getvalue().splitlines()
+    assert lines[1].startswith("[progress] p: 1/16 episodes") and "left" not in lines[1]
+    assert lines[7].startswith("[progress] p: 7/16 episodes") and "left" not in lines[7]
+    assert lines[8].startswith("[progress] p: 8/16 episodes") and "left" in lines[8] and "F1 0.500" in lines[8]
+    assert lines[-1].startswith("[end] p: 8/16 episodes")

@@ -291,7 +291,8 @@ def _loop(config: RolloutConfig, run: RunDirectory, session: _Session, tasks: li
     new_rewards_s = [0.0]
     # the loop's phase clocks at the last flush: each flush shares out what they gained since
     last_phases = {"generation": 0.0, "search": 0.0, "reward": 0.0}
-    bar = _Progress(len(tasks), skipped, enabled=progress, console=console, label=config.policy)
+    bar = _Progress(len(tasks), skipped, enabled=progress, console=console, label=config.policy,
+                    batch=len(session.envs))
     driver = BatchedDriver(session.envs)
     rec = _RecordingPolicy(session.policy, session.watch)
     interrupted = False
@@ -610,8 +611,9 @@ class _Progress:
     lines (:data:`PROGRESS_EVERY_EPISODES`, :data:`PROGRESS_EVERY_S`) when the console
     is not one; silent when disabled."""
 
-    def __init__(self, total: int, done: int, *, enabled: bool, console: Any, label: str) -> None:
+    def __init__(self, total: int, done: int, *, enabled: bool, console: Any, label: str, batch: int = 1) -> None:
         self.enabled = enabled
+        self.batch = max(1, batch)  # episodes stepped together end together: no estimate before a batch's worth
         self.total, self.done0 = total, done
         self.label = label
         self.console = console
@@ -625,13 +627,14 @@ class _Progress:
 
     def _line(self, what: str) -> None:
         """One plain progress line: episodes done of the total, elapsed time, an estimate of
-        the time left from this session's pace, and the mean F1 so far."""
+        the time left from this session's pace (once a batch's worth of episodes has
+        ended), and the mean F1 so far."""
         now = time.perf_counter()
         elapsed = now - self._t0
         new = self._done - self.done0
         parts = [f"{self.label}: {self._done}/{self.total} episodes" + (f" ({self.done0} resumed)" if self.done0 else ""),
                  f"{_clock(elapsed)} elapsed"]
-        if new and self._done < self.total:
+        if new >= self.batch and self._done < self.total:
             parts.append(f"about {_clock(elapsed / new * (self.total - self._done))} left")
         if self._em:
             parts.append(f"F1 {sum(self._em) / len(self._em):.3f} over this session's {len(self._em)}")
