@@ -191,6 +191,7 @@ def test_cli_warns_on_an_open_bind_and_checks_host_and_origin(hotpotqa_engine, t
         assert initialize(port, Origin="http://evil.example").status_code == 403
     text = log.read_text()
     assert "WARNING: listening on 0.0.0.0 without --api-keys" in text and "auth=off" in text
+    assert "Host accepted: 127.0.0.1, localhost, [::1], search.example.org)" in text
     assert "Traceback" not in text
 
 

@@ -71,7 +71,8 @@ def mcp(
         from drgym.server.mcp import is_loopback, transport_security
 
         try:
-            transport_security(settings.host, allowed_hosts, allowed_origins)
+            accepted = [h for h in transport_security(settings.host, allowed_hosts, allowed_origins).allowed_hosts
+                        if not h.endswith(":*")]
         except DrgymError as e:
             typer.echo(f"drgym mcp: error: {e}", err=True)
             raise typer.Exit(2) from None
@@ -107,7 +108,8 @@ def mcp(
         app = streamable_http_app(server, host=settings.host, path=path, api_keys=settings.key_set(),
                                   allowed_hosts=allowed_hosts, allowed_origins=allowed_origins)
         typer.echo(f"drgym mcp: {backend!r} on http://{settings.host}:{settings.port}{path} "
-                   f"(max_k={settings.max_k}, auth={'on' if settings.key_set() else 'off'})", err=True)
+                   f"(max_k={settings.max_k}, auth={'on' if settings.key_set() else 'off'}, "
+                   f"Host accepted: {', '.join(accepted)})", err=True)
         uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level, access_log=False,
                     **uvicorn_options())
     finally:
