@@ -284,7 +284,7 @@ def _record_models():
     return _MODELS
 
 
-def trajectory_record_error(record: Any) -> str | None:
+def trajectory_record_error(record: Any, *, partial: bool = False) -> str | None:
     """Why ``record`` is not a whole :meth:`Trajectory.to_dict` record, or None when it is.
 
     Checked against a pydantic model of the fields :meth:`Trajectory.to_dict` always
@@ -303,6 +303,11 @@ def trajectory_record_error(record: Any) -> str | None:
     lowercase hex digits); ``metadata["usage"]`` entries and ``metadata["citations"]``
     entries are JSON objects.
 
+    Args:
+        record: one parsed line of ``trajectories.jsonl``.
+        partial: accept a record with fields missing (a hand-made run that ``drgym
+            report`` reads); the fields it has must still be valid.
+
     Returns:
         None for a valid record; else one line naming the first problems (``"not a JSON
         object (list)"``, ``"steps.0.action: Field required"``, ``"reward: Input should
@@ -316,6 +321,10 @@ def trajectory_record_error(record: Any) -> str | None:
     'episode_id: Field required; env_id: Field required; messages: Field required (+8 more)'
     >>> trajectory_record_error({**Trajectory(episode_id="e0", task_id="t0").to_dict(), "reward": float("nan")})
     'reward: Input should be a finite number'
+    >>> trajectory_record_error({"task_id": "t0", "reward": 0.5}, partial=True) is None
+    True
+    >>> trajectory_record_error({"task_id": "t0", "reward": 1e308}, partial=True)
+    'reward: Input should be less than or equal to 1000000'
     """
     if not isinstance(record, dict):
         return f"not a JSON object ({'null' if record is None else type(record).__name__})"
@@ -324,7 +333,9 @@ def trajectory_record_error(record: Any) -> str | None:
     try:
         _record_models().model_validate(record)
     except ValidationError as e:
-        errs = e.errors()
+        errs = [err for err in e.errors() if not (partial and err["type"] == "missing")]
+        if not errs:
+            return None
         parts = [f"{'.'.join(str(x) for x in err['loc']) or '(record)'}: {err['msg']}" for err in errs[:3]]
         more = f" (+{len(errs) - 3} more)" if len(errs) > 3 else ""
         return "; ".join(parts) + more

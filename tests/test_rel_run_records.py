@@ -282,3 +282,14 @@ def test_task_hash_is_the_same_in_every_process():
     got = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout.strip() for seed in ("1", "2", "3")}
     assert len(got) == 1 and len(got.pop()) == 64
+
+
+def test_report_reads_hand_made_records_but_not_their_absurd_numbers(tmp_path):
+    path = tmp_path / "trajectories.jsonl"
+    path.write_text('{"task_id": "t0", "final_answer": "Paris", "reward": 1.0}\n'   # fields missing: a hand-made run
+                    '{"task_id": "t1", "reward": NaN}\n'
+                    '{"task_id": "t2", "reward_components": {"f1": 1e308}}\n'
+                    '{"task_id": "t3", "metadata": {"usage": [{"completion_tokens": -5}]}}\n'
+                    '{"task_id": 4, "reward": 0.0}\n'
+                    '{"reward": 0.0}\n', encoding="utf-8")
+    assert [d["task_id"] for d in read_run_episodes(path)] == ["t0"]

@@ -603,9 +603,10 @@ def select_episodes(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def read_run_episodes(path: str | os.PathLike) -> list[dict[str, Any]]:
     """The episodes of a run's ``trajectories.jsonl`` for a reader that does not write the
-    run (``drgym report``): lines that are not whole episode records
-    (:func:`drgym.records.trajectory_record_error`: not UTF-8 JSON objects, fields
-    missing, a non-finite or out-of-range number) are skipped with one warning (not moved:
+    run (``drgym report``): lines that are not UTF-8 JSON objects with a string
+    ``task_id``, or whose fields are not valid (:func:`drgym.records.trajectory_record_error`
+    with ``partial=True``: a field may be missing, but one present must have its type,
+    and its numbers must be finite and in range) are skipped with one warning (not moved:
     only a resuming run moves them), then one record per task id as
     :func:`select_episodes` picks it, in the order task ids first appear.
 
@@ -621,7 +622,9 @@ def read_run_episodes(path: str | os.PathLike) -> list[dict[str, Any]]:
             continue
         try:
             d = json.loads(raw.decode("utf-8"))
-            why = trajectory_record_error(d)
+            why = trajectory_record_error(d, partial=True)
+            if why is None and not isinstance(d.get("task_id"), str):
+                why = "task_id: Input should be a valid string"
         except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: JSONDecodeError, a huge integer
             why = f"not valid JSON or not UTF-8 ({type(e).__name__})"
         if why is None:
