@@ -66,6 +66,7 @@ class Web:
     """``with Web() as w``: ``w.url(path)``; ``w.paths`` lists the paths requested.
 
     Routes: ``/page/<name>`` an HTML page; ``/redirect?to=<url>`` 302 to ``url``;
+    ``/status/<code>`` that status (429 with ``Retry-After: 3600``);
     ``/loop/<n>`` 302 to ``/loop/<n+1>``; ``/endless`` a body that never ends (chunked);
     ``/drip`` a chunk every 0.2 s, forever."""
 
@@ -102,6 +103,10 @@ class Web:
                         self._send(200, {"Content-Type": "text/html; charset=utf-8"}, body.encode())
                     elif path == "/redirect":
                         self._send(302, {"Location": query.removeprefix("to=")})
+                    elif path.startswith("/status/"):
+                        code = int(path.removeprefix("/status/"))
+                        self._send(code, {"Content-Type": "text/plain", **({"Retry-After": "3600"} if code == 429 else {})},
+                                   b"no")
                     elif path.startswith("/loop/"):
                         self._send(302, {"Location": f"/loop/{int(path.rsplit('/', 1)[1]) + 1}"})
                     elif path in ("/endless", "/drip"):
@@ -507,3 +512,43 @@ def test_fact_reward_counts_a_page_with_a_malformed_redirect_as_unknown(web):
     Pages.fetcher.close()
     assert t.results == {bad: ["unknown"], good: ["supported"]} and t.errors == {}
     assert len(prompts) == 2  # the extraction and one validation: the bad page was never judged
+
+
+def test_a_page_that_refuses_fails_or_is_unreachable_is_a_page_error(web, monkeypatch):
+    """401/403 from a page (the fetcher sends no credentials), 5xx after the retries, 429
+    with a long Retry-After, a redirect to a closed port or to a name that does not
+    resolve: each error names the page first, so an episode that met it is complete (a
+    hostile page cannot make a run redo the episode forever)."""
+    from drgym.errors import AuthError, BackendUnavailableError, SearchError
+    from drgym.evaluation.metrics import episode_failures
+
+    real_getaddrinfo = socket.getaddrinfo
+
+    def no_such_name(host, *a, **k):
+        if host == "gone.example":
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return real_getaddrinfo(host, *a, **k)
+
+    monkeypatch.setattr(socket, "getaddrinfo", no_such_name)
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{closed.getsockname()[1]}/x"  # bound, never listening: connection refused
+    f = PageFetcher(retry={"backoff_s": 0.01, "attempts": 2}, allow_loopback=True)
+    cases = [(web.url("/status/401"), SearchError, "HTTP 401 while fetching the page: the page refused access"),
+             (web.url("/status/403"), SearchError, "HTTP 403 while fetching the page: the page refused access"),
+             (web.url("/status/503"), BackendUnavailableError, "the page could not be fetched (fetch: HTTP 503"),
+             (web.url("/status/429"), BackendUnavailableError, "wait longer than max_retry_after_s"),
+             (web.url(f"/redirect?to={dead}"), BackendUnavailableError, f"(redirected to {dead}) (fetch: could not reach"),
+             (web.url("/redirect?to=http://gone.example/"), BackendUnavailableError, "cannot resolve 'gone.example'")]
+    with guarded() as connects:
+        for url, cls, why in cases:
+            with pytest.raises(SearchError) as e:
+                f.fetch(url)
+            assert type(e.value) is cls and not isinstance(e.value, AuthError), (url, repr(e.value))
+            msg = str(e.value)
+            assert msg.startswith(f"{url}: ") and why in msg, msg
+            assert episode_failures({"steps": [{"error": f"Fetch failed: {type(e.value).__name__}: {msg}"}]}) == []
+    f.close()
+    closed.close()
+    assert set(connects) == {"127.0.0.1"}
+    assert web.paths.count("/status/503") == 2 and web.paths.count("/status/403") == 1  # 5xx retried, 403 not

@@ -50,7 +50,14 @@ import httpcore
 import httpx
 
 from drgym.config import RetryLike, RetryPolicy, resolve_retry
-from drgym.errors import BackendUnavailableError, BadQueryError, DocumentNotFoundError, SearchError
+from drgym.errors import (
+    AuthError,
+    BackendUnavailableError,
+    BadQueryError,
+    DocumentNotFoundError,
+    SearchError,
+    ServiceUnavailableError,
+)
 from drgym.search.retry import send_with_retries
 from drgym.types import Document
 
@@ -274,6 +281,11 @@ def parse_page_url(url: str) -> httpx.URL:
     return parsed
 
 
+def _via(url: str, current: str) -> str:
+    """`` (redirected to <current>)`` when a redirect led from ``url`` to ``current``."""
+    return f" (redirected to {current})" if current != url else ""
+
+
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
@@ -442,12 +454,19 @@ class PageFetcher:
                 another scheme, or more than ``max_redirects`` redirects.
             DocumentNotFoundError: HTTP 404 or 410.
             UnsupportedContentError: a content type outside ``allowed_types``.
-            SearchError: another 4xx answer, no text could be extracted, or a bad redirect:
+            SearchError: another 4xx answer (401 and 403 too: the page refused access), no
+                text could be extracted, or a bad redirect:
                 a ``Location`` that is no valid URL (``http:127.0.0.1:1/x``, a host that
                 is no valid name, a port outside 1..65535), in a message that names the
                 page first, as every error of a page (nothing is sent to such a target).
-            AuthError, BackendUnavailableError: see :func:`send_with_retries`; also when
+            BackendUnavailableError: the page (or a redirect's target) did not answer, timed
+                out or answered 429/5xx after the retries (:func:`send_with_retries`), or
                 ``max_time_s`` ran out before an answer came.
+
+        A run counts each of these as the agent's observation, not as a failure of the
+        search backend (:func:`drgym.evaluation.metrics.episode_failures`): the refusals
+        and a bad URL by their class, the others because their message names the page
+        first (``"<url>: ..."``), so a hostile or dead page cannot fail an episode.
         """
         if not isinstance(url, str):
             raise BadQueryError(f"fetch needs an http:// or https:// URL, got {url!r}.")
@@ -479,6 +498,14 @@ class PageFetcher:
                 )
             except URL_ERRORS as e:  # a URL httpx cannot send (parsed and checked above): nothing was sent
                 raise SearchError(f"{url}: cannot request {current!r} ({type(e).__name__}: {e}).") from e
+            except AuthError as e:  # the page answered 401/403: the fetcher sends no credentials of ours
+                code = re.search(r"HTTP (\d{3})", str(e))
+                raise SearchError(f"{url}: HTTP {code.group(1) if code else '401/403'} while fetching the page"
+                                  f"{_via(url, current)}: the page refused access.") from e
+            except ServiceUnavailableError:
+                raise
+            except BackendUnavailableError as e:  # unreachable, timed out, 429/5xx after the retries
+                raise BackendUnavailableError(f"{url}: the page could not be fetched{_via(url, current)} ({e})") from e
             location = resp.headers.get(_LOCATION)
             if resp.status_code not in _REDIRECTS or location is None:
                 break
