@@ -5,10 +5,14 @@ The run folder lives outside the work tree (``$DRGYM_RUNS/<name>``, default
 
 1. when the run folder has no complete checkpoint but the repository holds one
    (``training/checkpoints/<name>/``, written by a snapshot), restores it: the
-   checkpoint (LoRA adapter, optimizer, scheduler, RNG states, trainer state) and the
-   logs (``metrics.jsonl``, ``batches.jsonl``) and the dev evaluations already made
-   (``training/results/<name>/eval_metrics.json``), so the run goes on from that step
-   with the data order continued, on any machine where only the repository survived;
+   checkpoint (LoRA adapter and trainer state), the logs up to its step
+   (``training/results/<name>/metrics.jsonl``, ``batches.jsonl``) and the dev evaluations
+   already made (``eval_metrics.json``), so the run goes on from that step with the data
+   order continued, on any machine where only the repository survived. The repository
+   keeps no optimizer, scheduler or RNG state (:data:`COMMITTED`): such a resume restarts
+   AdamW's moments, with the learning-rate schedule set to the checkpoint's step
+   (:class:`drgym.training.resume.ResumeWithoutOptimizerState`); a resume on the machine
+   that holds the run folder finds them all and is exact;
 2. runs ``drgym train grpo --config NAME --output-dir RUN [--resume]`` in a child
    process (``--resume`` whenever a checkpoint is there);
 3. every ``--snapshot-every`` seconds, and when the child ends, snapshots into the
@@ -16,8 +20,8 @@ The run folder lives outside the work tree (``$DRGYM_RUNS/<name>``, default
    ``training/results/<name>/``, the curves
    (``drgym plot``), a window summary (and the docs' tables rendered from it,
    ``scripts/readme_tables.py --write``), and the last complete checkpoint into
-   ``training/checkpoints/<name>/`` (the previous one replaced). Committing them is the
-   caller's step.
+   ``training/checkpoints/<name>/`` (the previous one replaced), its :data:`COMMITTED`
+   files only. Committing them is the caller's step.
 
 Usage::
 
@@ -38,9 +42,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 LOGS = ("metrics.jsonl", "batches.jsonl")
-CKPT_FILES_SKIP = {"rng_state.pth.tmp", "training_args.bin", "README.md"}
-"""Not copied into the repository: a resume reads neither (``training_args.bin`` pickles this
-machine's paths; ``README.md`` is PEFT's generated card naming the base model's local path)."""
+"""The run's logs, kept once in the repository: under ``training/results/<name>/``."""
+COMMITTED = ("adapter_model.safetensors", "adapter_config.json", "drgym_training.json", "trainer_state.json")
+"""The files of a checkpoint copied into the repository: the LoRA adapter, its config, drgym's
+record of the run and the trainer state (the step, hence the data position). Not the
+optimizer (twice the adapter's size), scheduler and RNG states, which ``.gitignore``
+refuses, nor the tokenizer (the base model's), ``training_args.bin`` (it pickles this
+machine's paths) or PEFT's generated ``README.md`` (it names the base model's local path)."""
 
 
 def run_dir_of(name: str) -> Path:
@@ -54,7 +62,10 @@ def _copy_tree(src: Path, dst: Path) -> None:
     tmp = dst.with_name(dst.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    shutil.copytree(src, tmp, ignore=lambda d, names: [n for n in names if n in CKPT_FILES_SKIP])
+    tmp.mkdir(parents=True)
+    for name in COMMITTED:
+        if (src / name).is_file():
+            shutil.copy2(src / name, tmp / name)
     old = dst.with_name(dst.name + ".old")
     if dst.exists():
         if old.exists():
@@ -71,6 +82,35 @@ def _copy_file(src: Path, dst: Path) -> None:
     atomic_write_bytes(dst, src.read_bytes())
 
 
+def _logs_up_to(src: Path, dst: Path, step: int) -> int:
+    """Write the records of the JSONL log ``src`` whose ``step`` is at most ``step`` to ``dst``
+    (atomically): the log as it stood at that checkpoint, which the resumed run continues.
+
+    Returns:
+        The number of records kept.
+
+    Raises:
+        ValueError: a line is not a JSON object with an integer ``step`` (the file and line named).
+    """
+    from drgym.atomic import atomic_write_text
+
+    kept = []
+    for i, line in enumerate(src.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{src}:{i}: not JSON ({e.msg}).") from e
+        s = rec.get("step") if isinstance(rec, dict) else None
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise ValueError(f"{src}:{i}: expected a JSON object with an integer 'step', got {line[:80]!r}.")
+        if s <= step:
+            kept.append(line)
+    atomic_write_text(dst, "".join(x + "\n" for x in kept))
+    return len(kept)
+
+
 def restore(name: str, run: Path) -> str | None:
     """Restore the repository's checkpoint of ``name`` into ``run`` when ``run`` has none.
 
@@ -83,15 +123,18 @@ def restore(name: str, run: Path) -> str | None:
     if last_complete_checkpoint(run) is not None:
         return None
     saved = ROOT / "training" / "checkpoints" / name
-    ckpts = sorted(saved.glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1])) if saved.is_dir() else []
+    ckpts = sorted((p for p in saved.glob("checkpoint-*") if (p / "trainer_state.json").is_file()),
+                   key=lambda p: int(p.name.split("-")[1])) if saved.is_dir() else []
     if not ckpts:
         return None
     ck = ckpts[-1]
+    step = int(json.loads((ck / "trainer_state.json").read_text(encoding="utf-8"))["global_step"])
     run.mkdir(parents=True, exist_ok=True)
     _copy_tree(ck, run / ck.name)
+    res = ROOT / "training" / "results" / name
     for f in LOGS:
-        if (saved / f).is_file():
-            _copy_file(saved / f, run / f)
+        if (res / f).is_file():
+            _logs_up_to(res / f, run / f, step)
     # the dev evaluations made before (on another machine): the run's curves and the next
     # snapshot keep them
     for step, m in _committed_evals(name).items():
@@ -102,6 +145,12 @@ def restore(name: str, run: Path) -> str | None:
             out.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(out, m)
     print(f"long_run: restored {ck.relative_to(ROOT)} into {run}", file=sys.stderr)
+    from drgym.training.resume import missing_optimizer_state
+
+    missing = missing_optimizer_state(run / ck.name)
+    if missing:
+        print(f"long_run: the checkpoint has no {', '.join(missing)}: the resume restarts the optimizer moments "
+              "(the learning-rate schedule is set to its step); it is not an exact continuation", file=sys.stderr)
     return ck.name
 
 
@@ -163,9 +212,6 @@ def snapshot(name: str, run: Path) -> dict:
         have = sorted(p.name for p in saved.glob("checkpoint-*"))
         if have != [ck.name]:
             _copy_tree(ck, saved / ck.name)
-            for f in LOGS:
-                if (run / f).is_file():
-                    _copy_file(run / f, saved / f)
             for old in have:
                 if old != ck.name:
                     shutil.rmtree(saved / old)

@@ -304,7 +304,10 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None, backend
             (optimizer, scheduler, RNG states and data order restored by the HF Trainer;
             a checkpoint torn by a kill while saving is skipped). The next batch is the
             one an uninterrupted run would have drawn (``batches.jsonl`` records each
-            step's task ids).
+            step's task ids). A checkpoint without optimizer state (one committed to the
+            repository) resumes with fresh AdamW moments and the learning-rate schedule
+            set to its step (:class:`~drgym.training.resume.ResumeWithoutOptimizerState`,
+            which warns).
         max_steps: overrides ``grpo.max_steps``.
         backend: a search backend instead of the one ``cfg.search`` builds.
         extra_reward_funcs, extra_callbacks: see :func:`build_trainer`.
@@ -330,6 +333,11 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None, backend
         ckpt = last_complete_checkpoint(out)  # a checkpoint torn by a kill is skipped
         if ckpt is None:
             raise ConfigError(f"--resume: no complete checkpoint-N folder in {out}.")
+        from drgym.training.resume import OPTIMIZER_FILES, ResumeWithoutOptimizerState, missing_optimizer_state
+
+        missing = missing_optimizer_state(ckpt)
+        if any(f in missing for f in OPTIMIZER_FILES):  # the Trainer would restore neither: set the schedule
+            trainer.add_callback(ResumeWithoutOptimizerState(ckpt, missing))
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=ckpt)
     wall = time.perf_counter() - t0
