@@ -205,3 +205,22 @@ def test_progress_gives_no_estimate_before_a_batch_has_ended(monkeypatch):
     assert lines[7].startswith("[progress] p: 7/16 episodes") and "left" not in lines[7]
     assert lines[8].startswith("[progress] p: 8/16 episodes") and "left" in lines[8] and "F1 0.500" in lines[8]
     assert lines[-1].startswith("[end] p: 8/16 episodes")
+
+
+def test_an_interrupted_run_lists_the_files_it_wrote(tmp_path, monkeypatch):
+    """Ctrl-C: the summary of what was saved still names the files."""
+    import drgym.evaluation.runner as runner
+    from drgym.evaluation.rollout_loop import RunResult
+
+    out = tmp_path / "run"
+    result = RunResult(out_dir=out, metrics={"episodes": 2}, trajectories=[], new_episodes=2,
+                       files=[out / "trajectories.jsonl", out / "metrics.json", out / "answers.md"])
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt(result)
+
+    monkeypatch.setattr(runner, "run_rollout", interrupted)
+    res = CliRunner().invoke(app, ["rollout", "--policy", "scripted", "--n", "2", "--out", str(out), "--no-plots"])
+    assert res.exit_code == 130, res.output
+    assert ("Wrote: trajectories.jsonl (every episode, one per line), metrics.json (the scores and counts above), "
+            "answers.md (each question, the answer, the gold).") in " ".join(res.output.split())

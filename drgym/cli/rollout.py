@@ -122,6 +122,7 @@ def register(app: typer.Typer) -> None:
             res = e.args[0] if e.args else None
             if res is not None:
                 console.print(rich_table(res.metrics, title=f"{policy} (interrupted)"))
+                console.print(files_written(res), highlight=False, soft_wrap=True)
             console.print("Interrupted: finished episodes are saved; rerun the same command to resume.", style="yellow")
             raise typer.Exit(130)
         except ServiceUnavailableError as e:  # a server stayed down: finished episodes are saved
