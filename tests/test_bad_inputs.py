@@ -109,12 +109,12 @@ def _build(corpus: Path, fmt: str, root: Path):
 def test_corpus_duplicate_id_is_an_error_naming_the_file(tmp_path):
     p = _wiki18(tmp_path / "dup.jsonl", [("1", '"Paris"\nParis is the capital of France.'), ("2", '"Rome"\nRome is in Italy.'),
                                          ("1", '"Paris (band)"\nA band.')])
-    with pytest.raises(CorpusError, match=r"dup\.jsonl: Duplicate doc_id 'wiki18-1' in corpus"):
+    with pytest.raises(CorpusError, match=r"dup\.jsonl: Duplicate doc_id '1' in corpus"):
         _build(p, "wiki18", tmp_path / "ix")
     res = CliRunner().invoke(app, ["index", "build", "--corpus", str(p), "--format", "wiki18", "--root", str(tmp_path / "ix2")])
     assert res.exit_code == 2 and "Traceback" not in res.output
     [line] = [ln for ln in res.output.splitlines() if ln.startswith("error:")]
-    assert f"{p}: Duplicate doc_id 'wiki18-1'" in line
+    assert f"{p}: Duplicate doc_id '1'" in line
 
 
 def test_corpus_rows_without_text_are_skipped_and_counted(tmp_path, caplog):
@@ -128,11 +128,11 @@ def test_corpus_rows_without_text_are_skipped_and_counted(tmp_path, caplog):
         built_web = _build(web, "web", tmp_path / "ix")
     assert (built.manifest.n_documents, built_web.manifest.n_documents) == (2, 1)
     assert [m for m in _warnings(caplog) if "no text" in m] == [
-        f"{p.resolve()}: skipped 2 documents with no text: doc_ids 'wiki18-2', 'wiki18-4'",
-        f"{web.resolve()}: skipped 1 document with no text: doc_ids 'web-b'"]
+        f"{p.resolve()}: skipped 2 documents with no text: doc_ids '2', '4'",
+        f"{web.resolve()}: skipped 1 document with no text: doc_ids 'b'"]
     from drgym.docstore import DocStore
 
-    assert [d.title for d in (DocStore(built.folder / "docs.sqlite").get(i) for i in ("wiki18-1", "wiki18-3"))] == ["Paris", "Rome"]
+    assert [d.title for d in (DocStore(built.folder / "docs.sqlite").get(i) for i in ("1", "3"))] == ["Paris", "Rome"]
 
 
 def test_corpus_files_that_are_not_utf8_or_json_name_the_line(tmp_path):

@@ -29,11 +29,13 @@ def roundtrip(docs, tmp_path):
 
 
 def test_wiki18_flashrag_sample(tmp_path):
-    docs = list(read_corpus(CORPUS / "wiki18_sample.jsonl"))
+    own = list(read_corpus(CORPUS / "wiki18_sample.jsonl"))  # a corpus file: its ids, no URL made up
+    assert [(d.doc_id, d.url) for d in own[:2]] == [("0", ""), ("1", "")]
+    docs = list(read_corpus(CORPUS / "wiki18_sample.jsonl", wikipedia_urls=True))  # wiki-18 is Wikipedia
     assert sniff_format(CORPUS / "wiki18_sample.jsonl") == "wiki18"
     assert len(docs) == 5
     d = docs[0]
-    assert d.doc_id == "wiki18-0"
+    assert d.doc_id == "0"
     assert d.title == "Evan Morris"  # the quotes around the title are removed
     assert d.text.startswith("Evan Morris Evan L. Morris (January 26, 1977")
     assert d.url == "https://en.wikipedia.org/wiki/Evan_Morris"
@@ -47,7 +49,7 @@ def test_web_rows_jsonl_and_parquet(fname, tmp_path):
     docs = list(read_corpus(CORPUS / fname))
     assert sniff_format(CORPUS / fname) == "web"
     assert [d.title for d in docs] == ["", "", "", ""]
-    assert docs[0].doc_id == "web-<urn:uuid:fw-0000>"
+    assert docs[0].doc_id == "<urn:uuid:fw-0000>"  # the row's own id
     assert docs[0].url == "https://en.wikipedia.org/wiki/Teutberga"
     assert docs[0].text.startswith("Teutberga( died 11 November 875) was a queen of Lotharingia")  # 2Wiki text as stored
     assert docs[0].metadata["dump"] == "CC-MAIN-2024-10"
@@ -125,7 +127,7 @@ def test_named_corpora_sizes_and_unique_urls():
 
 
 def test_unique_urls_appends_doc_id_fragment():
-    docs = list(read_corpus(CORPUS / "hipporag_dict.json"))
+    docs = list(read_corpus(CORPUS / "hipporag_dict.json", wikipedia_urls=True))
     dup = [docs[0], docs[0].__class__("x-1", docs[0].url, "Demon Dice", "other text")]
     out = unique_urls(dup)
     assert out[0].url == "https://en.wikipedia.org/wiki/Demon_Dice"

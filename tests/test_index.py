@@ -312,11 +312,11 @@ def test_cli_index_build_on_a_corpus_file(tmp_path, encoder):
     # Etan Boritzer's 339-token paragraph is split into windows of 224 tokens (overlap 32).
     assert m.timings["passages_encoded_live"] == 5 and m.corpus.endswith("web_rows.jsonl")
     ds = DocStore(folder / "docs.sqlite")
-    assert [ds.passages([3, 4])[r].passage_id for r in (3, 4)] == ["web-<urn:uuid:fw-0003>#p0", "web-<urn:uuid:fw-0003>#p1"]
+    assert [ds.passages([3, 4])[r].passage_id for r in (3, 4)] == ["<urn:uuid:fw-0003>#p0", "<urn:uuid:fw-0003>#p1"]
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0 and "up to date (not rebuilt)" in again.output
     e = LocalSearchEngine(folder)
     assert e.search("queen of Lotharingia", 1)[0].url == "https://en.wikipedia.org/wiki/Teutberga"
-    assert e.with_method("dense").search("Who was the bishop of Elmham?", 1)[0].doc_id == "web-<urn:uuid:fw-0001>"
+    assert e.with_method("dense").search("Who was the bishop of Elmham?", 1)[0].doc_id == "<urn:uuid:fw-0001>"
     bad = CliRunner().invoke(app, ["index", "build", "--corpus", "no-such-corpus", "--root", str(tmp_path)])
     assert bad.exit_code == 2 and "Unknown corpus" in bad.output

@@ -73,9 +73,9 @@ def native_and_export(tmp_path_factory, encoder):
 
 def test_import_faiss_index_ranks_as_native_build(native_and_export, encoder):
     root, nat, ex = native_and_export
-    # id_prefix: the native build's doc_ids ("wiki18-<id>"), so that the rankings compare equal
+    # both keep the file's ids ("0".."999") and make up no URL, so the rankings compare equal
     imp = import_index(ex / "wiki-18.jsonl", faiss_index=ex / "e5_Flat.index", encoder="all-MiniLM-L6-v2",
-                       root=root, name="searchr1-import", id_prefix="wiki18-")
+                       root=root, name="searchr1-import")
     m = imp.manifest
     assert imp.built and (m.n_documents, m.n_passages, m.factory, m.dim) == (1000, 1000, "Flat", 384)
     assert m.encoder_revision == encoder.revision and m.normalized
@@ -97,15 +97,14 @@ def test_import_faiss_index_ranks_as_native_build(native_and_export, encoder):
         assert d._rescores(0) and d._exact[0].shape == (1000, 384) and d._exact[0].dtype == np.float32
         np.testing.assert_array_equal(d._exact[0][:3], d._indexes[0].reconstruct_n(0, 3))
     again = import_index(ex / "wiki-18.jsonl", faiss_index=ex / "e5_Flat.index", encoder="all-MiniLM-L6-v2",
-                         root=root, name="searchr1-import", id_prefix="wiki18-")
+                         root=root, name="searchr1-import")
     assert not again.built
 
 
 def test_import_npy_shards_rank_as_native_build(native_and_export, encoder):
     root, nat, ex = native_and_export
     imp = import_index(ex / "wiki-18.jsonl", embeddings=[ex / "emb-0.npy", ex / "emb-1.npy"],
-                       encoder="all-MiniLM-L6-v2", root=root, name="npy-import", shard_size=400, bm25=False,
-                       id_prefix="wiki18-")
+                       encoder="all-MiniLM-L6-v2", root=root, name="npy-import", shard_size=400, bm25=False)
     assert [(s.start, s.count) for s in imp.manifest.shards] == [(0, 400), (400, 400), (800, 200)]
     assert imp.manifest.factory == "Flat"  # auto, for 1,000 rows
     a = LocalSearchEngine(nat.folder, method="dense", encoder=encoder)

@@ -171,12 +171,13 @@ def test_wiki18_row_without_a_title_line_is_indexed_whole(tmp_path, caplog):
     with caplog.at_level(logging.WARNING):
         docs = list(read_corpus(p))
     assert [(d.doc_id, d.title, d.text) for d in docs] == [
-        ("wiki18-1", "Paris", "Paris is the capital of France."),
-        ("wiki18-2", "", "Rome is the capital of Italy."),
-        ("wiki18-3", "Empty", "")]  # a title with no text: skipped (and counted) by the index build
-    assert docs[0].url == "https://en.wikipedia.org/wiki/Paris" and docs[1].url == ""
+        ("1", "Paris", "Paris is the capital of France."),
+        ("2", "", "Rome is the capital of Italy."),
+        ("3", "Empty", "")]  # a title with no text: skipped (and counted) by the index build
+    assert docs[0].url == docs[1].url == ""  # a user's corpus: no URL made up (drgym://doc/<id> once indexed)
     [msg] = [r.getMessage() for r in caplog.records if "title line" in r.getMessage()]
     assert f"{p}:2: wiki18 'contents' has no title line" in msg and "the first line is the title" in msg
+    assert list(read_corpus(p, wikipedia_urls=True))[0].url == "https://en.wikipedia.org/wiki/Paris"
 
 
 def test_corpus_errors_name_the_fields_and_the_title_line(tmp_path):

@@ -32,6 +32,7 @@ def build(
     chunk_docs: int = typer.Option(None, "--chunk-docs", help="Documents per build unit, the resumption step (default 10,000)."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Discard a partial build left by a killed run instead of resuming it."),
     target_recall: float = typer.Option(0.95, "--target-recall", help="IVF indexes: record the smallest nprobe whose recall@10 on the index's own rows reaches this with 95% confidence (0: a quarter of the lists)."),
+    wikipedia_urls: bool = typer.Option(False, "--wikipedia-urls", help="The corpus is Wikipedia (wiki18 or hipporag rows): a row without a url gets the Wikipedia URL of its title (default: no URL is made up; the document is shown and fetched as drgym://doc/<id>)."),
     ray: bool = typer.Option(False, "--ray", help="Encode units and build shards on a Ray cluster (pip install 'drgym[distributed]')."),
     ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: start or join a local one)."),
 ) -> None:
@@ -53,7 +54,7 @@ def build(
     spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
                      shard_size=shard_size or DEFAULT_SHARD_SIZE, max_tokens=max_tokens, overlap=overlap,
                      bm25=not no_bm25, name=name, chunk_docs=chunk_docs or CHUNK_DOCS, bm25_engine=bm25_engine,
-                     target_recall=target_recall)
+                     target_recall=target_recall, wikipedia_urls=wikipedia_urls)
     runner = None
     try:
         if ray:
@@ -102,6 +103,7 @@ def import_cmd(
     no_resume: bool = typer.Option(False, "--no-resume", help="Discard a partial import instead of resuming it."),
     target_recall: float = typer.Option(0.95, "--target-recall", help="IVF indexes: record the smallest nprobe whose recall@10 on the index's own rows reaches this with 95% confidence (0: a quarter of the lists)."),
     id_prefix: str = typer.Option("", "--id-prefix", help="Put this in front of every row id (default: the corpus's ids as they are, e.g. Search-R1's passage ids)."),
+    wikipedia_urls: bool = typer.Option(False, "--wikipedia-urls", help="The corpus is Wikipedia, as Search-R1's wiki-18 is: a row without a url gets the Wikipedia URL of its title (default: no URL is made up; the document is shown and fetched as drgym://doc/<id>)."),
 ) -> None:
     """Import a corpus plus its ready-made vectors (a FAISS index or .npy shards): writes the docstore, manifest and BM25; nothing is re-encoded. Passage ids are the corpus's own."""
     import time
@@ -120,7 +122,8 @@ def import_cmd(
         res = import_index(corpus, encoder=encoder, faiss_index=faiss_index, embeddings=files, format=format,
                            factory=factory, shard_size=shard_size or DEFAULT_SHARD_SIZE, bm25=not no_bm25, name=name,
                            root=root, link=link, force=force, resume=not no_resume, progress=True,
-                           id_prefix=id_prefix, bm25_engine=bm25_engine, target_recall=target_recall)
+                           id_prefix=id_prefix, bm25_engine=bm25_engine, target_recall=target_recall,
+                           wikipedia_urls=wikipedia_urls)
     except DrgymError as e:
         typer.secho(f"error: {e}", fg="red", err=True)
         raise typer.Exit(2) from e

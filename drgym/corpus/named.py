@@ -92,9 +92,10 @@ def read_part(name: str) -> list[Document]:
     path = CORPORA_DIR / fname
     if not path.exists():
         raise CorpusError(f"Shipped corpus file missing: {path} (reinstall drgym).")
+    # the shipped parts are Wikipedia: their documents get the Wikipedia URL of their title
     if reader == "hipporag":
-        return list(read_hipporag(path, source=name))
-    return list(read_wiki18(path, source=name))
+        return list(read_hipporag(path, source=name, wikipedia_urls=True))
+    return list(read_wiki18(path, source=name, wikipedia_urls=True))
 
 
 def unique_urls(docs: Iterable[Document]) -> list[Document]:

@@ -3,7 +3,8 @@
 Formats:
 
 * ``wiki18``: JSONL (or parquet) ``{"id", "contents"}`` with ``contents =
-  '"Title"\\ntext'`` (the wiki-18 DPR format of FlashRAG and Search-R1).
+  '"Title"\\ntext'`` (the wiki-18 DPR format of FlashRAG and Search-R1), and an
+  optional ``url``.
 * ``web``: JSONL, parquet, or a local ``datasets`` folder of rows ``{"id", "url",
   "text", ...}`` (FineWeb rows); extra fields go to ``metadata``.
 * ``clueweb22``: ClueWeb22 "txt" JSON records (``ClueWeb22-ID``, ``URL``,
@@ -16,7 +17,11 @@ Formats:
   ``description``, ``topic``).
 * ``drgym``: JSONL of :meth:`Document.to_dict` rows (what :func:`write_documents` writes).
 
-Every reader yields documents in file order, with doc_ids stable across runs. The
+Every reader yields documents in file order, with doc_ids stable across runs. A
+document's URL is the one its row gives, or the Wikipedia URL of its title only when the
+corpus is Wikipedia (``ovos``, drgym's shipped corpora, or ``wikipedia_urls=True``);
+otherwise it is empty, and the corpus assembler gives it ``drgym://doc/<doc_id>``, the
+identifier that search results show and ``fetch`` accepts. The
 line-based readers (``wiki18``, ``web``, ``clueweb22``, ``browsecomp-plus``, ``drgym``) also read one
 :class:`Span` of a file (a byte range of a JSONL file, a range of parquet row groups), so
 that a large corpus can be read in independent pieces (:mod:`drgym.index.units`).
@@ -200,12 +205,21 @@ def _iter_rows(path: Path, span: Span | None = None) -> Iterator[tuple[str, int,
             yield f"{path}:{lineno}", lineno, row
 
 
+def _row_url(row: dict[str, Any], title: str, wikipedia_urls: bool) -> str:
+    """A row's URL: its own ``url``, else the Wikipedia URL of ``title`` when the corpus is
+    Wikipedia, else ``""`` (no URL is made up for a corpus that is not)."""
+    url = str(row.get("url") or "").strip()
+    if url:
+        return url
+    return wikipedia_url(title) if wikipedia_urls and title else ""
+
+
 WIKI18_CONTENTS = "contents = '\"Title\"\\ntext': the first line is the title (in double quotes), the rest the text"
 """How a wiki-18 row's ``contents`` is laid out, for messages."""
 
 
 def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span | None = None,
-                id_prefix: str | None = None) -> Iterator[Document]:
+                id_prefix: str | None = None, wikipedia_urls: bool = False) -> Iterator[Document]:
     """Read wiki-18 JSONL or parquet (``{"id", "contents"}``, contents ``'"Title"\\ntext'``).
 
     The first line of ``contents`` is the title (its double quotes removed) and the rest
@@ -215,14 +229,19 @@ def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span |
     logged as a warning (the first such row, then the count of the file or span).
 
     The doc_id is ``f"{source}-{id}"`` (or ``f"{id_prefix}{id}"`` when ``id_prefix`` is
-    given; ``""`` keeps the row's id as it is); the URL is the Wikipedia URL of the title.
-    URLs are made unique by the corpus assembler (:func:`drgym.corpus.assemble`).
+    given; ``""`` keeps the row's id as it is; :func:`read_corpus` passes ``""`` by
+    default). The URL is the row's ``url`` when it has one, else the Wikipedia URL of the
+    title when ``wikipedia_urls`` (the corpus is Wikipedia, as wiki-18 is), else empty
+    (the assembler then gives ``drgym://doc/<doc_id>``). URLs are made unique by the
+    corpus assembler (:func:`drgym.corpus.assemble`).
 
     Args:
         path: the file.
         source: ``source`` label and default doc_id prefix.
         span: read only this piece of the file (see :class:`Span`).
         id_prefix: doc_id prefix; None is ``f"{source}-"``.
+        wikipedia_urls: the rows are Wikipedia pages: a row without ``url`` gets the
+            Wikipedia URL of its title. False (default): no URL is made up.
 
     Raises:
         CorpusError: a line is not JSON or lacks ``id``/``contents``.
@@ -251,11 +270,11 @@ def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span |
             title = title[1:-1]
         yield Document(
             doc_id=f"{prefix}{row['id']}",
-            url=wikipedia_url(title) if title else "",
+            url=_row_url(row, title, wikipedia_urls),
             title=title,
             text=text.strip(),
             source=source,
-            metadata={k: v for k, v in row.items() if k not in ("id", "contents")},
+            metadata={k: v for k, v in row.items() if k not in ("id", "contents", "url")},
         )
     if untitled > 1:
         log.warning("%s: %d wiki18 rows had no title line; each was indexed whole, with an empty title.", path, untitled)
@@ -366,10 +385,13 @@ def read_browsecomp_plus(path: str | os.PathLike, *, source: str = "browsecomp-p
         )
 
 
-def read_hipporag(path: str | os.PathLike, *, source: str = "hipporag") -> Iterator[Document]:
+def read_hipporag(path: str | os.PathLike, *, source: str = "hipporag",
+                  wikipedia_urls: bool = False) -> Iterator[Document]:
     """Read a HippoRAG corpus JSON (list of ``{"title", "text"}`` or ``title -> sentences``).
 
-    The doc_id is ``f"{source}-{i:05d}"`` with ``i`` the position in the file.
+    The doc_id is ``f"{source}-{i:05d}"`` with ``i`` the position in the file. The URL is
+    an item's ``url`` when it has one, else the Wikipedia URL of the title when
+    ``wikipedia_urls`` (HippoRAG's own corpora are Wikipedia paragraphs), else empty.
 
     Raises:
         CorpusError: the JSON has another shape.
@@ -377,18 +399,18 @@ def read_hipporag(path: str | os.PathLike, *, source: str = "hipporag") -> Itera
     path = Path(path)
     data = _load_json(path)
     if isinstance(data, dict):
-        items = [(t, "".join(s) if isinstance(s, list) else str(s)) for t, s in data.items()]
+        items = [(t, "".join(s) if isinstance(s, list) else str(s), {}) for t, s in data.items()]
     elif isinstance(data, list):
         try:
-            items = [(d["title"], d["text"]) for d in data]
+            items = [(d["title"], d["text"], d) for d in data]
         except (KeyError, TypeError) as e:
             raise CorpusError(f"{path}: HippoRAG list items need 'title' and 'text'.") from e
     else:
         raise CorpusError(f"{path}: expected a JSON list or object, got {type(data).__name__}.")
-    for i, (title, text) in enumerate(items):
+    for i, (title, text, row) in enumerate(items):
         yield Document(
             doc_id=f"{source}-{i:05d}",
-            url=wikipedia_url(str(title)),
+            url=_row_url(row, str(title).strip(), wikipedia_urls),
             title=str(title).strip(),
             text=str(text).strip(),
             source=source,
@@ -564,14 +586,20 @@ def check_corpus_start(path: str | os.PathLike, format: str | None = None, *,
 
 
 ID_PREFIX_FORMATS = ("wiki18", "web")
-"""Formats whose doc_id is ``<prefix><row id>``, the prefix settable (``id_prefix=``)."""
+"""Formats whose doc_id is ``<prefix><row id>``, the prefix settable (``id_prefix=``;
+none by default: the row's own id)."""
+
+WIKIPEDIA_URL_FORMATS = ("wiki18", "hipporag")
+"""Formats whose rows may lack a URL and get the Wikipedia URL of their title when the
+corpus is Wikipedia (``wikipedia_urls=True``)."""
 
 SPAN_FORMATS = ("wiki18", "web", "clueweb22", "browsecomp-plus", "drgym")
 """Formats whose files can be read by :class:`Span` (JSONL and parquet files)."""
 
 
 def read_corpus(path: str | os.PathLike, format: str | None = None, *, source: str | None = None,
-                span: Span | None = None, id_prefix: str | None = None) -> Iterator[Document]:
+                span: Span | None = None, id_prefix: str | None = None,
+                wikipedia_urls: bool = False) -> Iterator[Document]:
     """Read any supported corpus file.
 
     Args:
@@ -579,14 +607,18 @@ def read_corpus(path: str | os.PathLike, format: str | None = None, *, source: s
         format: one of :data:`FORMATS`, or None to sniff it.
         source: the ``source`` label and doc_id prefix (default: the format name).
         span: read only this piece of the file (formats in :data:`SPAN_FORMATS`).
-        id_prefix: doc_id prefix of ``wiki18`` and ``web`` rows (``""``: the row ids as
-            they are); None is the format's default (``"<format>-"``). Other formats
-            (:data:`ID_PREFIX_FORMATS`) take None only.
+        id_prefix: doc_id prefix of ``wiki18`` and ``web`` rows; None or ``""`` (default):
+            the row ids as they are, so qrels in the corpus's own ids apply unchanged.
+            Other formats (:data:`ID_PREFIX_FORMATS`) take None only.
+        wikipedia_urls: the corpus is Wikipedia: ``wiki18`` and ``hipporag`` rows without
+            a ``url`` get the Wikipedia URL of their title. False (default): they get none
+            (the assembler gives them ``drgym://doc/<doc_id>``).
 
     Raises:
         CorpusError: missing file, unknown format, malformed records, or a span for a
             format that is read whole.
-        ConfigError: ``id_prefix`` given for a format outside :data:`ID_PREFIX_FORMATS`.
+        ConfigError: ``id_prefix`` given for a format outside :data:`ID_PREFIX_FORMATS`, or
+            ``wikipedia_urls`` for a format other than ``wiki18`` and ``hipporag``.
     """
     path = Path(path)
     if not path.exists():
@@ -602,19 +634,27 @@ def read_corpus(path: str | os.PathLike, format: str | None = None, *, source: s
     }
     if fmt not in readers and fmt != "drgym":
         raise CorpusError(f"Unknown corpus format {fmt!r}; expected one of {FORMATS}.")
-    if id_prefix is not None:
-        if fmt not in ID_PREFIX_FORMATS:
-            from drgym.errors import ConfigError
+    if id_prefix and fmt not in ID_PREFIX_FORMATS:
+        from drgym.errors import ConfigError
 
-            raise ConfigError(f"an id prefix applies to {' and '.join(ID_PREFIX_FORMATS)} rows only; {path} is "
-                              f"{fmt!r}, whose doc_ids are kept as the format defines them.")
-        return readers[fmt](path, source=source or fmt, span=span, id_prefix=id_prefix)
+        raise ConfigError(f"an id prefix applies to {' and '.join(ID_PREFIX_FORMATS)} rows only; {path} is "
+                          f"{fmt!r}, whose doc_ids are kept as the format defines them.")
+    if wikipedia_urls and fmt not in WIKIPEDIA_URL_FORMATS:
+        from drgym.errors import ConfigError
+
+        raise ConfigError(f"Wikipedia URLs from titles apply to {' and '.join(WIKIPEDIA_URL_FORMATS)} rows only; "
+                          f"{path} is {fmt!r}, whose URLs are the corpus's own.")
+    kw: dict[str, Any] = {}
+    if fmt in ID_PREFIX_FORMATS:
+        kw["id_prefix"] = id_prefix or ""
+    if fmt in WIKIPEDIA_URL_FORMATS:
+        kw["wikipedia_urls"] = bool(wikipedia_urls)
     if span is not None:
         if fmt not in SPAN_FORMATS:
             raise CorpusError(f"{path}: format {fmt!r} is read whole, not by span.")
         if fmt == "drgym":
             return read_drgym(path, span=span)
-        return readers[fmt](path, source=source or fmt, span=span)
+        return readers[fmt](path, source=source or fmt, span=span, **kw)
     if fmt == "drgym":
         return read_drgym(path)
-    return readers[fmt](path, source=source or fmt)
+    return readers[fmt](path, source=source or fmt, **kw)

@@ -45,11 +45,16 @@ def normalize_url(url: str) -> str:
     return urlunsplit((scheme, host, path, parts.query, unquote(parts.fragment)))
 
 
-# http(s) and bare www. URLs in free text (as DeepResearchGym's citation regex). Parentheses are kept when balanced (one level), so
+DOC_URL_PREFIX = "drgym://doc/"
+"""The URL of a document whose corpus gives it none: ``drgym://doc/<doc_id>`` (search
+results show it, ``fetch`` takes it, and a report may cite it like any URL)."""
+
+# http(s) and bare www. URLs in free text (as DeepResearchGym's citation regex), and the
+# ``drgym://doc/<doc_id>`` of a document without a URL. Parentheses are kept when balanced (one level), so
 # ``https://en.wikipedia.org/wiki/Lilu_(mythology)`` survives while a URL written as
 # ``(see https://x.org/a).`` loses the closing ``)`` and the full stop.
 URL_RE = re.compile(
-    r"(?:https?://|www\.)(?:[^\s<>\"'\[\]{}()]|\([^\s()]*\))*(?:[^\s<>\"'\[\]{}().,;:!?*_]|\([^\s()]*\))"
+    r"(?:https?://|www\.|drgym://doc/)(?:[^\s<>\"'\[\]{}()]|\([^\s()]*\))*(?:[^\s<>\"'\[\]{}().,;:!?*_]|\([^\s()]*\))"
 )
 
 
@@ -61,6 +66,8 @@ def find_urls(text: str) -> list[str]:
 
     >>> find_urls("Lilu [1](https://en.wikipedia.org/wiki/Lilu_(mythology)). See https://x.org/a.")
     ['https://en.wikipedia.org/wiki/Lilu_(mythology)', 'https://x.org/a']
+    >>> find_urls("As [2](drgym://doc/17) says.")
+    ['drgym://doc/17']
     """
     return list(dict.fromkeys(URL_RE.findall(text or "")))
 

@@ -28,6 +28,7 @@ name.
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any, Iterable
@@ -36,7 +37,7 @@ from drgym.atomic import atomic_write_json, atomic_write_text
 from drgym.corpus.qrels import Qrels, check_trec_id, nonblank_lines, read_qrels, write_qrels
 from drgym.errors import ConfigError, CorpusError
 
-__all__ = ["MEASURES", "METRIC_NAMES", "RUN_DEPTH", "Qrels", "Run", "evaluate_engine", "read_qrels", "read_queries",
+__all__ = ["MEASURES", "METRIC_NAMES", "RUN_DEPTH", "Qrels", "Run", "check_qrels_ids", "evaluate_engine", "read_qrels", "read_queries",
            "read_run", "run_engine", "score_run", "write_qrels", "write_run"]
 
 MEASURES = ("R@5", "R@10", "R@100", "nDCG@10", "RR@10")
@@ -49,6 +50,57 @@ RUN_DEPTH = 100
 
 Run = dict[str, list[tuple[str, float]]]
 """``{qid: [(docid, score), ...]}``, best first."""
+
+log = logging.getLogger(__name__)
+
+
+def check_qrels_ids(engine: Any, qrels: Qrels, queries: dict[str, str] | None = None) -> dict[str, Any]:
+    """Check that the relevant documents of ``qrels`` are documents of ``engine``'s index.
+
+    Qrels name documents by doc_id; a run names the index's doc_ids. When the two are
+    spelled differently (``"0"`` against ``"wiki18-0"``), every measure would be 0.0
+    without a word, so none found is an error; some missing is a warning (each missing
+    relevant document lowers recall as a miss would).
+
+    Args:
+        engine: anything with ``get(doc_id)`` raising
+            :class:`~drgym.errors.DocumentNotFoundError` for an unknown id (a
+            :class:`~drgym.search.local.LocalSearchEngine`).
+        qrels: ``{qid: {docid: rel}}``.
+        queries: ``{qid: query}``; the first is searched to show an id of the index in the
+            error.
+
+    Returns:
+        ``{"relevant_docs": n, "relevant_docs_not_in_index": m, "missing_examples": [...]}``
+        (up to 5 examples).
+
+    Raises:
+        ConfigError: no relevant document of the qrels is a doc_id of the index.
+    """
+    from drgym.errors import DocumentNotFoundError
+
+    ids = sorted({d for docs in qrels.values() for d, r in docs.items() if r > 0})
+    missing = []
+    for d in ids:
+        try:
+            engine.get(d)
+        except DocumentNotFoundError:
+            missing.append(d)
+    name = getattr(getattr(engine, "manifest", None), "name", None) or getattr(engine, "name", "the engine")
+    if ids and len(missing) == len(ids):
+        seen = ""
+        if queries:
+            hits = engine.search_batch([next(iter(queries.values()))], 1, collapse="document")[0]
+            if hits:
+                seen = f"; the index's doc_ids look like {(hits[0].metadata or {}).get('parent_doc_id', hits[0].doc_id)!r}"
+        raise ConfigError(f"none of the {len(ids)} relevant documents of the qrels is a doc_id of index {name} "
+                          f"(the qrels name e.g. {ids[0]!r}{seen}): every measure would be 0. The qrels must name the "
+                          "index's doc_ids; an index built from a corpus file by an older drgym put '<format>-' in "
+                          "front of the file's ids (rebuild it with drgym index build --force).")
+    if missing:
+        log.warning("%d of the %d relevant documents of the qrels are not doc_ids of index %s (e.g. %s): they count "
+                    "as misses.", len(missing), len(ids), name, ", ".join(repr(m) for m in missing[:5]))
+    return {"relevant_docs": len(ids), "relevant_docs_not_in_index": len(missing), "missing_examples": missing[:5]}
 
 
 def read_queries(path: str | Path) -> dict[str, str]:
@@ -225,16 +277,21 @@ def evaluate_engine(engine: Any, qrels: Qrels, queries: dict[str, str], methods:
             {"run_file"}}, ...}``).
 
     Returns:
-        The metrics dict written to ``out``.
+        The metrics dict written to ``out``; ``qrels_check`` holds :func:`check_qrels_ids`'s
+        counts (relevant documents that are not in the index count as misses, with a
+        warning).
 
     Raises:
-        ConfigError: a qrels query has no query text (it could not be run).
+        ConfigError: a qrels query has no query text (it could not be run), or no
+            relevant document of the qrels is a doc_id of the index
+            (:func:`check_qrels_ids`).
     """
     missing = [q for q in qrels if q not in queries]
     if missing:
         raise ConfigError(f"{len(missing)} qrels queries have no text in the queries file (e.g. {missing[0]!r}).")
     methods = list(methods)
-    res: dict[str, Any] = {"level": "document", "k": k, "queries": len(queries), "methods": {}}
+    check = check_qrels_ids(engine, qrels, queries)
+    res: dict[str, Any] = {"level": "document", "k": k, "queries": len(queries), "qrels_check": check, "methods": {}}
     for method in methods:
         run = run_engine(engine, queries, method=method, k=k)
         entry = score_run(qrels, run)

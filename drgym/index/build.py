@@ -156,6 +156,12 @@ class IndexSpec:
             which adds the measuring to the build's timings as ``calibrate``); None or 0 keeps
             :func:`drgym.index.dense.auto_nprobe`'s quarter of the lists. Not part of
             the index's identity.
+        wikipedia_urls: the corpus file is Wikipedia (``wiki18`` or ``hipporag`` rows):
+            a row without a ``url`` gets the Wikipedia URL of its title. False (default):
+            it gets none, and is shown and fetched as ``drgym://doc/<doc_id>``. A corpus
+            file's rows keep their own ids (``{"id": "0"}`` is doc_id ``"0"``); the
+            manifest's ``chunking`` records both (``id_prefix``, ``urls``), so an index
+            built otherwise is rebuilt.
     """
 
     corpus: str = "wiki-default"
@@ -171,6 +177,7 @@ class IndexSpec:
     bm25_tokenizer: str | None = None
     bm25_engine: str = "bm25s"
     target_recall: float | None = TARGET_RECALL
+    wikipedia_urls: bool = False
 
     def index_name(self, encoder_name: str) -> str:
         """The folder name: given, or ``<corpus>--<encoder>--<factory>[--s<shard_size>]``."""
@@ -565,6 +572,7 @@ def build_index(
         check_corpus_files(spec.corpus, spec.format)
     t = time.perf_counter()
     units, sources, label, fingerprint = _plan(spec, root, docs)
+    units = with_wikipedia_urls(units, spec.wikipedia_urls)
     timings["plan"] = time.perf_counter() - t
     t = time.perf_counter()
     if encoder is None:
@@ -578,6 +586,8 @@ def build_index(
 
     new_faiss_index(encoder.dim, spec.factory)  # a bad factory string fails now, not after encoding
     planned = planned_manifest(spec, label, fingerprint, sources, encoder)
+    if units and all(u.kind in ("span", "file") for u in units):  # a corpus file: how its ids and URLs were read
+        planned.chunking |= {"id_prefix": "", "urls": "wikipedia" if spec.wikipedia_urls else "corpus"}
     folder = root / planned.name
     announce = (lambda m: print(m, flush=True)) if progress else None
 
@@ -599,6 +609,27 @@ def build_index(
         manifest, resumed = build_into_place(root, planned, state, units, ctx, runner, timings, bm25=spec.bm25,
                                              resume=resume)
     return BuildResult(folder, manifest, True, time.perf_counter() - t0, resumed)
+
+
+def with_wikipedia_urls(units: list[Unit], wikipedia_urls: bool) -> list[Unit]:
+    """``units`` reading Wikipedia URLs from titles for rows without a URL, when
+    ``wikipedia_urls`` (see :attr:`IndexSpec.wikipedia_urls`).
+
+    Raises:
+        ConfigError: ``wikipedia_urls`` for a corpus that is not ``wiki18`` or
+            ``hipporag`` files (named corpora already have their URLs).
+    """
+    if not wikipedia_urls:
+        return units
+    from dataclasses import replace
+
+    from drgym.corpus.readers import WIKIPEDIA_URL_FORMATS
+
+    other = sorted({u.format or u.kind for u in units if u.format not in WIKIPEDIA_URL_FORMATS})
+    if other:
+        raise ConfigError(f"--wikipedia-urls applies to {' and '.join(WIKIPEDIA_URL_FORMATS)} corpus files, whose "
+                          f"rows may lack a URL; this corpus is {', '.join(other)}.")
+    return [replace(u, wikipedia_urls=True) for u in units]
 
 
 def reusable_index(folder: Path, planned: IndexManifest, force: bool) -> IndexManifest | None:

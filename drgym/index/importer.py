@@ -54,6 +54,7 @@ from drgym.index.build import (
     reusable_index,
     shard_tasks,
     source_key,
+    with_wikipedia_urls,
 )
 from drgym.index.calibrate import TARGET_RECALL
 from drgym.index.manifest import UNKNOWN_REVISION, ShardInfo
@@ -194,6 +195,7 @@ def import_index(
     id_prefix: str = "",
     bm25_engine: str = "bm25s",
     target_recall: float | None = TARGET_RECALL,
+    wikipedia_urls: bool = False,
 ) -> BuildResult:
     """Import a corpus and its vectors as a drgym index (see the module docstring).
 
@@ -225,6 +227,10 @@ def import_index(
             ``nprobe`` reaching this recall@10 on its own rows with 95% confidence
             (:mod:`drgym.index.calibrate`); None or 0: a quarter of the lists. An
             imported ``faiss_index`` has no stored rows to measure and is not calibrated.
+        wikipedia_urls: the corpus is Wikipedia (Search-R1's wiki-18 is): ``wiki18`` and
+            ``hipporag`` rows without a ``url`` get the Wikipedia URL of their title.
+            False (default): no URL is made up; such a row is shown and fetched as
+            ``drgym://doc/<doc_id>``.
 
     Returns:
         A :class:`~drgym.index.build.BuildResult`.
@@ -247,7 +253,7 @@ def import_index(
     timings: dict[str, float] = {}
     t = time.perf_counter()
     units, sources, label = plan_units(str(corpus), format, chunk_docs=chunk_docs)
-    units = _with_id_prefix(units, id_prefix)
+    units = with_wikipedia_urls(_with_id_prefix(units, id_prefix), wikipedia_urls)
     known_rows = sum(u.n_docs for u in units) if all(u.n_docs >= 0 for u in units) else None
     timings["plan"] = time.perf_counter() - t
     enc = encoder_info(encoder)
@@ -310,7 +316,8 @@ def import_index(
     planned = planned_manifest(spec, label, "", sources + vec_sources, _EncoderView(enc, dim))
     planned.normalized = normalized
     planned.chunking = {"max_tokens": 0, "overlap": 0, "tokenizer": "", "encoder_max_length": enc.max_length,
-                        "imported": "faiss" if faiss_index is not None else "npy", "id_prefix": id_prefix}
+                        "imported": "faiss" if faiss_index is not None else "npy", "id_prefix": id_prefix,
+                        "urls": "wikipedia" if wikipedia_urls else "corpus"}
     existing = reusable_index(root / planned.name, planned, force)  # before the lock: read-only disks work
     if existing is not None:
         return BuildResult(root / planned.name, existing, False, time.perf_counter() - t0)

@@ -57,8 +57,10 @@ class Unit:
         corpus: the named corpus (named).
         start, stop: document slice ``[start, stop)`` (named, memory).
         n_docs: documents in the unit, or -1 when only reading tells (file).
-        id_prefix: doc_id prefix of wiki18 rows (``""``: the ids as they are); None is
-            the reader's default (see :func:`drgym.corpus.readers.read_corpus`).
+        id_prefix: doc_id prefix of wiki18 and web rows; None or ``""``: the ids as they
+            are (see :func:`drgym.corpus.readers.read_corpus`).
+        wikipedia_urls: wiki18 and hipporag rows without a URL get the Wikipedia URL of
+            their title (the corpus is Wikipedia).
     """
 
     no: int
@@ -71,6 +73,7 @@ class Unit:
     stop: int = 0
     n_docs: int = -1
     id_prefix: str | None = None
+    wikipedia_urls: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict (stored in a partial build's state)."""
@@ -97,9 +100,11 @@ class Unit:
         from drgym.corpus.readers import read_corpus
 
         if self.kind == "span":
-            return list(read_corpus(self.path, self.format, span=Span(*self.span), id_prefix=self.id_prefix))
+            return list(read_corpus(self.path, self.format, span=Span(*self.span), id_prefix=self.id_prefix,
+                                    wikipedia_urls=self.wikipedia_urls))
         if self.kind == "file":
-            return list(read_corpus(self.path, self.format, id_prefix=self.id_prefix))
+            return list(read_corpus(self.path, self.format, id_prefix=self.id_prefix,
+                                    wikipedia_urls=self.wikipedia_urls))
         if self.kind == "named":
             return _named(self.corpus)[self.start : self.stop]
         if self.kind == "memory":
