@@ -224,3 +224,12 @@ def test_an_interrupted_run_lists_the_files_it_wrote(tmp_path, monkeypatch):
     assert res.exit_code == 130, res.output
     assert ("Wrote: trajectories.jsonl (every episode, one per line), metrics.json (the scores and counts above), "
             "answers.md (each question, the answer, the gold).") in " ".join(res.output.split())
+
+
+def test_fresh_discards_the_old_answers_with_the_old_episodes(bm25_backend, tmp_path):
+    out = tmp_path / "run"
+    run_rollout(RolloutConfig(policy="scripted", n=2, out=str(out), batch_size=2, plots=False),
+                backend=bm25_backend, progress=False)
+    assert (out / "answers.md").exists()
+    with RunDirectory(out, fresh=True):
+        assert not (out / "answers.md").exists() and not (out / "trajectories.jsonl").exists()

@@ -246,7 +246,7 @@ class RunDirectory:
 
     Args:
         out: the folder (created here, for the lock).
-        fresh: discard an earlier run there (its trajectories, rejected lines, config and metrics).
+        fresh: discard an earlier run there (its trajectories, rejected lines, config, metrics and answers.md).
 
     Raises:
         RunLockedError: another process holds the run directory.
@@ -265,7 +265,8 @@ class RunDirectory:
         self._acquire()
         try:
             if fresh:
-                for p in (self.trajectories, self.config, self.metrics, self.rejected_path):
+                # answers.md (drgym.evaluation.answers) is made from trajectories.jsonl: it goes with it
+                for p in (self.trajectories, self.config, self.metrics, self.rejected_path, self.out / "answers.md"):
                     if p.exists():
                         p.unlink()
             self.previous: dict[str, Any] | None = None
