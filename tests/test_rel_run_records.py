@@ -113,6 +113,11 @@ def test_same_question_other_golds_and_a_replaced_file_of_the_same_length(hotpot
     _write_tasks(tasks, rows + [hotpot_rows[2]])
     res = _run(tasks, out, bm25_backend)
     assert res.skipped == 3 and res.new_episodes == 1
+    # other bytes, same tasks (JSON spacing, a question's surrounding blanks, which the loader strips): resumed
+    tasks.write_text("".join(json.dumps({**r, "question": f"  {r['question']} "}, separators=(",", ":")) + "\n"
+                             for r in rows + [hotpot_rows[2]]), encoding="utf-8")
+    res = _run(tasks, out, bm25_backend)
+    assert res.skipped == 4 and res.new_episodes == 0
 
 
 def test_a_run_directory_of_an_older_drgym_is_refused(hotpot_rows, bm25_backend, tmp_path):
