@@ -54,12 +54,15 @@ def register(app: typer.Typer) -> None:
         """Run a policy through a drgym env on real tasks; write config, trajectories, metrics and plots.
 
         Rerunning the same command resumes: finished task ids are skipped (against the
-        same search engine only, unless --allow-engine-change). If the search server or the
+        same search engine only, unless --allow-engine-change, and only while each task's
+        question, golds and other fields are those its episode answered: a task file
+        reordered or edited since is refused, naming the tasks). If the search server or the
         model/judge endpoint stays down through its retries, the run stops with exit status
         75 (EX_TEMPFAIL) and rerunning resumes it. Episodes in which a search or a model
         request failed (e.g. HTTP 401) are recorded but not done: the run ends with exit
         status 3 and rerunning redoes them. Bad options, a run directory held by another
-        run, another engine or a full disk end with one error line and exit status 2.
+        run, another engine, changed tasks or a full disk end with one error line and exit
+        status 2.
         """
         from rich.console import Console
 
