@@ -5,8 +5,9 @@ so ``from drgym.evaluation.runner import ...`` works as before.
   :func:`check_options`, :func:`default_run_name`, :data:`DEFAULT_N`;
 - :mod:`drgym.evaluation.run_directory`: the run directory and resume:
   :class:`RunDirectory` (``config.json``, ``trajectories.jsonl``, ``run.lock``, damaged
-  lines, the engine check), :class:`EngineChangedError`, :class:`RunLockedError`,
-  :class:`RunDiskFullError`, :func:`select_episodes`, :func:`read_run_episodes` and what
+  lines, the engine check, the tasks' content), :class:`EngineChangedError`,
+  :class:`TasksChangedError`, :class:`InvalidEpisodeError`, :class:`RunLockedError`,
+  :class:`RunDiskFullError`, :func:`task_content_sha256`, :func:`select_episodes`, :func:`read_run_episodes` and what
   ``config.json`` records (:func:`versions`, :func:`backend_fingerprint`,
   :func:`engine_identity`);
 - :mod:`drgym.evaluation.rollout_loop`: the loop: :func:`run_rollout` (build, loop,
@@ -32,13 +33,16 @@ from drgym.evaluation.run_directory import (
     REJECTED_FILE,
     RESOLVED_POLICY_KEYS,
     EngineChangedError,
+    InvalidEpisodeError,
     RunDirectory,
     RunDiskFullError,
     RunLockedError,
+    TasksChangedError,
     backend_fingerprint,
     engine_identity,
     read_run_episodes,
     select_episodes,
+    task_content_sha256,
     versions,
 )
 
@@ -49,11 +53,13 @@ __all__ = [
     "REJECTED_FILE",
     "RESOLVED_POLICY_KEYS",
     "EngineChangedError",
+    "InvalidEpisodeError",
     "RolloutConfig",
     "RunDirectory",
     "RunDiskFullError",
     "RunLockedError",
     "RunResult",
+    "TasksChangedError",
     "backend_fingerprint",
     "check_options",
     "compute_metrics_for_run",
@@ -62,5 +68,6 @@ __all__ = [
     "read_run_episodes",
     "run_rollout",
     "select_episodes",
+    "task_content_sha256",
     "versions",
 ]
