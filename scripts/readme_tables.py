@@ -18,6 +18,8 @@ Tables and their sources:
 - ``search_profile`` and ``search_encoders``: ``scripts/results/bench_search_profile*.json``
   (``python scripts/bench_search.py --profile 300``); ``search_encoders`` has one row per
   query encoder of SEARCH_ENCODER_ROWS.
+- ``calibration_source``: ``scripts/results/bench_calibration_source.json``
+  (``python scripts/bench_calibration_source.py``).
 - ``encoder_choice``: ``scripts/results/bench_encoder_choice.json``
   (``python scripts/bench_encoder_choice.py``), the default query encoder's decision.
 - ``bench_train``: ``training/results/bench_train*.json`` (``python scripts/bench_train.py``),
@@ -969,6 +971,38 @@ PROBE_GROUPS_COST = ["scripts/results/bench_probe_groups_1e5.json", "scripts/res
                      "scripts/results/bench_probe_groups_wiki18_sweep.json"]
 
 
+CALIBRATION_SOURCE = "scripts/results/bench_calibration_source.json"
+CALIBRATION_SOURCE_ROWS = [("rows", "the index's own rows, each left out (`source: rows`)"),
+                           ("hipporag", "HippoRAG's HotpotQA and MuSiQue questions"),
+                           ("nq-open", "NQ-open dev questions"),
+                           ("shipped-questions", "both question sets (`source: shipped-questions`, the default)")]
+
+
+def calibration_source() -> str:
+    """Neighbour distances and recall curves of wiki-default as IVF-PQ for its own rows and
+    for real questions (scripts/bench_calibration_source.py), and the nprobe each records."""
+    d = _load(CALIBRATION_SOURCE)
+    nlist = d["build_calibration"]["nlist"]
+    rows = []
+    for key, label in CALIBRATION_SOURCE_ROWS:
+        r = d["by_queries"][key]
+        best = max(p["recall"] for p in r["curve"])
+        rows.append([label, f"{r['queries']}", f"{r['top1_cosine_median']:.3f}", f"{r['tenth_cosine_median']:.3f}",
+                     f"{r['recall_at_quarter']:.3f}", f"{best:.3f}",
+                     f"{r['nprobe_at_target']} of {nlist}" + ("" if r["reached"] else " (target not reached)")])
+    head = ["queries", "n", "top-1 cosine (median)", "10th cosine (median)",
+            f"recall@10 at a quarter of the lists ({nlist // 4})", "recall@10, best of the curve",
+            f"nprobe recorded (target {d['target_recall']})"]
+    b = d["build_calibration"]
+    return (_table(head, rows)
+            + f"\n\nwiki-default ({d['n_passages']:,} passages) built as `{d['factory']}` (what `auto`'s IVF-PQ rule "
+            f"gives a shard of that size), its exact re-rank of the best {b['rerank']} candidates included; queries "
+            f"encoded by the `{d['query_encoder_backend']}` query encoder; the curve: every nprobe of "
+            f"`nprobe_grid({nlist})`. The build itself recorded `source: {b['source']}`, nprobe "
+            f"{b['search_params']['nprobe']}, recall@10 {b['recall']:.3f}. One run, {d['started'][:10]}, load "
+            f"{d['load_avg_1_5_15_at_start'][0]:.1f} on {d['cpus']} cores. `{d['command']}`.")
+
+
 def _calibrations(d: dict) -> dict:
     """``{layout: calibration}`` of a bench_probe_groups.py record (one ``calibration``
     with its layout in older records)."""
@@ -1101,6 +1135,7 @@ TABLES: dict[str, Callable[[], str]] = {
     "ann_curve_wiki18_shared": ann_curve_wiki18_shared,
     "shared_quantizer": shared_quantizer,
     "calibrate": calibrate,
+    "calibration_source": calibration_source,
     "probe_groups": probe_groups,
     "probe_groups_cost": probe_groups_cost,
     "search_profile": search_profile,
@@ -1133,6 +1168,7 @@ TABLE_PAGES: dict[str, str] = {
     "ann_curve_wiki18_shared": "docs/benchmarks/scale.md",
     "shared_quantizer": "docs/benchmarks/scale.md",
     "calibrate": "docs/benchmarks/scale.md",
+    "calibration_source": "docs/benchmarks/scale.md",
     "probe_groups": "docs/benchmarks/scale.md",
     "probe_groups_cost": "docs/benchmarks/scale.md",
     "search_profile": "docs/benchmarks/search.md",

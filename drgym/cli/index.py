@@ -31,7 +31,8 @@ def build(
     force: bool = typer.Option(False, "--force", help="Rebuild even if an identical index exists."),
     chunk_docs: int = typer.Option(None, "--chunk-docs", help="Documents per build unit, the resumption step (default 10,000)."),
     no_resume: bool = typer.Option(False, "--no-resume", help="Discard a partial build left by a killed run instead of resuming it."),
-    target_recall: float = typer.Option(0.95, "--target-recall", help="IVF indexes: record the smallest nprobe whose recall@10 on the index's own rows reaches this with 95% confidence (0: a quarter of the lists)."),
+    target_recall: float = typer.Option(0.95, "--target-recall", help="IVF indexes: record the smallest nprobe whose recall@10 on question-like queries reaches this with 95% confidence (0: a quarter of the lists)."),
+    queries_file: Path = typer.Option(None, "--queries-file", help="IVF indexes: the queries that calibration measures with, a text file of one query a line or a .npy of float32 (n, dim) vectors (default: drgym's shipped NQ-open and HippoRAG questions when the encoder is the shipped MiniLM, else the index's own rows)."),
     wikipedia_urls: bool = typer.Option(False, "--wikipedia-urls", help="The corpus is Wikipedia (wiki18 or hipporag rows): a row without a url gets the Wikipedia URL of its title (default: no URL is made up; the document is shown and fetched as drgym://doc/<id>)."),
     ray: bool = typer.Option(False, "--ray", help="Encode units and build shards on a Ray cluster (pip install 'drgym[distributed]')."),
     ray_address: str = typer.Option(None, "--ray-address", help="Ray cluster address (default: start or join a local one)."),
@@ -54,7 +55,8 @@ def build(
     spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
                      shard_size=shard_size or DEFAULT_SHARD_SIZE, max_tokens=max_tokens, overlap=overlap,
                      bm25=not no_bm25, name=name, chunk_docs=chunk_docs or CHUNK_DOCS, bm25_engine=bm25_engine,
-                     target_recall=target_recall, wikipedia_urls=wikipedia_urls)
+                     target_recall=target_recall, queries_file=str(queries_file) if queries_file else None,
+                     wikipedia_urls=wikipedia_urls)
     runner = None
     try:
         if ray:
@@ -145,11 +147,12 @@ def info(index: str = typer.Argument(..., help="Index folder or name under $DRGY
 @index_app.command("calibrate")
 def calibrate(
     index: str = typer.Argument(..., help="Index folder, name under $DRGYM_HOME/indexes, or corpus name when one built index matches."),
-    target_recall: float = typer.Option(0.95, "--target-recall", help="recall@10 on the index's own rows that the recorded nprobe must reach with 95% confidence."),
+    target_recall: float = typer.Option(0.95, "--target-recall", help="recall@10 on the calibration queries that the recorded nprobe must reach with 95% confidence."),
     queries: int = typer.Option(200, "--queries", help="Rows drawn as queries."),
-    queries_file: Path = typer.Option(None, "--queries-file", help="Measure on your own queries instead of the index's rows: a text file, one query a line (encoded with the index's encoder), or a .npy of float32 (n, dim) query vectors."),
+    queries_file: Path = typer.Option(None, "--queries-file", help="Measure on your own queries: a text file, one query a line (encoded with the index's query encoder), or a .npy of float32 (n, dim) query vectors (default: drgym's shipped NQ-open and HippoRAG questions when the index's encoder is the shipped MiniLM, else the index's own rows)."),
+    own_rows: bool = typer.Option(False, "--own-rows", help="Measure on the index's own rows as queries, even where shipped questions apply."),
 ) -> None:
-    """Measure an IVF index's recall curve on its own rows and record the smallest nprobe reaching --target-recall (with 95% confidence) in its manifest; every search of it then starts from that nprobe."""
+    """Measure an IVF index's recall curve on question-like queries and record the smallest nprobe reaching --target-recall (with 95% confidence) in its manifest; every search of it then starts from that nprobe. The manifest's calibration.source says which queries: queries-file, shipped-questions or rows."""
     from drgym.errors import ConfigError, DrgymError
     from drgym.index.calibrate import calibrate_nprobe
     from drgym.index.manifest import IndexManifest
@@ -158,16 +161,17 @@ def calibrate(
     try:
         folder = resolve_index_folder(index)
         m = IndexManifest.read(folder)
-        vectors = None
-        if queries_file is not None:
-            vectors = _query_vectors(queries_file, folder)
+        if own_rows and queries_file is not None:
+            raise ConfigError("--own-rows and --queries-file both say which queries to measure on; give one.")
+        vectors, source = None, {"source": "rows"}
+        if not own_rows:
+            vectors, source = _query_vectors(queries_file, folder)
         cal = calibrate_nprobe(folder, m.shards, m.dim, m.n_passages, target=target_recall, queries=queries,
                                query_vectors=vectors)
         if cal is None:
             raise ConfigError(f"index {m.name} (factory {m.factory}) is not an IVF index with stored float16 rows: "
                               "nothing to calibrate.")
-        if queries_file is not None:
-            cal["query_file"] = str(queries_file)
+        cal.update(source)
         m.calibration = cal
         m.write(folder)
     except DrgymError as e:
@@ -176,34 +180,34 @@ def calibrate(
     curve = ", ".join(f"{p['nprobe']}: {p['recall']:.3f}" for p in cal["curve"])
     typer.echo(f"{'ok' if cal['reached'] else 'not reached'}: index {m.name}: nprobe {cal['search_params']['nprobe']} "
                f"of {cal['nlist']} lists, recall@{cal['k']} {cal['recall']:.3f} ({cal['recall_low']:.3f} with 95% "
-               f"confidence) on {cal['queries']} {'of its rows' if cal['query_source'] == 'rows' else 'given queries'} "
+               f"confidence) on {cal['queries']} {_SOURCE_WORDS[cal['source']]} "
                f"(target {cal['target_recall']}; curve {curve}; {cal['seconds']:.1f} s)")
     if not cal["reached"]:
         raise typer.Exit(1)
 
 
-def _query_vectors(path: Path, folder: Path):
-    """Calibration queries from ``path``: a ``.npy`` of query vectors, or a text file of one
-    query a line encoded with the index's query encoder. ConfigError for a missing or empty
-    file."""
-    import numpy as np
+_SOURCE_WORDS = {"rows": "of its rows", "queries-file": "given queries", "shipped-questions": "shipped questions"}
 
-    from drgym.errors import ConfigError
+
+def _query_vectors(path: Path | None, folder: Path):
+    """``(vectors or None, record)`` of :func:`drgym.index.calibrate.calibration_queries`
+    for the index in ``folder``: ``path``'s queries (a ``.npy`` of vectors, or text encoded
+    with the index's query encoder), else the shipped questions when the index's encoder is
+    the shipped MiniLM, else None (its rows). ConfigError for a missing or empty file."""
+    from types import SimpleNamespace
+
+    from drgym.index.calibrate import calibration_queries, is_shipped_encoder
+    from drgym.index.manifest import IndexManifest
     from drgym.search.local import LocalSearchEngine
 
-    if not path.is_file():
-        raise ConfigError(f"--queries-file {path} does not exist.")
-    if path.suffix == ".npy":
-        try:
-            return np.load(path)
-        except (OSError, ValueError) as e:
-            raise ConfigError(f"--queries-file {path} is not a readable .npy array ({e}).") from e
-    lines = [x.strip() for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
-    if not lines:
-        raise ConfigError(f"--queries-file {path} holds no queries (one a line).")
+    if path is not None and path.suffix == ".npy":
+        return calibration_queries(None, path)
+    m = IndexManifest.read(folder)
+    if path is None and not is_shipped_encoder(SimpleNamespace(name=m.encoder, revision=m.encoder_revision)):
+        return calibration_queries(None, None)  # the rows: no model to load
     engine = LocalSearchEngine.open(folder, method="dense")
     try:
-        return engine.encode_queries(lines)
+        return calibration_queries(engine.encoder, path)
     finally:
         engine.close()
 

