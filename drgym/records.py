@@ -234,12 +234,16 @@ def _record_models():
             arguments: dict[str, Any]
             error: StrictStr | None = None
 
+        class ResultRecord(BaseModel):
+            model_config = strict
+            metadata: dict[str, Any] | None = None
+
         class StepRecord(BaseModel):
             model_config = strict
             action: StrictStr
             tool_calls: list[ToolCallRecord]
             observation: StrictStr
-            results: list[dict[str, Any]]
+            results: list[ResultRecord]
             latency_s: Seconds | None = None
             error: StrictStr | None
 
@@ -248,6 +252,10 @@ def _record_models():
             prompt_tokens: Count | None = None
             completion_tokens: Count | None = None
             generation_s: Seconds | None = None
+
+        class CitationRecord(BaseModel):
+            model_config = strict
+            urls: list[StrictStr] | None = None
 
         class MetadataRecord(BaseModel):
             model_config = strict
@@ -262,7 +270,7 @@ def _record_models():
             obs_tokens: Count | None = None
             task_index: Count | None = None
             wall_phases_s: dict[str, Seconds | None] | None = None
-            citations: list[dict[str, Any]] | None = None
+            citations: list[CitationRecord] | None = None
             task_sha256: Annotated[StrictStr, Field(pattern=r"^[0-9a-f]{64}$")] | None = None
 
         class TrajectoryRecord(BaseModel):
@@ -300,8 +308,9 @@ def trajectory_record_error(record: Any, *, partial: bool = False) -> str | None
     ``completion_tokens``, ``turns``, ``searches``, ``fetches``, ``invalid_actions``,
     ``obs_tokens``, ``task_index`` (integers in [0, :data:`RECORD_COUNT_LIMIT`]),
     ``metadata["answer_confidence"]`` (in [0, 1]) and ``metadata["task_sha256"]`` (64
-    lowercase hex digits); ``metadata["usage"]`` entries and ``metadata["citations"]``
-    entries are JSON objects.
+    lowercase hex digits); ``metadata["usage"]`` entries, ``metadata["citations"]``
+    entries (their ``urls`` a list of strings) and ``steps[i].results`` entries (their
+    ``metadata`` an object) are JSON objects.
 
     Args:
         record: one parsed line of ``trajectories.jsonl``.

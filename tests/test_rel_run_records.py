@@ -173,6 +173,9 @@ def _record(**over) -> dict:
     ("metadata__wall_phases_s", {"search": float("nan")}, "metadata.wall_phases_s.search: Input should be a finite number"),
     ("metadata__wall_share_s", "0.1", "metadata.wall_share_s: Input should be a valid number"),
     ("metadata__citations", ["https://x"], "metadata.citations.0: Input should be a valid dictionary"),
+    ("metadata__citations", [{"urls": "https://x"}], "metadata.citations.0.urls: Input should be a valid list"),
+    ("steps", [{"action": "a", "tool_calls": [], "observation": "", "results": [{"metadata": "x"}], "error": None}],
+     "steps.0.results.0.metadata: Input should be a valid dictionary"),
 ], ids=lambda v: v if isinstance(v, str) and len(v) < 40 and ":" not in v else (f"{str(v)[:8]}..." if len(str(v)) > 12 else str(v)))
 def test_record_numbers_must_be_finite_and_in_range(path, value, why):
     assert trajectory_record_error(_record()) is None
