@@ -210,10 +210,14 @@ def test_cli_api_keys_from_the_environment_as_drgym_serve(hotpotqa_engine, tmp_p
     assert "WARNING" not in text and "auth=on" in text and "k-one" not in text
 
 
-def test_cli_refuses_a_malformed_allow_list_in_one_line():
+def test_cli_refuses_bad_security_options_in_one_line():
     from typer.testing import CliRunner
 
     from drgym.cli import app
 
     r = CliRunner().invoke(app, ["mcp", "--transport", "http", "--allowed-origins", "app.example.org"])
     assert r.exit_code == 2 and "allowed origins are origins such as" in r.output
+    r = CliRunner().invoke(app, ["mcp", "--transport", "http", "--allowed-hosts", "https://search.example.org"])
+    assert r.exit_code == 2 and "allowed hosts are Host header values" in r.output
+    r = CliRunner().invoke(app, ["mcp", "--api-keys", "k-one"])  # stdio: no network to protect
+    assert r.exit_code == 2 and "--api-keys applies to --transport http" in r.output

@@ -58,6 +58,10 @@ def mcp(
     if not path.startswith("/"):
         typer.echo(f"drgym mcp: error: --path must start with '/', got {path!r}.", err=True)
         raise typer.Exit(2)
+    if transport == "stdio" and api_keys is not None:
+        typer.echo("drgym mcp: error: --api-keys applies to --transport http (a stdio server talks only to the "
+                   "client that started it).", err=True)
+        raise typer.Exit(2)
     given = dict(corpus=corpus, method=method, index_dir=index_dir, encoder=encoder, encoder_backend=encoder_backend,
                  host=host, port=port,
                  max_k=max_k, collapse=collapse, log_level=log_level, api_keys=api_keys)
