@@ -1,8 +1,10 @@
 """Fair micro-batching and the byte-bounded result cache of the search server.
 
-A deliberately slow fake engine (a fixed sleep per ``search_batch`` call, results computed
-from the query) makes the timing claims about scheduling, not CPU: a 4,096-query
-``POST /retrieve`` must not make a one-query ``/search`` sent 1 s later wait for it.
+A gated fake engine (each ``search_batch`` call waits until the test lets it finish,
+results computed from the query) makes the claims about scheduling, as orders and counts,
+whatever the machine's speed: a one-query ``/search`` sent while a 4,096-query
+``POST /retrieve`` is being served is searched in the next batch but one, not after the
+last of the big request's 64 batches. Timings belong in ``scripts/bench_search.py``.
 """
 
 from __future__ import annotations
@@ -60,39 +62,95 @@ def decode(s: str) -> dict:
     return json.loads(base64.b64decode(s))
 
 
+HANG_S = 120
+"""How long a gated test waits for the server before failing (a hang guard, not a speed
+claim: on any machine the awaited event comes, only later on a slow one)."""
+
+
+class GatedFake(SlowFake):
+    """:class:`SlowFake` whose ``search_batch`` calls each wait for :meth:`release`, so a test
+    decides how many batches run, and when, instead of the clock."""
+
+    def __init__(self) -> None:
+        super().__init__(batch_s=0.0)
+        self.gate = threading.Semaphore(0)
+        self.arrived = threading.Condition()
+        self.finished: list[int] = []  # call numbers in the order their results went back
+
+    def search_batch(self, queries, k=10):
+        with self.arrived:
+            self.calls.append(list(queries))
+            n = len(self.calls) - 1
+            self.arrived.notify_all()
+        if not self.gate.acquire(timeout=HANG_S):
+            raise RuntimeError(f"call {n} was never released")
+        with self.arrived:
+            self.finished.append(n)
+        return [self.ranking(q, k) for q in queries]
+
+    def wait_calls(self, n: int) -> None:
+        """Block until ``n`` calls have arrived."""
+        with self.arrived:
+            assert self.arrived.wait_for(lambda: len(self.calls) >= n, timeout=HANG_S), (len(self.calls), n)
+
+    def release(self, n: int = 1) -> None:
+        for _ in range(n):
+            self.gate.release()
+
+
+def _wait_health(srv, pred) -> dict:
+    """``/health``'s stats once ``pred(stats)`` holds (polled; fails after :data:`HANG_S`)."""
+    deadline = time.monotonic() + HANG_S
+    while True:
+        stats = httpx.get(f"{srv.url}/health", timeout=HANG_S).json()["stats"]
+        if pred(stats):
+            return stats
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.01)
+
+
 def test_one_query_is_not_stuck_behind_a_4096_query_request():
-    fake = SlowFake(batch_s=0.06)  # 4096 queries / 64 per batch = 64 batches, about 3.8 s
+    """The one-query /search, sent while batch 6 of the big request's 64 is being searched,
+    is searched right after batch 7: one batch of the big request between its arrival and
+    its own (before fair batching it waited for all 58 left)."""
+    fake = GatedFake()
     queries = [f"big batch question number {i}" for i in range(4096)]
     settings = ServerSettings(cache_mb=0, batch_window_ms=1, max_batch_size=64)
-    with running_server(fake, settings=settings) as srv, ThreadPoolExecutor(1) as pool:
-        t0 = time.monotonic()
-        big = pool.submit(httpx.post, f"{srv.url}/retrieve", timeout=120,
+    small_q = "the evaluator's question"
+    with running_server(fake, settings=settings) as srv, ThreadPoolExecutor(2) as pool:
+        big = pool.submit(httpx.post, f"{srv.url}/retrieve", timeout=HANG_S,
                           json={"queries": queries, "topk": 3, "return_scores": True})
-        time.sleep(1.0)
-        assert not big.done()
-        t1 = time.monotonic()
-        small = httpx.get(f"{srv.url}/search", params={"query": "the evaluator's question", "k": 5}, timeout=120)
-        small_s = time.monotonic() - t1
+        fake.wait_calls(1)
+        for n in range(1, 6):  # five batches of the big request done, the sixth being searched
+            fake.release()
+            fake.wait_calls(n + 1)
+        _wait_health(srv, lambda st: st["waiting"] == 4096 - 6 * 64)
+        small = pool.submit(httpx.get, f"{srv.url}/search", params={"query": small_q, "k": 5}, timeout=HANG_S)
+        _wait_health(srv, lambda st: st["waiting"] == 4096 - 6 * 64 + 1)  # the small query is queued
+        assert len(fake.calls) == 6 and not big.done() and not small.done()
+        fake.release(2)  # the sixth big batch, then the next batch
+        fake.wait_calls(8)
+        assert fake.calls[7] == [small_q]  # searched at once: one big batch between
+        fake.release()
+        small = small.result()
+        assert small.status_code == 200, small.text[:200]
+        assert not big.done() and fake.finished == list(range(8))  # answered while 56 big batches wait
+        fake.release(100)  # the rest of the big request
         r = big.result()
-        big_s = time.monotonic() - t0
     served = list(fake.calls)
-    assert small.status_code == 200 and r.status_code == 200, (small.text[:200], r.text[:200])
-    # before fair batching the small query waited for the rest of the big one (about 2.8 s)
-    assert small_s < 1.0, f"one-query /search took {small_s:.2f} s behind a 4096-query request"
-    assert big_s > small_s + 1.0
-    expected_small = [h.doc_id for h in fake.ranking("the evaluator's question", 5)]
+    assert r.status_code == 200, r.text[:200]
+    expected_small = [h.doc_id for h in fake.ranking(small_q, 5)]
     assert [decode(s)["id"] for s in small.json()["results"]] == expected_small
     got = r.json()["result"]
     assert len(got) == 4096
     for i in list(range(0, 4096, 97)) + [4095]:  # a sample, in request order, exactly the direct ranking
-        direct = fake.search_batch([queries[i]], 3)[0]
+        direct = fake.ranking(queries[i], 3)
         assert [h["document"]["id"] for h in got[i]] == [h.doc_id for h in direct]
         assert [h["score"] for h in got[i]] == [h.score for h in direct]
-    # the big request was served in chunks of one batch; the small query (another k and
-    # collapse, so a call of its own) went between two of them, not after the last
-    assert len(served) == 65 and all(len(c) == 64 for c in served if c != ["the evaluator's question"])
-    at = served.index(["the evaluator's question"])
-    assert 5 <= at < 40, at
+    # the big request was served in 64 batches of 64; the small query (another k and
+    # collapse, so a call of its own) went between the seventh and the eighth
+    assert len(served) == 65 and served.index([small_q]) == 7
+    assert [q for c in served[:7] + served[8:] for q in c] == queries
 
 
 def test_round_robin_order_and_results_match_direct_search():
@@ -123,22 +181,48 @@ def test_round_robin_order_and_results_match_direct_search():
     assert got_one == fake.ranking("s0", 2) and got_k5 == fake.ranking("s0", 5)
 
 
-def test_per_request_bound_answers_429_with_retry_after():
-    fake = SlowFake(batch_s=0.5)
+class _Clock:
+    """A ``time`` stand-in for :mod:`drgym.server.batching` whose ``perf_counter`` moves only
+    when the test says, so the measured batch time (and so Retry-After) is exact."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_per_request_bound_answers_429_with_retry_after(monkeypatch):
+    import drgym.server.batching as batching
+
+    clock = _Clock()
+    monkeypatch.setattr(batching, "time", clock)
+
+    class Timed(GatedFake):
+        def search_batch(self, queries, k=10):
+            out = super().search_batch(queries, k)
+            clock.now += 0.5  # each batch "takes" 0.5 s on the batcher's clock
+            return out
+
+    fake = Timed()
     settings = ServerSettings(cache_mb=0, batch_window_ms=0, max_batch_size=2, max_request_pending=5)
     with running_server(fake, settings=settings) as srv, ThreadPoolExecutor(2) as pool:
-        assert httpx.get(f"{srv.url}/search", params={"query": "warm", "k": 1}, timeout=60).status_code == 200
-        first = pool.submit(httpx.get, f"{srv.url}/search", params={"query": "busy", "k": 1}, timeout=60)
-        time.sleep(0.2)  # the worker is busy with it, nothing waits
-        queued = pool.submit(httpx.post, f"{srv.url}/retrieve", timeout=60,
+        fake.release()
+        assert httpx.get(f"{srv.url}/search", params={"query": "warm", "k": 1}, timeout=HANG_S).status_code == 200
+        first = pool.submit(httpx.get, f"{srv.url}/search", params={"query": "busy", "k": 1}, timeout=HANG_S)
+        fake.wait_calls(2)  # the worker is busy with it, nothing waits
+        queued = pool.submit(httpx.post, f"{srv.url}/retrieve", timeout=HANG_S,
                              json={"queries": [f"w{i}" for i in range(5)], "topk": 1})  # 5 <= 5: taken
-        time.sleep(0.2)
-        r = httpx.post(f"{srv.url}/retrieve", json={"queries": [f"x{i}" for i in range(6)], "topk": 1}, timeout=60)
+        _wait_health(srv, lambda st: st["waiting"] == 5)
+        r = httpx.post(f"{srv.url}/retrieve", json={"queries": [f"x{i}" for i in range(6)], "topk": 1},
+                       timeout=HANG_S)
         assert r.status_code == 429, r.text
         assert "max_request_pending" in r.json()["detail"] and "6 queries" in r.json()["detail"]
-        # 5 queries wait, 2 per batch of about 0.5 s: ceil(3 * 0.5) = 2 s
+        # 5 queries wait, 2 per batch of 0.5 s: ceil(3 * 0.5) = 2 s
         assert r.headers["retry-after"] == "2"
+        fake.release(4)  # "busy", then w0-w4 in three batches
         assert first.result().status_code == 200 and queued.result().status_code == 200
+        fake.release(100)
         # an idle server takes the same request
         r = httpx.post(f"{srv.url}/retrieve", json={"queries": [f"x{i}" for i in range(6)], "topk": 1}, timeout=60)
         assert r.status_code == 200 and len(r.json()["result"]) == 6
