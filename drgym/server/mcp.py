@@ -323,10 +323,11 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            from starlette.datastructures import Headers
-            from starlette.responses import JSONResponse
+            from fastapi.responses import JSONResponse
 
-            if not api_key_accepted(self.keys, Headers(scope=scope).get(API_KEY_HEADER)):
+            name = API_KEY_HEADER.encode("latin-1")  # ASGI header names are lower-case bytes
+            sent = next((v.decode("latin-1") for k, v in scope.get("headers") or () if k.lower() == name), None)
+            if not api_key_accepted(self.keys, sent):
                 response = JSONResponse(UNAUTHORIZED_BODY, status_code=401, headers={"WWW-Authenticate": API_KEY_HEADER})
                 await response(scope, receive, send)
                 return
