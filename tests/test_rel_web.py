@@ -552,3 +552,31 @@ def test_a_page_that_refuses_fails_or_is_unreachable_is_a_page_error(web, monkey
     closed.close()
     assert set(connects) == {"127.0.0.1"}
     assert web.paths.count("/status/503") == 2 and web.paths.count("/status/403") == 1  # 5xx retried, 403 not
+
+
+@pytest.mark.parametrize("error", ["InvalidURL", "UnsupportedProtocol", "UnicodeError"])
+def test_fact_reward_counts_a_backend_url_error_as_unknown(error):
+    """A backend of another library that lets httpx's URL errors out: FACT still scores
+    the report, the page's statements unknown (the run is not stopped)."""
+    import json
+
+    import httpx
+
+    from drgym.judges.base import Judge
+    from drgym.records import Episode
+    from drgym.rewards.fact import FactReward
+
+    class Fake(Judge):
+        model_id = "openai:fake"
+
+        def complete(self, messages, **kw):
+            return json.dumps({"citations": [{"fact": "A is 5.", "ref_idx": 1, "url": "http:127.0.0.1:1/x"}]})
+
+    class Raw:
+        def fetch(self, url):
+            raise {"InvalidURL": httpx.InvalidURL("For absolute URLs, path must be empty or begin with '/'"),
+                   "UnsupportedProtocol": httpx.UnsupportedProtocol("Request URL has an unsupported protocol"),
+                   "UnicodeError": UnicodeError("encoding with 'idna' codec failed (label too long)")}[error]
+
+    (t,) = FactReward(Fake(cache=False), Raw()).evaluate([Episode(Task("drb-1", "q", kind="research"), "A is 5 [1].")])
+    assert t.results == {"http:127.0.0.1:1/x": ["unknown"]} and t.errors == {}
