@@ -17,8 +17,9 @@ On a seeded sample of the config's training tasks it measures:
 - **the smallest detectable lift** on the configured test slice (``tasks.test``, else
   ``answerable-test``): a paired two-sided test at 5 % with 80 % power detects
   ``(1.96 + 0.84) * sqrt(2 (1 - rho)) * sd / sqrt(n)``, with ``sd`` the standard deviation of
-  per-question mean F1 in the sample and ``rho = 0.5`` (the correlation of a question's F1
-  before and after training; 0.5 is an assumption, recorded);
+  one episode's F1 over the sampled episodes (a test scores one greedy episode a question)
+  and ``rho = 0.5`` (the correlation of a question's F1 before and after training; an
+  assumption, recorded);
 - **breadth**: distinct training questions, question-visits over ``max_steps``, and draws
   per question.
 
@@ -85,13 +86,14 @@ def _group_stats(trajs: list[dict[str, Any]], by_task: dict[str, Task], k: int) 
     groups: dict[str, list[dict[str, Any]]] = {}
     for d in trajs:
         groups.setdefault(str(d["task_id"]).rsplit("#s", 1)[0], []).append(d)
-    em_per_q, f1_per_q, zero_var, answered, missing = [], [], 0, 0, 0
+    em_per_q, f1_per_q, f1_all, zero_var, answered, missing = [], [], [], 0, 0, 0
     for tid, eps in groups.items():
         golds = by_task[tid].answers
         ems = [exact_match(e.get("final_answer") or "", golds) for e in eps]
         f1s = [(e.get("reward_components") or {}).get("f1") for e in eps]
         missing += sum(v is None for v in f1s)
         f1s = [float(v) for v in f1s if v is not None]
+        f1_all.extend(f1s)
         em_per_q.append(ems)
         f1_per_q.append(sum(f1s) / len(f1s) if f1s else 0.0)
         rewards = [e.get("reward") for e in eps]
@@ -106,6 +108,7 @@ def _group_stats(trajs: list[dict[str, Any]], by_task: dict[str, Task], k: int) 
         f"pass_at_{k}": round(sum(max(e) for e in em_per_q) / max(1, n_q), 4),
         "f1_mean": round(sum(f1_per_q) / max(1, n_q), 4),
         "f1_sd_per_question": round(statistics.pstdev(f1_per_q), 4) if n_q > 1 else None,
+        "f1_sd_per_episode": round(statistics.pstdev(f1_all), 4) if len(f1_all) > 1 else None,
         "zero_variance_group_frac": round(zero_var / max(1, n_q), 4),
         "answer_rate": round(answered / max(1, n_ep), 4),
         "f1_missing": missing,
@@ -161,7 +164,7 @@ def preflight(cfg, *, n_tasks: int = 16, k: int | None = None, model_path: str |
     else:
         try:
             rec["policy"] = _policy_checks(cfg, sample, k, model_path, backend)
-            sd = rec["policy"]["f1_sd_per_question"]
+            sd = rec["policy"]["f1_sd_per_episode"]
             rec["policy"]["rollout_s_per_step"] = round(rec["policy"]["seconds"] / max(1, rec["policy"]["episodes"])
                                                         * per_step, 1)
         except (OSError, ImportError, RuntimeError, ValueError) as e:  # a model this machine cannot load
@@ -169,7 +172,7 @@ def preflight(cfg, *, n_tasks: int = 16, k: int | None = None, model_path: str |
             log.warning("preflight: %s", rec["policy_skipped"])
     mde = detectable_effect(sd if sd is not None else 0.4, n_test)
     rec["test"] = {"set": test_name, "n": n_test, "sd_used": sd if sd is not None else 0.4,
-                   "sd_source": "per-question F1 of the sample" if sd is not None else "assumed 0.4 (no policy run)",
+                   "sd_source": "F1 of one episode, over the sample's episodes" if sd is not None else "assumed 0.4 (no policy run)",
                    "rho_assumed": RHO, "detectable_effect_f1": round(mde, 4) if mde is not None else None}
     verdicts = []
     giv = rec["data"]["gold_in_view_frac"]
