@@ -23,7 +23,7 @@ from drgym.errors import (
 )
 from drgym.index.bm25 import rrf_fuse
 from drgym.index.build import IndexSpec, build_index, get_encoder
-from drgym.index.manifest import IndexManifest
+from drgym.index.manifest import IndexManifest, manifest_digest
 from drgym.search.local import LocalSearchEngine
 
 GALLU = "If Gallu is a demon Lilu is what?"  # HotpotQA train; supporting: "Alû", "Lilu (mythology)"
@@ -235,6 +235,7 @@ def test_mismatched_encoder_is_refused(flat, root):
     shutil.copytree(flat.folder, copy)
     m = json.loads((copy / "manifest.json").read_text())
     m["encoder_revision"] = "0123456789abcdef"
+    m["checksums"]["manifest"] = manifest_digest(m)  # as a build with those weights writes it
     (copy / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(IndexMismatchError, match="revision '0123456789abcdef'"):
         LocalSearchEngine(copy, encoder="all-MiniLM-L6-v2")
@@ -253,6 +254,7 @@ def test_corrupt_index_is_reported(flat, root):
     # truncated file whose manifest was edited to match: FAISS itself cannot read it
     m = json.loads((c1 / "manifest.json").read_text())
     m["files"]["dense/faiss-00000.index"] = 1000
+    m["checksums"]["manifest"] = manifest_digest(m)  # the manifest's own hash edited to match too
     (c1 / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(CorruptIndexError, match="unreadable"):
         LocalSearchEngine(c1, method="dense").search("demon", 3)

@@ -133,6 +133,7 @@ def test_old_manifest_without_checksums_still_loads_and_says_so(hp, home, caplog
     folder = _copy(hp, home, "hp-old")
     m = json.loads((folder / "manifest.json").read_text())
     del m["checksums"]
+    m["format_version"] = 2  # as written before checksums existed (a format-3 manifest without them is corrupt)
     (folder / "manifest.json").write_text(json.dumps(m))
     with caplog.at_level("WARNING", logger="drgym.index.manifest"):
         e = LocalSearchEngine(folder, method="bm25")

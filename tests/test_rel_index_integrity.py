@@ -185,3 +185,246 @@ def test_mcp_server_keeps_serving_the_loaded_index_after_a_rebuild(tmp_path, doc
         assert fetched == [h[0].split("#p")[0] for h in want]  # a passage's document
     finally:
         engine.close()
+
+
+# -- item: the manifest protects itself -------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A module-wide DRGYM_HOME (``drgym index verify NAME`` resolves names in it)."""
+    from envs_helpers import drgym_home
+
+    with drgym_home(tmp_path_factory.mktemp("drgym_home")) as home:
+        yield home
+
+
+@pytest.fixture(scope="module")
+def four(home, docs, encoder):
+    """hotpotqa in dense shards of 250 rows (Flat + BM25)."""
+    return build_index(IndexSpec(corpus="hotpotqa", name="four", shard_size=250), root=home / "indexes",
+                       encoder=encoder, docs=docs)
+
+
+def _edited(res, home, name, edit):
+    """A copy of the index ``res`` named ``name`` whose manifest JSON ``edit`` changed in place."""
+    import shutil
+
+    dst = home / "indexes" / name
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(res.folder, dst)
+    m = json.loads((dst / "manifest.json").read_text())
+    edit(m)
+    (dst / "manifest.json").write_text(json.dumps(m, indent=2))
+    return dst
+
+
+def _verify(name):
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    return CliRunner().invoke(app, ["index", "verify", name])
+
+
+def _refused(folder, name, *needles):
+    """Load and ``drgym index verify`` both refuse the index, naming each needle."""
+    from drgym.errors import CorruptIndexError
+
+    with pytest.raises(CorruptIndexError) as e:
+        LocalSearchEngine(folder, method="dense")
+    res = _verify(name)
+    assert res.exit_code == 1, res.output
+    for needle in needles:
+        assert needle in str(e.value), (needle, str(e.value))
+        assert needle in res.output, (needle, res.output)
+    assert "bad: " in res.output and "ok:" not in res.output
+    return str(e.value), res.output
+
+
+def test_first_shard_start_moved_is_refused_by_name(four, home):
+    """shards[0].start 0 -> 5 moved every dense hit to another document with the same score."""
+    dst = _edited(four, home, "start5", lambda m: m["shards"][0].update(start=5))
+    err, out = _refused(dst, "start5", "shards[0].start 5, expected row 0")
+    assert "manifest.json" in err and "a gap" in err
+
+
+def test_overlapping_shards_with_the_right_total_are_refused(four, home):
+    """shards[1] starting 10 rows early (an overlap) while the counts still sum to n_passages."""
+    def overlap(m):
+        m["shards"][1]["start"] -= 10
+    dst = _edited(four, home, "overlap", overlap)
+    m = json.loads((dst / "manifest.json").read_text())
+    assert sum(s["count"] for s in m["shards"]) == m["n_passages"]
+    _refused(dst, "overlap", "shards[1].start 240, expected row 250, where shards[0] ends", "an overlap")
+
+
+def test_counts_not_summing_to_n_passages_are_refused(four, home):
+    dst = _edited(four, home, "short", lambda m: m.update(n_passages=m["n_passages"] - 1))
+    _refused(dst, "short", "counts sum to", f"n_passages {four.manifest.n_passages - 1}")
+
+
+def test_swapped_shard_files_keep_the_layout_but_fail_the_manifest_hash(four, home, encoder):
+    """Shards 0 and 1 (250 rows each) with their files swapped: a valid layout, every hit
+    of those shards on another passage. Only the hash of the fields catches it."""
+    def swap(m):
+        a, b = m["shards"][0], m["shards"][1]
+        a["faiss"], b["faiss"] = b["faiss"], a["faiss"]
+        a["embeddings"], b["embeddings"] = b["embeddings"], a["embeddings"]
+    dst = _edited(four, home, "swapped", swap)
+    _refused(dst, "swapped", "manifest.json has fields that were changed after the build")
+
+
+def test_missing_checksums_section_is_refused_by_name(four, home):
+    dst = _edited(four, home, "nosums", lambda m: m.pop("checksums"))
+    _refused(dst, "nosums", "has no checksums section, which index format 3 always writes")
+
+
+def test_missing_checksum_entry_of_a_garbled_file_is_refused_by_name(four, home):
+    """One file's entry removed and the file garbled (same size): refused, the file named."""
+    import numpy as np
+
+    dst = _edited(four, home, "noentry", lambda m: m["checksums"]["files"].pop("dense/faiss-00001.index"))
+    f = dst / "dense" / "faiss-00001.index"
+    data = bytearray(f.read_bytes())
+    data[-4096:] = np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    f.write_bytes(bytes(data))
+    _refused(dst, "noentry", "dense/faiss-00001.index has no checksum entry in the manifest")
+
+
+def test_a_manifest_without_format_version_is_refused(four, home):
+    """Without ``format_version`` it would read as the newest format; it is refused instead."""
+    from drgym.errors import CorruptIndexError
+
+    dst = _edited(four, home, "nofmt", lambda m: m.pop("format_version"))
+    with pytest.raises(CorruptIndexError, match="has no format_version field"):
+        LocalSearchEngine(dst, method="dense")
+
+
+def test_an_older_manifest_without_its_own_hash_loads_and_verify_says_so(four, home, encoder):
+    """A format-3 manifest written before the fields were hashed: loads, searches as the
+    original, and ``drgym index verify`` says plainly that its fields are unprotected."""
+    dst = _edited(four, home, "olderfmt", lambda m: m["checksums"].pop("manifest"))
+    e = LocalSearchEngine(dst, method="dense", encoder=encoder)
+    try:
+        assert e.search(GALLU, 3)[0].title in ("Alû", "Lilu (mythology)")
+    finally:
+        e.close()
+    res = _verify("olderfmt")
+    assert res.exit_code == 0 and "ok:" in res.output
+    assert "manifest's own fields (shard layout, counts, encoder...) are not checksummed" in res.output
+
+
+def test_the_built_manifest_records_the_hash_of_its_fields_and_write_refuses_a_broken_layout(four, tmp_path):
+    from drgym.errors import CorruptIndexError
+    from drgym.index.manifest import IndexManifest, manifest_digest
+
+    raw = json.loads((four.folder / "manifest.json").read_text())
+    assert raw["checksums"]["manifest"] == manifest_digest(raw)
+    assert [(s["start"], s["count"]) for s in raw["shards"]][:2] == [(0, 250), (250, 250)]
+    m = IndexManifest.read(four.folder)
+    assert m.fields_protected and m.manifest_problems() == [] and m.layout_problems() == []
+    m.shards[2].start += 1
+    with pytest.raises(CorruptIndexError, match=r"shards\[2\]\.start 501, expected row 500"):
+        m.write(tmp_path)
+    assert not (tmp_path / "manifest.json").exists()
+
+
+# -- item: a full disk during a build ---------------------------------------------------------
+
+
+def _no_space(monkeypatch, after: int = 0):
+    """``os.posix_fallocate`` fails with ENOSPC (after ``after`` calls succeed), as on a full disk."""
+    import errno
+    import os
+
+    calls = {"n": 0}
+    real = os.posix_fallocate
+
+    def fallocate(fd, offset, length):
+        calls["n"] += 1
+        if calls["n"] > after:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", fallocate)
+    return calls
+
+
+def test_open_memmap_reserves_the_space_and_a_full_disk_is_enospc_naming_the_file(tmp_path, monkeypatch):
+    import errno
+    import os
+
+    import numpy as np
+
+    from drgym.index.prealloc import open_memmap
+
+    a = open_memmap(tmp_path / "a.npy", np.float16, (1000, 384))
+    a[:] = 1
+    del a
+    st = os.stat(tmp_path / "a.npy")
+    assert st.st_blocks * 512 >= st.st_size  # allocated, not sparse
+    assert (np.load(tmp_path / "a.npy") == 1).all()
+    _no_space(monkeypatch)
+    with pytest.raises(OSError) as e:
+        open_memmap(tmp_path / "b.npy", np.float16, (1000, 384))
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(tmp_path / "b.npy")
+    assert not (tmp_path / "b.npy").exists()  # nothing half-made is left
+
+    def unsupported(fd, offset, length):  # a file system without fallocate: written as before
+        raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+
+    monkeypatch.setattr(os, "posix_fallocate", unsupported)
+    c = open_memmap(tmp_path / "c.npy", np.int64, (10,))
+    c[:] = np.arange(10)
+    del c
+    assert np.load(tmp_path / "c.npy").tolist() == list(range(10))
+
+
+@pytest.mark.parametrize("after", [0, pytest.param(1, marks=pytest.mark.slow)])
+def test_full_disk_during_build_is_one_line_and_the_rerun_resumes(tmp_path, docs, encoder, monkeypatch, after):
+    """The first mapped file (the tie ranks; ``after=1``: the dense shard's embeddings)
+    cannot get its space: an ENOSPC naming the partial build folder (one line from
+    ``drgym index build``), no index put in place, no mapped file left half-written; the
+    rerun resumes and finishes the build."""
+    import errno
+
+    from drgym.cli import write_failure_message
+    from drgym.index.manifest import IndexManifest
+
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": d.doc_id, "title": d.title, "contents": d.text}) + "\n"
+                              for d in docs[:100]), encoding="utf-8")
+    root = tmp_path / "idx"
+    calls = _no_space(monkeypatch, after)
+    with pytest.raises(OSError) as e:
+        build_index(IndexSpec(corpus=str(corpus), format="wiki18", name="full"), root=root, encoder=encoder)
+    assert calls["n"] == after + 1 and e.value.errno == errno.ENOSPC
+    assert str(root / ".build-full") in str(e.value)
+    assert not (root / "full").exists()
+    partial = root / ".build-full"
+    mapped = sorted(p.name for p in (partial / "dense").iterdir()) if (partial / "dense").exists() else []
+    assert not [n for n in mapped if n.endswith(".tmp")], mapped
+    # what `drgym index build` prints for it (drgym.cli.main): one line, the folder named
+    msg = write_failure_message(e.value)
+    assert msg is not None and "\n" not in msg
+    assert msg.startswith(f"cannot write {root / '.build-full'}: No space left on device (the disk is full")
+    monkeypatch.undo()
+    res = build_index(IndexSpec(corpus=str(corpus), format="wiki18", name="full"), root=root, encoder=encoder)
+    assert res.built and res.resumed_units >= 1
+    m = IndexManifest.read(root / "full")
+    m.check_files(root / "full", "full")
+    assert m.n_documents == 100
+
+
+def test_an_edited_manifest_is_not_rewritten_with_a_fresh_hash(four, home):
+    """``drgym index calibrate`` reads and rewrites the manifest: an edited one is refused,
+    not blessed with the hash of its edited fields."""
+    from drgym.errors import CorruptIndexError
+    from drgym.index.manifest import IndexManifest
+
+    dst = _edited(four, home, "rewrite", lambda m: m.update(n_documents=m["n_documents"] + 1))
+    m = IndexManifest.read(dst)
+    with pytest.raises(CorruptIndexError, match="fields that were changed after the build"):
+        m.write(dst)
+    assert json.loads((dst / "manifest.json").read_text())["n_documents"] == four.manifest.n_documents + 1

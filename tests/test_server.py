@@ -535,6 +535,9 @@ def test_cli_serve_refuses_mismatched_encoder(hotpotqa_engine, tmp_path):
     other = _copy_index(hotpotqa_engine.folder, tmp_path / "other")
     m = json.loads((other / "manifest.json").read_text())
     m["encoder_revision"] = "0123456789abcdef"
+    from drgym.index.manifest import manifest_digest
+
+    m["checksums"]["manifest"] = manifest_digest(m)  # as a build with those weights writes it
     (other / "manifest.json").write_text(json.dumps(m))
     _one_line_error(_serve_and_fail("--index-dir", str(other), "--method", "dense"), "0123456789abcdef")
 

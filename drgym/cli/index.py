@@ -234,8 +234,15 @@ def verify(
         raise typer.Exit(2) from e
     for rel, problem in problems:
         typer.echo(f"bad: {folder / rel} {problem}")
-    checked = "sizes only: the manifest has no checksums (built by an older drgym)" if not m.checksums.get("files") \
+    has_sums = isinstance(m.checksums, dict) and bool(m.checksums.get("files"))
+    checked = "sizes only: the manifest has no checksums (built by an older drgym)" if not has_sums \
         else f"sizes and {'sampled' if quick else 'full'} {CHECKSUM_ALGORITHM} checksums"
+    own = m.manifest_problems(getattr(m, "_raw", None))
+    if own:  # the files were not checked against a manifest that is itself bad
+        typer.secho(f"error: index {m.name} at {folder}: its manifest is bad ({len(own)} problem(s)); the files "
+                    "cannot be checked against it: rebuild it with `drgym index build --force` and the options it "
+                    f"was built with (corpus {m.corpus}, factory {m.factory}).", fg="red", err=True)
+        raise typer.Exit(1)
     if problems:
         typer.secho(f"error: index {m.name} at {folder}: {len(problems)} of {len(m.files)} files are bad ({checked}); "
                     "rebuild it with `drgym index build --force` and the options it was built with "
@@ -244,8 +251,12 @@ def verify(
     mib = sum(m.files.values()) / 2**20
     typer.echo(f"ok: index {m.name} at {folder}: {len(m.files)} files, {mib:.1f} MiB, {checked} match "
                f"({time.perf_counter() - t0:.1f} s)")
-    if not m.checksums.get("files"):
+    if not has_sums:
         typer.echo("note: rebuild the index (drgym index build --force) to record checksums.")
+    elif not m.fields_protected:
+        typer.echo("note: the manifest's own fields (shard layout, counts, encoder...) are not checksummed: it was "
+                   "written by an older drgym; only their layout is checked. Rebuild the index (drgym index build "
+                   "--force) to protect them.")
 
 
 @index_app.command("list")

@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 
 from drgym.errors import CorruptIndexError
+from drgym.index.prealloc import open_memmap
 
 log = logging.getLogger(__name__)
 
@@ -417,7 +418,7 @@ def _write_csc_streaming(out_dir: Path, retriever, flat: np.ndarray, offsets: np
     ``_get_counts_from_token_ids`` counts, here a chunk of passages at a time) by bm25s's
     tfc function, with the corpus's mean passage length, in the float64 arithmetic of
     bm25s's per-passage call. The column-major arrays are
-    written in place on disk (``np.lib.format.open_memmap``): the column pointers come
+    written in place on disk (:func:`drgym.index.prealloc.open_memmap`): the column pointers come
     from the document frequencies, and each chunk of passages is sorted by term and
     written at each term's cursor, so every column lists its passages in row order.
     Then the vocabulary (bm25s's empty token ``""`` last, without a column) and the
@@ -446,8 +447,9 @@ def _write_csc_streaming(out_dir: Path, retriever, flat: np.ndarray, offsets: np
         np.save(out_dir / "indices.csc.index.npy", np.zeros(0, dtype=int_dtype))
         data = indices = None
     else:
-        data = np.lib.format.open_memmap(out_dir / "data.csc.index.npy", mode="w+", dtype=dtype, shape=(nnz,))
-        indices = np.lib.format.open_memmap(out_dir / "indices.csc.index.npy", mode="w+", dtype=int_dtype, shape=(nnz,))
+        # disk space reserved before writing through the maps: a full disk is ENOSPC, not SIGBUS
+        data = open_memmap(out_dir / "data.csc.index.npy", dtype, (nnz,))
+        indices = open_memmap(out_dir / "indices.csc.index.npy", int_dtype, (nnz,))
     cursor = indptr[:-1].copy()
     lengths = np.diff(offsets)
     for start in range(0, n, chunk):

@@ -56,6 +56,7 @@ import numpy as np
 
 from drgym.errors import ConfigError, CorruptIndexError
 from drgym.index.manifest import ShardInfo, corrupt_file_error
+from drgym.index.prealloc import open_memmap
 
 log = logging.getLogger(__name__)
 
@@ -756,7 +757,7 @@ def _copy_rows(dest: Path, start: int, count: int, parts, dim: int) -> None:
     """Write rows ``[start, start + count)`` of the parts to ``dest`` as float16 (via a
     temporary file renamed into place)."""
     tmp = dest.with_name(f".{dest.name}.tmp")
-    out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=(count, dim))
+    out = open_memmap(tmp, np.float16, (count, dim))  # disk space reserved: a full disk is ENOSPC, not SIGBUS
     stop = start + count
     for path, p0, pn in parts:
         a, b = max(start, p0), min(stop, p0 + pn)
@@ -788,7 +789,7 @@ def write_tie_rank(folder: Path, rows_in_id_order, n: int) -> None:
     d = Path(folder) / DENSE_DIR
     d.mkdir(parents=True, exist_ok=True)
     tmp = d / ".tie_rank.npy.tmp"
-    rank = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.int64, shape=(n,))
+    rank = open_memmap(tmp, np.int64, (n,))  # disk space reserved: a full disk is ENOSPC, not SIGBUS
     rank[:] = -1
     i = 0
     buf: list[int] = []

@@ -6,8 +6,17 @@ hash of a fixed sample of it (the whole file up to :data:`SAMPLE_WHOLE_MAX` byte
 :data:`SAMPLE_BLOCKS` blocks of :data:`SAMPLE_BLOCK` bytes spread evenly over it). A
 loaded index checks every size and the sampled hashes (``mode="sample"``, a few ms to
 ~0.1 s for wiki-default); ``drgym index verify`` and ``verify=True`` check the full
-hashes. Manifests written before checksums existed still load, with sizes checked only
-(logged once per index).
+hashes. Manifests written before checksums existed (format < 3) still load, with sizes
+checked only (logged once per index); a format-3 manifest without its ``checksums``, or
+without the entry of one of its files, is corrupt.
+
+The manifest protects itself too: ``checksums["manifest"]`` is the hash of every other
+field (:func:`manifest_digest`), written by :meth:`IndexManifest.write`, and the shard
+layout must cover rows ``0..n_passages-1`` in order (:meth:`IndexManifest.layout_problems`).
+An edited field (a shard's ``start``, ``n_passages``, the encoder...) would otherwise
+move every dense hit to another document with the same score; load and
+``drgym index verify`` refuse it, naming the field. A manifest written before this hash
+existed loads, and ``drgym index verify`` says that its fields are not protected.
 
 Two builds with the same *identity* (everything but timings, creation time, file sizes
 and checksums) are interchangeable, so a build whose identity matches the manifest on
@@ -17,6 +26,7 @@ disk is skipped.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import logging
@@ -191,12 +201,32 @@ class IndexManifest:
             raise CorruptIndexError(f"Index manifest has missing or unknown fields ({e}).") from e
 
     def write(self, folder: Path) -> None:
-        """Write ``folder/manifest.json`` atomically."""
+        """Write ``folder/manifest.json`` atomically; a manifest with file checksums also
+        records the hash of its own fields (``checksums["manifest"]``, :func:`manifest_digest`).
+
+        Raises:
+            CorruptIndexError: the shard layout is broken (:meth:`layout_problems`), or
+                this manifest was read from a file whose fields fail their recorded hash
+                (writing it would record a hash of the edited fields).
+        """
         from drgym.atomic import atomic_write_json
 
         if not self.created:
             self.created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        problems = self.layout_problems()
+        if problems:
+            raise CorruptIndexError(f"Refusing to write manifest {self.name!r}: it {problems[0]}.")
+        raw = getattr(self, "_raw", None)
+        want = raw.get("checksums", {}).get("manifest") if isinstance(raw, dict) and isinstance(raw.get("checksums"), dict) else None
+        if want and manifest_digest(raw) != want:  # rewriting it would bless the edit
+            raise CorruptIndexError(f"Refusing to rewrite manifest {self.name!r} in {folder}: the manifest read there has "
+                                    "fields that were changed after the build (their hash differs from the recorded one); "
+                                    "rebuild the index (drgym index build --force).")
+        if isinstance(self.checksums, dict) and self.checksums.get("files"):
+            self.checksums = {k: v for k, v in self.checksums.items() if k != "manifest"}
+            self.checksums["manifest"] = manifest_digest(json.loads(json.dumps(self.to_dict())))
         atomic_write_json(Path(folder) / MANIFEST, self.to_dict())
+        self._raw = json.loads(json.dumps(self.to_dict()))  # what the file now holds
 
     @classmethod
     def read(cls, folder: str | Path) -> "IndexManifest":
@@ -217,6 +247,9 @@ class IndexManifest:
             raise CorruptIndexError(f"{path} is not valid JSON ({e}); rebuild the index.") from e
         if not isinstance(data, dict):
             raise CorruptIndexError(f"{path} must hold a JSON object, got {type(data).__name__}.")
+        if "format_version" not in data:  # a manifest without it would pass for the newest format
+            raise CorruptIndexError(f"{path} has no format_version field; the manifest was edited or truncated: "
+                                    "rebuild the index (drgym index build --force).")
         version = data.get("format_version", FORMAT_VERSION)
         if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
             from drgym import __version__
@@ -225,7 +258,94 @@ class IndexManifest:
                 f"{path} is index format {version}, written by a newer drgym ({data.get('drgym_version', '?')}); "
                 f"drgym {__version__} reads format {FORMAT_VERSION}: upgrade drgym (pip install -U drgym), or "
                 "rebuild the index with this version (drgym index build --force).")
-        return cls.from_dict(data)
+        m = cls.from_dict(copy.deepcopy(data))  # the manifest's dicts are its own: editing them leaves data as read
+        m._raw = data  # what the file holds: the digest of its fields is checked on it
+        return m
+
+    def layout_problems(self) -> list[str]:
+        """What is wrong with the counts and the dense shard layout, as phrases that
+        follow "the manifest": ``n_passages`` and ``n_documents`` integers >= 0, ``dim``
+        >= 1, and the shards in row order covering rows ``0..n_passages-1`` once each
+        (each ``start`` where the previous shard ends, the first at 0, every ``count`` >= 1,
+        the counts summing to ``n_passages``), each shard's files listed in ``files``.
+
+        Returns:
+            Phrases such as ``"has shards[0].start 5, expected 0 ..."``; empty when all is well.
+        """
+        def is_int(v) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        out = []
+        for name in ("n_passages", "n_documents"):
+            v = getattr(self, name)
+            if not is_int(v) or v < 0:
+                out.append(f"has {name} {v!r}, not an integer >= 0")
+        if not is_int(self.dim) or self.dim < 1:
+            out.append(f"has dim {self.dim!r}, not an integer >= 1")
+        if out:
+            return out
+        if not isinstance(self.shards, list) or (self.n_passages > 0 and not self.shards):
+            return [f"lists no dense shards for its {self.n_passages} passages"]
+        row = 0
+        for i, sh in enumerate(self.shards):
+            if not is_int(sh.start) or not is_int(sh.count) or sh.count < 1:
+                out.append(f"has shards[{i}] start {sh.start!r} count {sh.count!r}, not integers with count >= 1")
+                return out
+            if sh.start != row:
+                where = "row 0" if i == 0 else f"row {row}, where shards[{i - 1}] ends"
+                what = "a gap" if sh.start > row else "an overlap"
+                out.append(f"has shards[{i}].start {sh.start}, expected {where} ({what}: the shards must cover rows "
+                           f"0..n_passages-1 in order, each once)")
+                return out
+            row += sh.count
+            for kind in ("faiss", "embeddings"):
+                f = getattr(sh, kind)
+                if (f or kind == "faiss") and isinstance(self.files, dict) and self.files and f not in self.files:
+                    out.append(f"has shards[{i}].{kind} {f!r}, a file it does not list among its files")
+        if row != self.n_passages:
+            out.append(f"has shards whose counts sum to {row} rows, but n_passages {self.n_passages}")
+        return out
+
+    def manifest_problems(self, raw: dict[str, Any] | None = None) -> list[tuple[str, str]]:
+        """What is wrong with the manifest itself: a broken shard layout
+        (:meth:`layout_problems`); for format 3 and later (which always records
+        checksums), a missing ``checksums`` section, a listed file without its checksum
+        entry or an entry for an unlisted file, and fields that no longer match
+        ``checksums["manifest"]`` (:func:`manifest_digest`).
+
+        Args:
+            raw: the manifest as read from JSON (default: :meth:`to_dict`).
+
+        Returns:
+            ``[(relative path, problem)]``: :data:`MANIFEST` or the file concerned.
+        """
+        out = [(MANIFEST, p) for p in self.layout_problems()]
+        if not isinstance(self.checksums, dict) or not isinstance(self.checksums.get("files", {}), dict):
+            return out + [(MANIFEST, "has a malformed checksums field (not a JSON object)")]
+        if not isinstance(self.format_version, int) or self.format_version < 3:
+            return out
+        sums = self.checksums.get("files") or {}
+        if not sums:
+            return out + [(MANIFEST, f"has no checksums section, which index format {self.format_version} always "
+                                     "writes (the manifest was edited or truncated)")]
+        for rel in sorted(set(self.files) - set(sums)):
+            out.append((rel, f"has no checksum entry in the manifest, which index format {self.format_version} "
+                             "records for every file (the manifest was edited)"))
+        for rel in sorted(set(sums) - set(self.files)):
+            out.append((rel, "has a checksum entry in the manifest but is not among its files (the manifest was edited)"))
+        want = self.checksums.get("manifest")
+        if want is not None:
+            got = manifest_digest(raw if raw is not None else json.loads(json.dumps(self.to_dict())))
+            if got != want:
+                out.append((MANIFEST, "has fields that were changed after the build: their "
+                                      f"{CHECKSUM_ALGORITHM} hash is {got[:12]}..., the manifest says {str(want)[:12]}..."))
+        return out
+
+    @property
+    def fields_protected(self) -> bool:
+        """Whether the manifest records the hash of its own fields (written by this
+        drgym; older manifests load without it, unprotected)."""
+        return isinstance(self.checksums, dict) and bool(self.checksums.get("manifest"))
 
     def file_problems(self, folder: str | Path, mode: str = "sample") -> list[tuple[str, str]]:
         """Every listed file that is missing, has another size, or (``mode`` ``"sample"``
@@ -236,7 +356,9 @@ class IndexManifest:
             mode: one of :data:`VERIFY_MODES`.
 
         Returns:
-            ``[(relative path, problem)]`` in path order; empty when all is well. A
+            ``[(relative path, problem)]``: first the manifest's own problems
+            (:meth:`manifest_problems`; when there are any, the files are not checked
+            against it), else the bad files in path order; empty when all is well. A
             manifest without checksums (format < 3) is checked by size only.
 
         Raises:
@@ -247,8 +369,9 @@ class IndexManifest:
 
             raise ConfigError(f"verify mode must be one of {VERIFY_MODES}, got {mode!r}.")
         folder = Path(folder)
-        if not isinstance(self.checksums, dict) or not isinstance(self.checksums.get("files", {}), dict):
-            return [(MANIFEST, "has a malformed checksums field (not a JSON object)")]
+        own = self.manifest_problems(getattr(self, "_raw", None))
+        if own:  # the listed sizes and checksums cannot be trusted
+            return own
         sums = self.checksums.get("files", {}) if mode != "size" else {}
         if mode != "size" and not sums:
             key = str(folder.resolve())
@@ -364,6 +487,19 @@ def _sample_params(params: dict[str, Any]) -> dict[str, int]:
 
 def _hasher():
     return hashlib.blake2b(digest_size=16)
+
+
+def manifest_digest(fields: dict[str, Any]) -> str:
+    """Hex BLAKE2b-128 of a manifest's fields but ``checksums``: their JSON with sorted
+    keys and no spaces, UTF-8 (what ``checksums["manifest"]`` records).
+
+    Args:
+        fields: the manifest as a JSON-ready dict (as read from ``manifest.json``).
+    """
+    body = {k: v for k, v in fields.items() if k != "checksums"}
+    h = _hasher()
+    h.update(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+    return h.hexdigest()
 
 
 def full_hash(path: str | Path) -> str:
