@@ -11,6 +11,7 @@ questions whose gold is retrievable but not with the question as query.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from drgym.errors import ConfigError
 from drgym.records import Episode, Reward, RewardOutput
@@ -31,8 +32,30 @@ def visible_text(observation: str) -> str:
     return _TAG.sub(" ", observation or "")
 
 
-def _golds(task) -> list[str]:
-    return [a for a in task.answers if normalize_answer(a) and normalize_answer(a) not in YES_NO_NOANSWER]
+def gold_aliases(answers: Iterable[str]) -> list[str]:
+    """The gold aliases that can appear in a passage: not empty after SQuAD normalisation,
+    and not yes / no / noanswer (HotpotQA's comparison answers, never in a text as such).
+
+    >>> gold_aliases(["yes", "Paris", "  ", "Paris, France"])
+    ['Paris', 'Paris, France']
+    """
+    return [a for a in answers if normalize_answer(a) and normalize_answer(a) not in YES_NO_NOANSWER]
+
+
+def gold_in_view(text: str, answers: Iterable[str]) -> bool:
+    """Did the agent see the gold: True when one of ``answers``' :func:`gold_aliases` occurs
+    in ``text`` (SQuAD-normalised, on word boundaries: :func:`drgym.rewards.qa.cover_exact_match`).
+
+    ``text`` is what the env showed: :func:`drgym.envs.prompts.shown_text` of an
+    observation (the answerable filter, question synthesis) or the :func:`visible_text` of
+    an episode's observations (:class:`EvidenceRecall`, the score tables' ``saw_gold``).
+    False when no alias can appear in a text.
+
+    >>> gold_in_view("Hamlet is by William Shakespeare.", ["William Shakespeare"]), gold_in_view("yes", ["yes"])
+    (True, False)
+    """
+    golds = gold_aliases(answers)
+    return bool(golds) and bool(cover_exact_match(text, golds))
 
 
 class EvidenceRecall(Reward):
@@ -83,7 +106,7 @@ class EvidenceRecall(Reward):
     def score(self, episodes: list[Episode]) -> RewardOutput:
         scores: list[float | None] = []
         for ep in episodes:
-            golds = _golds(ep.task)
+            golds = gold_aliases(ep.task.answers)
             if ep.trajectory is None or not golds:
                 scores.append(None)
                 continue

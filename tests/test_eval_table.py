@@ -1,4 +1,4 @@
-"""scripts/eval_table.py: rows of a committed table stand in for a rerun only when they are the same work."""
+"""drgym.evaluation.policy_table and scripts/eval_table.py: rows of a committed table stand in for a rerun only when they are the same work."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from drgym.errors import ConfigError
+from drgym.evaluation import policy_table as pt
 from envs_helpers import load_script
 
 REPO = Path(__file__).resolve().parents[1]
@@ -14,7 +16,7 @@ TABLE = REPO / "training" / "results" / "answerable_test_table.json"
 
 
 def test_reuse_takes_the_committed_rows_of_the_same_policy_tasks_and_env():
-    et = load_script("eval_table")
+    et = pt
     old = json.loads(TABLE.read_text())
     policies = {"start": ("hf:smollm2-drgym", {}), "scripted": ("scripted", {}),
                 "start + GRPO": ("hf:/elsewhere/checkpoint-300", {}),
@@ -30,11 +32,11 @@ def test_reuse_takes_the_committed_rows_of_the_same_policy_tasks_and_env():
 
 
 def test_reuse_refuses_a_table_of_other_tasks_or_another_env():
-    et = load_script("eval_table")
+    et = pt
     old = json.loads(TABLE.read_text())
-    with pytest.raises(SystemExit, match="no row of it can be reused"):
+    with pytest.raises(ConfigError, match="no row of it can be reused"):
         et.reusable_rows(TABLE, {"start": ("hf:smollm2-drgym", {})}, "hipporag-test", old["env"])
-    with pytest.raises(SystemExit, match="no row of it can be reused"):
+    with pytest.raises(ConfigError, match="no row of it can be reused"):
         et.reusable_rows(TABLE, {"start": ("hf:smollm2-drgym", {})}, old["tasks"], old["env"] + ", dtype bfloat16")
 
 
@@ -77,9 +79,24 @@ def test_also_pairs_another_tables_row_question_by_question(tmp_path, monkeypatc
 
 
 def test_also_refuses_a_row_the_table_does_not_have(tmp_path):
-    et = load_script("eval_table")
+    et = pt
     old = json.loads(TABLE.read_text())
-    with pytest.raises(SystemExit, match="no row 'start \\+ GRPO \\(evidence\\)'"):
+    with pytest.raises(ConfigError, match="no row 'start \\+ GRPO \\(evidence\\)'"):
         et.other_row(TABLE, "start + GRPO (evidence)", old["tasks"], old["env"])
-    with pytest.raises(SystemExit, match="cannot be paired"):
+    with pytest.raises(ConfigError, match="cannot be paired"):
         et.other_row(TABLE, "start", "hipporag-test", old["env"])
+
+
+def test_the_committed_table_is_what_score_table_makes_of_its_per_question_scores():
+    """Means, intervals and paired differences of a committed table, recomputed by
+    :func:`drgym.evaluation.policy_table.score_table` from its own per-question scores."""
+    old = json.loads(TABLE.read_text())
+    results = {label: pt._taken_row(old, label) for label in old["rows"]}
+    t = pt.score_table(results, tasks=old["tasks"], env_desc=old["env"], env_name=old["env_name"],
+                       command=old["made_by"], start=True, trained_label="start + GRPO", has_trained=True)
+    for label, row in old["rows"].items():
+        for m in ("em", "f1", "answered", "searches"):
+            assert t["rows"][label]["scores"][m] == pytest.approx(row["scores"][m], abs=1e-12), (label, m)
+    for name in ("F1: start + GRPO - start", "EM: start + GRPO - start", "F1: start + GRPO - retrieve-then-read"):
+        assert t["paired"][name] == pytest.approx(old["paired"][name], abs=1e-12), name
+    assert t["n_questions"] == 400

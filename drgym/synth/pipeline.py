@@ -16,7 +16,7 @@ The pipeline behind ``drgym data synth`` (S3-R1 / SSP-style corpus-grounded synt
 4. **cap**: at most ``max_per_answer`` questions per answer string (the first alias,
    normalised), so a frequent answer cannot be earned by a constant policy;
 5. **split by document**: a document's questions all go to one slice, by a seeded hash of
-   its doc_id (``test_frac``, ``dev_frac``); documents the env shows for a held-out test
+   its doc_id (``test_frac``, ``dev_frac``, ``demo_frac``); documents the env shows for a held-out test
    question go to no slice at all, so no test question's evidence is trained on.
 
 Every count kept and dropped at each stage is in :attr:`SynthResult.record`.
@@ -35,7 +35,8 @@ from drgym.envs.driver import BatchedDriver
 from drgym.envs.prompts import shown_text
 from drgym.errors import ConfigError
 from drgym.records import Task
-from drgym.rewards.qa import YES_NO_NOANSWER, cover_exact_match, normalize_answer
+from drgym.rewards.evidence import gold_aliases, gold_in_view
+from drgym.rewards.qa import cover_exact_match, normalize_answer
 from drgym.synth.rules import Candidate
 from drgym.types import Document
 
@@ -56,6 +57,9 @@ class SynthSettings:
         seed: seeds the document split and the order of the output.
         test_frac: share of documents whose questions form the synthetic test slice.
         dev_frac: share of documents whose questions form the dev slice.
+        demo_frac: share of documents whose questions form the ``demo`` slice (a fixed
+            showcase, such as ``drgym rollout``'s default tasks: neither trained on nor used
+            for settings or final figures).
         max_per_answer: most questions kept per answer string.
         full_k: depth of the evidence-rank search.
         batch: envs stepped together (one ``search_batch`` per step).
@@ -65,15 +69,17 @@ class SynthSettings:
     seed: int = 20261207
     test_frac: float = 0.06
     dev_frac: float = 0.02
+    demo_frac: float = 0.0
     max_per_answer: int = 3
     full_k: int = 10
     batch: int = 64
     max_verify: int | None = None
 
     def __post_init__(self) -> None:
-        if not (0 <= self.test_frac < 1 and 0 <= self.dev_frac < 1 and self.test_frac + self.dev_frac < 1):
-            raise ConfigError(f"test_frac and dev_frac must be in [0, 1) with a sum below 1, got "
-                              f"{self.test_frac} and {self.dev_frac}.")
+        fracs = (self.test_frac, self.dev_frac, self.demo_frac)
+        if not (all(0 <= f < 1 for f in fracs) and sum(fracs) < 1):
+            raise ConfigError(f"test_frac, dev_frac and demo_frac must be in [0, 1) with a sum below 1, got "
+                              f"{self.test_frac}, {self.dev_frac} and {self.demo_frac}.")
         if self.max_per_answer < 1 or self.full_k < 1 or self.batch < 1:
             raise ConfigError("max_per_answer, full_k and batch must be >= 1.")
 
@@ -83,7 +89,8 @@ class SynthResult:
     """What :func:`synthesize` made.
 
     Attributes:
-        slices: ``{"train": [Task], "dev": [Task], "test": [Task]}``; each task's
+        slices: ``{"train": [Task], "dev": [Task], "test": [Task]}`` (and ``"demo"`` when
+            ``demo_frac`` is set); each task's
             ``gold_docs`` is ``[evidence doc_id]`` and its metadata holds ``rule``,
             ``answer_type``, ``evidence_rank`` and ``evidence_shown``.
         record: counts per stage, per rule and per answer type, settings, seconds.
@@ -104,12 +111,14 @@ def doc_bucket(doc_id: str, seed: int) -> float:
 
 
 def slice_of(doc_id: str, settings: SynthSettings) -> str:
-    """``"test"``, ``"dev"`` or ``"train"`` for a document (by :func:`doc_bucket`)."""
+    """``"test"``, ``"dev"``, ``"demo"`` or ``"train"`` for a document (by :func:`doc_bucket`)."""
     b = doc_bucket(doc_id, settings.seed)
     if b < settings.test_frac:
         return "test"
     if b < settings.test_frac + settings.dev_frac:
         return "dev"
+    if b < settings.test_frac + settings.dev_frac + settings.demo_frac:
+        return "demo"
     return "train"
 
 
@@ -151,10 +160,6 @@ def env_search(env_factory: Callable[[], Any], tasks: Sequence[Task], *, batch: 
             for i in range(len(chunk)):
                 obs, _, _, _, info = res[i]
                 yield obs, info
-
-
-def _aliases(c: Candidate) -> list[str]:
-    return [a for a in c.answers if normalize_answer(a) and normalize_answer(a) not in YES_NO_NOANSWER]
 
 
 def synthesize(
@@ -203,7 +208,7 @@ def synthesize(
     seen_q: set[str] = set()
     for c in cands:
         nq = normalize_answer(c.question)
-        golds = _aliases(c)
+        golds = gold_aliases(c.answers)
         if _base_doc(c.doc_id) in held_d:
             stages["dropped_held_out_document"] += 1
         elif not golds:
@@ -234,7 +239,7 @@ def synthesize(
             failures += 1
             continue
         shown = [_base_doc(str(r.get("doc_id", ""))) for r in info.get("results") or []]
-        if cover_exact_match(shown_text(obs), _aliases(c)):
+        if gold_in_view(shown_text(obs), c.answers):
             verified.append((c, c.doc_id in shown))
         if progress and (i + 1) % 2000 == 0:
             say(f"  verified {i + 1}/{len(kept)}: {len(verified)} in view, {time.perf_counter() - t0:.0f} s")
@@ -258,6 +263,8 @@ def synthesize(
 
     per_answer: Counter = Counter()
     slices: dict[str, list[Task]] = {"train": [], "dev": [], "test": []}
+    if settings.demo_frac:
+        slices["demo"] = []
     for (c, ev_shown), rank in zip(verified, ranks):
         key = normalize_answer(c.answers[0])
         per_answer[key] += 1
