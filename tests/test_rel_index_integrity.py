@@ -428,3 +428,27 @@ def test_an_edited_manifest_is_not_rewritten_with_a_fresh_hash(four, home):
     with pytest.raises(CorruptIndexError, match="fields that were changed after the build"):
         m.write(dst)
     assert json.loads((dst / "manifest.json").read_text())["n_documents"] == four.manifest.n_documents + 1
+
+
+def test_serve_ray_replicas_started_after_a_rebuild_refuse_to_serve_it(tmp_path, docs, encoder):
+    """``drgym serve-ray``: a shard replica (or the router) that Ray restarts after the
+    index was rebuilt would load the new build beside replicas of the old one; given the
+    deployed build's fingerprint, it refuses by name. Without Ray: the replicas' own classes."""
+    from drgym.distributed.serve import ShardedSearchEngine, ShardServer
+    from drgym.index.manifest import IndexManifest
+
+    first = _build(tmp_path, docs, encoder, shard_size=500)
+    folder = tmp_path / "swap"
+    built = IndexManifest.read(folder).serving_fingerprint()
+    assert built == first.manifest.serving_fingerprint()
+    shard = ShardServer(str(folder), 0, expect=built)  # deployed before the rebuild: serves
+    scores, rows = shard.search(encoder.encode_queries([GALLU]), 3)
+    assert rows.shape == (1, 3) and int(rows.max()) < 500
+
+    _build(tmp_path, _rotated(docs), encoder, shard_size=500)  # same corpus, same layout, another build
+    assert IndexManifest.read(folder).serving_fingerprint() != built
+    with pytest.raises(IndexReplacedError, match=r"rebuilt after serve-ray deployed it: shard 1 would serve"):
+        ShardServer(str(folder), 1, expect=built)
+    with pytest.raises(IndexReplacedError, match="the router would serve the new build"):
+        ShardedSearchEngine(folder, [], expect=built, method="dense")
+    assert ShardServer(str(folder), 1, expect=IndexManifest.read(folder).serving_fingerprint()).shard_id == 1

@@ -150,19 +150,32 @@ class ShardServer:
         mmap: memory-map flat-coded FAISS files.
         gpu_shard, gpu_float16: GPU placement (as :class:`~drgym.index.dense.DenseIndex`);
             used when the replica sees GPUs (``ray_actor_options.num_gpus``).
+        expect: the deployed build's
+            :meth:`~drgym.index.manifest.IndexManifest.serving_fingerprint` (None: not
+            checked); a replica started after the index was rebuilt refuses to load
+            (:class:`~drgym.errors.IndexReplacedError`) instead of serving the new build's
+            rows beside the router's old documents.
     """
 
     def __init__(self, folder: str, shard_id: int, search_params: dict | None = None, mmap: bool = True,
-                 gpu_shard: bool = False, gpu_float16: bool = False) -> None:
+                 gpu_shard: bool = False, gpu_float16: bool = False, expect: str | None = None) -> None:
         from drgym.index.dense import DenseIndex
-        from drgym.index.manifest import IndexManifest
+        from drgym.index.manifest import FolderPin, IndexManifest
 
-        m = IndexManifest.read(folder)
+        pin = FolderPin(folder)
+        try:
+            m = IndexManifest.read(folder)
+            check_same_build(m, expect, folder, f"shard {shard_id}")
+        except BaseException:
+            pin.close()
+            raise
+        self._pin = pin
         self.shard_id = int(shard_id)
         if not 0 <= self.shard_id < len(m.shards):
             raise ConfigError(f"index {folder} has {len(m.shards)} shards, no shard {shard_id}.")
         self.dense = DenseIndex.from_manifest(folder, m, search_params=search_params, shard_ids=[self.shard_id],
                                               mmap=mmap, gpu_shard=gpu_shard, gpu_float16=gpu_float16)
+        pin.check(f"shard {shard_id} finished loading")  # replaced while its files were opened
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-``k`` of this shard: float32 scores and int64 global rows, ``(nq, k)``."""
@@ -215,6 +228,28 @@ class _RemoteDense:
         return merge_shard_results(parts_s, parts_r, self.tie_rank, q.shape[0], k)
 
 
+def check_same_build(m, expect: str | None, folder, who: str) -> None:
+    """Refuse to serve a part of another build of the index than the one deployed.
+
+    Args:
+        m: the :class:`~drgym.index.manifest.IndexManifest` read by this replica.
+        expect: :meth:`~drgym.index.manifest.IndexManifest.serving_fingerprint` of the
+            manifest read at deploy time (None: not checked).
+        folder: the index folder (named in the message).
+        who: the replica, e.g. ``"shard 3"`` (named in the message).
+
+    Raises:
+        IndexReplacedError: the fingerprints differ (the index was rebuilt after the
+            deployment and this replica started since).
+    """
+    from drgym.errors import IndexReplacedError
+
+    if expect is not None and m.serving_fingerprint() != expect:
+        raise IndexReplacedError(f"Index {folder} was rebuilt after serve-ray deployed it: {who} would serve the new "
+                                 "build beside replicas of the old one. Deploy it again (drgym serve-ray) to serve the "
+                                 "new index.")
+
+
 class ShardedSearchEngine(LocalSearchEngine):
     """A :class:`~drgym.search.local.LocalSearchEngine` whose dense search runs on shard
     servers: encoding, BM25, hybrid fusion, docstore lookups and result building are the
@@ -225,6 +260,7 @@ class ShardedSearchEngine(LocalSearchEngine):
         handles: one Ray Serve handle per shard, in shard order (anything with
             ``.search.remote(queries, k).result(timeout_s=...)``).
         shard_timeout_s: seconds to wait for each shard.
+        expect: the deployed build's serving fingerprint, as :class:`ShardServer`'s.
         Other arguments as :class:`~drgym.search.local.LocalSearchEngine`.
 
     Results of a search that some shards missed are :class:`~drgym.search.base.PartialResults`.
@@ -232,8 +268,14 @@ class ShardedSearchEngine(LocalSearchEngine):
 
     name = "sharded"
 
-    def __init__(self, folder: str | Path, handles: list, *, shard_timeout_s: float = 10.0, **kwargs) -> None:
+    def __init__(self, folder: str | Path, handles: list, *, shard_timeout_s: float = 10.0, expect: str | None = None,
+                 **kwargs) -> None:
         super().__init__(folder, **kwargs)
+        try:
+            check_same_build(self.manifest, expect, folder, "the router")
+        except BaseException:
+            self.close()
+            raise
         if len(handles) != len(self.manifest.shards):
             raise ConfigError(f"index {folder} has {len(self.manifest.shards)} shards but {len(handles)} shard servers.")
         self._remote = _RemoteDense(handles, self._shared.tie_rank, shard_timeout_s)
@@ -262,7 +304,7 @@ class Router:
     (built in the replica, after the constructor, by Ray Serve's late-bound ingress)."""
 
     def __init__(self, folder: str, shard_apps: list[str], method: str = "hybrid", server: dict | None = None,
-                 shard_timeout_s: float = 10.0) -> None:
+                 shard_timeout_s: float = 10.0, expect: str | None = None) -> None:
         from ray import serve
 
         from drgym.search.wire import ServerSettings
@@ -270,7 +312,7 @@ class Router:
         self.settings = ServerSettings(**(server or {}))
         handles = [serve.get_deployment_handle("ShardServer", app_name=a) for a in shard_apps]
         self.engine = ShardedSearchEngine(folder, handles, shard_timeout_s=shard_timeout_s, method=method,
-                                          max_k=self.settings.max_k)
+                                          max_k=self.settings.max_k, expect=expect)
         self.engine.encode_queries(["warm up"])  # load the encoder now, not on the first request
 
     def __serve_build_asgi_app__(self):
@@ -305,6 +347,7 @@ def deploy(folder: str | Path, config: dict | None = None, *, host: str = "127.0
     cfg = config or load_config()
     m = IndexManifest.read(folder)
     m.check_files(folder)
+    built = m.serving_fingerprint()  # every replica, started now or restarted later, serves this build or none
     need = check_fits(cfg, len(m.shards), ray.cluster_resources())
     log.info("serve-ray: %d shard(s); minimum replicas reserve %g CPUs, %g GPUs", len(m.shards), need["CPU"], need["GPU"])
     serve.start(http_options={"host": host, "port": int(port)})
@@ -315,13 +358,13 @@ def deploy(folder: str | Path, config: dict | None = None, *, host: str = "127.0
         dep = serve.deployment(ShardServer, name="ShardServer", **cfg["shard"].get("deployment", {}))
         sc = cfg["shard"]
         serve.run(dep.bind(folder, i, sc.get("search_params"), bool(sc.get("mmap", True)),
-                           bool(sc.get("gpu_shard", False)), bool(sc.get("gpu_float16", False))),
+                           bool(sc.get("gpu_shard", False)), bool(sc.get("gpu_float16", False)), built),
                   name=name, route_prefix=None)
         shard_apps.append(name)
     r = cfg["router"]
     dep = serve.deployment(serve.ingress()(Router), name="Router", **r.get("deployment", {}))
     serve.run(dep.bind(folder, shard_apps, r.get("method", "hybrid"), r.get("server", {}),
-                       float(cfg.get("shard_timeout_s", 10.0))), name=f"{prefix}-router", route_prefix="/")
+                       float(cfg.get("shard_timeout_s", 10.0)), built), name=f"{prefix}-router", route_prefix="/")
     return f"http://{host}:{port}"
 
 

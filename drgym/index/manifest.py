@@ -341,6 +341,21 @@ class IndexManifest:
                                       f"{CHECKSUM_ALGORITHM} hash is {got[:12]}..., the manifest says {str(want)[:12]}..."))
         return out
 
+    def serving_fingerprint(self) -> str:
+        """What processes that serve parts of one index compare, so that none serves a part
+        of another build (a replica restarted after ``drgym index build --force``): hex
+        BLAKE2b-128 of the build's creation time, corpus fingerprint, row count, shard
+        layout and the recorded full hashes of its files (sizes for a manifest without
+        checksums). Two builds of the same corpus differ by it, even in the same second,
+        unless their files are identical too."""
+        sums = self.checksums.get("files", {}) if isinstance(self.checksums, dict) else {}
+        body = {"created": self.created, "corpus": self.corpus_fingerprint, "n_passages": self.n_passages,
+                "shards": [[s.start, s.count, s.faiss, s.embeddings] for s in self.shards],
+                "files": {k: (v.get("full") if isinstance(v, dict) else v) for k, v in sums.items()} or self.files}
+        h = _hasher()
+        h.update(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        return h.hexdigest()
+
     @property
     def fields_protected(self) -> bool:
         """Whether the manifest records the hash of its own fields (written by this
