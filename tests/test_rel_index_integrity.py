@@ -452,3 +452,19 @@ def test_serve_ray_replicas_started_after_a_rebuild_refuse_to_serve_it(tmp_path,
     with pytest.raises(IndexReplacedError, match="the router would serve the new build"):
         ShardedSearchEngine(folder, [], expect=built, method="dense")
     assert ShardServer(str(folder), 1, expect=IndexManifest.read(folder).serving_fingerprint()).shard_id == 1
+
+
+def test_full_disk_while_streaming_bm25_arrays_is_enospc_naming_the_array(tmp_path, docs, monkeypatch):
+    """The streamed BM25 build writes its two score arrays through memory maps too."""
+    import errno
+
+    from drgym.index.bm25 import write_bm25
+
+    texts = [f"{d.title}\n{d.text}" for d in docs[:50]]
+    write_bm25(tmp_path / "ok", iter(texts), streaming=True)  # the space is there: built
+    assert (tmp_path / "ok" / "bm25" / "data.csc.index.npy").stat().st_size > 0
+    _no_space(monkeypatch)
+    with pytest.raises(OSError) as e:
+        write_bm25(tmp_path / "full", iter(texts), streaming=True)
+    assert e.value.errno == errno.ENOSPC and e.value.filename.endswith("data.csc.index.npy")
+    assert not (tmp_path / "full" / "bm25" / "data.csc.index.npy").exists()
