@@ -44,12 +44,15 @@ def test_report_ranks_runs_and_writes_standalone_html(tmp_path):
     assert [r.name for r in runs] == ["agent", "baseline"]
     assert runs[0].metrics["em"] == pytest.approx(0.5) and runs[0].metrics["f1"] == pytest.approx((1 + 2 / 3 + 1) / 4)
     rows = [ln for ln in md.splitlines() if ln.startswith("| agent") or ln.startswith("| baseline")]
-    assert rows[0].startswith("| agent | `hf:smollm2` | hotpotqa-dev | 4/4 | 0.500 | 0.667 |")
-    assert rows[1].startswith("| baseline | `rag:smollm2` | hotpotqa-dev | 4/4 | 0.250 | 0.250 |")
-    assert "| 100.0% |" in rows[0] and "1.50s" in rows[0]  # answer rate, wall s per episode
+    # each mean with its 95% percentile-bootstrap interval over the 4 episodes: a resampled EM
+    # of [1, 0, 1, 0] is Binomial(4, 1/2) / 4, whose 2.5% and 97.5% points are 0 and 1 (each
+    # end has probability 1/16); of [1, 0, 0, 0] Binomial(4, 1/4) / 4: 0 and 0.75 (P(1) = 1/256)
+    assert rows[0].startswith("| agent | `hf:smollm2` | hotpotqa-dev | 4/4 | 0.500 [0.000, 1.000] | 0.667 [0.250, 1.000] |")
+    assert rows[1].startswith("| baseline | `rag:smollm2` | hotpotqa-dev | 4/4 | 0.250 [0.000, 0.750] | 0.250 [0.000, 0.750] |")
+    assert "| 100.0% [100.0%, 100.0%] |" in rows[0] and "1.50s" in rows[0]  # answer rate, wall s per episode
     assert (tmp_path / "board.md").read_text() == md
     html = (tmp_path / "board.html").read_text()
-    assert html.startswith("<!doctype html>") and "<td>0.667</td>" in html
+    assert html.startswith("<!doctype html>") and "<td>0.667 [0.250, 1.000]</td>" in html
     assert not re.search(r"""(src|href)=['"]?https?://""", html)  # standalone: nothing fetched
     with pytest.raises(ConfigError, match="No rollout run directory"):
         build_report([tmp_path / "not-a-run"])

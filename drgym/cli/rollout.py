@@ -157,8 +157,8 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from drgym.errors import DrgymError
-        from drgym.evaluation.metrics import LABELS, format_value, terminal_tables
-        from drgym.evaluation.report import COLUMNS, _sort_key, build_report
+        from drgym.evaluation.metrics import terminal_tables
+        from drgym.evaluation.report import build_report, leaderboard_rows
 
         console = Console(markup=False)
         try:
@@ -166,11 +166,7 @@ def register(app: typer.Typer) -> None:
         except DrgymError as e:
             print_error(e)
             raise typer.Exit(2)
-        cols = [c for c in COLUMNS if any(r.metrics.get(c) is not None for r in loaded)]
-        headers = ["run", "policy", "tasks", "episodes"] + [LABELS.get(c, c) for c in cols]
-        rows = [[r.name, r.setting["policy"], r.setting["tasks"],
-                 f"{r.metrics.get('episodes', 0)}/{r.metrics.get('tasks_total') or '?'}",
-                 *[format_value(c, r.metrics.get(c)) for c in cols]] for r in sorted(loaded, key=_sort_key)]
+        headers, rows = leaderboard_rows(loaded)  # scores with their 95% intervals over episodes
         # split over several tables on a narrow terminal, each repeating the run name, so
         # that every number is shown in full
         for t in terminal_tables(headers, rows, width=console.width, text_columns=3, repeat=1,

@@ -39,6 +39,9 @@ from typing import Any, Callable
 
 from drgym.atomic import atomic_write_json, atomic_write_text
 from drgym.errors import ConfigError
+from drgym.evaluation.metrics import CI_METRICS, episode_scores
+from drgym.evaluation.run_directory import read_run_episodes
+from drgym.evaluation.stats import mean_ci
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,9 @@ class CompareRow:
         billed_usd: cost of the calls that reached the provider (0 for replay).
         recorded: for replayed/recorded backends, ``{"first_recorded_at", "last_recorded_at"}``.
         run_dir: where the run's files are.
+        cis: ``{score: {"mean", "lo", "hi"}}``, the 95% bootstrap interval over episodes of
+            each of :data:`~drgym.evaluation.metrics.CI_METRICS` the run has (read from its
+            ``trajectories.jsonl``; empty when there is none), shown beside the means.
     """
 
     policy: str
@@ -94,6 +100,7 @@ class CompareRow:
     billed_usd: float
     recorded: dict[str, Any] = field(default_factory=dict)
     run_dir: str = ""
+    cis: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def score(self, key: str) -> float | None:
         """The mean of score ``key`` (``"f1"``, ``"kpr"``...), or None."""
@@ -102,7 +109,16 @@ class CompareRow:
 
     def to_dict(self) -> dict[str, Any]:
         return {"policy": self.policy, "backend": self.backend, "mode": self.mode, "metrics": self.metrics,
-                "usage": self.usage, "billed_usd": self.billed_usd, "recorded": self.recorded, "run_dir": self.run_dir}
+                "usage": self.usage, "billed_usd": self.billed_usd, "recorded": self.recorded, "run_dir": self.run_dir,
+                "cis": self.cis}
+
+    def cell(self, key: str, value: float | None, nd: int = 3) -> str:
+        """``value`` (the mean of ``key``) formatted, with its 95% interval beside it when
+        the row has one: ``"0.400 [0.200, 0.600]"``."""
+        ci = self.cis.get(key)
+        if value is None or ci is None:
+            return _fmt(value, nd)
+        return f"{_fmt(value, nd)} [{_fmt(ci['lo'], nd)}, {_fmt(ci['hi'], nd)}]"
 
 
 def kendall_taus(rows: list[CompareRow], metric: str) -> list[dict[str, Any]]:
@@ -136,6 +152,16 @@ def kendall_taus(rows: list[CompareRow], metric: str) -> list[dict[str, Any]]:
     return out
 
 
+def run_cis(run_dir: str | Path) -> dict[str, dict[str, float]]:
+    """``{score: {"mean", "lo", "hi"}}`` of a run directory's episodes
+    (:func:`drgym.evaluation.metrics.episode_scores`, :func:`drgym.evaluation.stats.mean_ci`);
+    empty when it holds no ``trajectories.jsonl`` (a run function that writes none)."""
+    tp = Path(run_dir) / "trajectories.jsonl"
+    if not tp.exists():
+        return {}
+    return {k: mean_ci(v) for k, v in episode_scores(read_run_episodes(tp)).items() if k in CI_METRICS}
+
+
 def _score_keys(rows: list[CompareRow]) -> list[str]:
     keys: set[str] = set()
     for r in rows:
@@ -163,8 +189,8 @@ def table_rows(rows: list[CompareRow]) -> tuple[list[str], list[list[str]]]:
         lat = u.get("search_latency") or {}
         body.append(
             [r.policy, r.backend, r.mode, str(m.get("episodes", 0))]
-            + [_fmt(r.score(k)) for k in keys]
-            + [_fmt(m.get("answer_rate")), _fmt(m.get("searches"), 2), _fmt(m.get("fetches"), 2),
+            + [r.cell(k, r.score(k)) for k in keys]
+            + [r.cell("answer_rate", m.get("answer_rate")), _fmt(m.get("searches"), 2), _fmt(m.get("fetches"), 2),
                str(u.get("searches", 0)), str(u.get("fetches", 0)), str(u.get("errors", 0)),
                _fmt(lat.get("median_s"), 4), _fmt(lat.get("p95_s"), 4),
                f"{u.get('cost_usd', 0.0):.4f}", f"{r.billed_usd:.4f}"]
@@ -440,7 +466,8 @@ def _run_all(rows, policies, built, tasks, backends, out, n, replay, record, pri
                     finally:
                         s.close()
                 rows.append(CompareRow(policy=entry, backend=spec, mode=mode, metrics=metrics, usage=usage,
-                                       billed_usd=billed, recorded=recorded, run_dir=str(run_dir)))
+                                       billed_usd=billed, recorded=recorded, run_dir=str(run_dir),
+                                       cis=run_cis(run_dir)))
         finally:
             inner.close()
 

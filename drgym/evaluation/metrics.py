@@ -171,6 +171,40 @@ def _judge_failed(rc: dict[str, Any], k: str) -> bool:
     return k in rc and rc[k] is None and not (k == "kpr" and rc.get("kp_undefined"))
 
 
+CI_METRICS = ("em", "f1", "judge", "answer_rate")
+"""The per-episode scores whose means ``drgym report`` and ``drgym compare`` show with a
+95% bootstrap interval (:func:`episode_scores`, :func:`drgym.evaluation.stats.mean_ci`)."""
+
+
+def episode_scores(trajectories: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each episode's value of the :data:`CI_METRICS`, the values whose means
+    :func:`compute_metrics` reports: ``em`` and ``f1`` from the reward components (episodes
+    without a finite number left out), ``judge`` from ``judge`` or else ``llm_match``,
+    ``answer_rate`` 1.0 for an episode that ended with an answer, else 0.0. A metric no
+    episode has is left out.
+
+    >>> episode_scores([{"reward_components": {"em": 1.0}, "terminated": True, "final_answer": "x"},
+    ...                 {"reward_components": {"em": None}, "terminated": False}])
+    {'em': [1.0], 'answer_rate': [1.0, 0.0]}
+    """
+    def values(key: str) -> list[float]:
+        out = []
+        for t in trajectories:
+            v = (t.get("reward_components") or {}).get(key)
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                out.append(float(v))
+        return out
+
+    has = {k for t in trajectories for k in (t.get("reward_components") or {})}
+    res = {"em": values("em"), "f1": values("f1"),
+           "judge": values("judge") if "judge" in has else values("llm_match")}
+    res = {k: v for k, v in res.items() if v}
+    if trajectories:
+        res["answer_rate"] = [1.0 if t.get("terminated") and t.get("final_answer") is not None else 0.0
+                              for t in trajectories]
+    return res
+
+
 def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None = None) -> dict[str, Any]:
     """Run metrics from trajectory dicts (see the module docstring for definitions).
 

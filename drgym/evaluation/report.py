@@ -10,13 +10,14 @@ from __future__ import annotations
 import base64
 import html
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from drgym.atomic import atomic_write_text
 from drgym.errors import ConfigError
-from drgym.evaluation.metrics import LABELS, format_value
+from drgym.evaluation.metrics import CI_METRICS, LABELS, episode_scores, format_value
+from drgym.evaluation.stats import mean_ci
 
 COLUMNS = ("em", "f1", "judge", "answer_rate", "invalid_action_rate", "turns", "searches", "fetches",
            "completion_tokens", "wall_s_per_episode")
@@ -31,12 +32,25 @@ class RunSummary:
         name: its folder name.
         config: ``config.json`` (empty when missing).
         metrics: metrics recomputed from its trajectories.
+        cis: ``{metric: {"mean", "lo", "hi"}}``, the 95% bootstrap interval over episodes
+            of each of :data:`~drgym.evaluation.metrics.CI_METRICS` the run has
+            (:func:`drgym.evaluation.stats.mean_ci`).
     """
 
     path: Path
     name: str
     config: dict[str, Any]
     metrics: dict[str, Any]
+    cis: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def cell(self, key: str) -> str:
+        """Metric ``key`` formatted for a table, with its 95% interval beside it when it
+        has one: ``"0.500 [0.000, 1.000]"``, ``"75.0% [25.0%, 100.0%]"``; ``"-"`` when missing."""
+        v = self.metrics.get(key)
+        ci = self.cis.get(key)
+        if v is None or ci is None:
+            return format_value(key, v)
+        return f"{format_value(key, v)} [{format_value(key, ci['lo'])}, {format_value(key, ci['hi'])}]"
 
     @property
     def setting(self) -> dict[str, str]:
@@ -77,7 +91,8 @@ def load_run(path: str | Path) -> RunSummary:
     rows = read_run_episodes(tp)  # a failed episode's redo replaces it (drgym.evaluation.runner)
     metrics = compute_metrics_for_run(rows)
     metrics["tasks_total"] = (cfg.get("tasks") or {}).get("n", n)
-    return RunSummary(path=p, name=p.name, config=cfg, metrics=metrics)
+    cis = {k: mean_ci(v) for k, v in episode_scores(rows).items() if k in CI_METRICS}
+    return RunSummary(path=p, name=p.name, config=cfg, metrics=metrics, cis=cis)
 
 
 def find_runs(paths: list[str | Path]) -> list[Path]:
@@ -103,16 +118,26 @@ def _sort_key(r: RunSummary) -> tuple:
             -(m.get("em") or 0.0))
 
 
-def leaderboard_markdown(runs: list[RunSummary]) -> str:
-    """The leaderboard as a markdown document (scores table, then each run's config)."""
+def leaderboard_rows(runs: list[RunSummary]) -> tuple[list[str], list[list[str]]]:
+    """Header and formatted cells of the leaderboard (markdown, HTML and the terminal):
+    one row per run, best first within each env and task set; each score and the answer
+    rate with its 95% interval over episodes beside the mean (:meth:`RunSummary.cell`)."""
     cols = [c for c in COLUMNS if any(r.metrics.get(c) is not None for r in runs)]
     head = ["run", "policy", "tasks", "episodes"] + [LABELS.get(c, c) for c in cols]
+    body = [[r.name, r.setting["policy"], r.setting["tasks"],
+             f"{r.metrics.get('episodes', 0)}/{r.metrics.get('tasks_total') or '?'}",
+             *[r.cell(c) for c in cols]] for r in sorted(runs, key=_sort_key)]
+    return head, body
+
+
+def leaderboard_markdown(runs: list[RunSummary]) -> str:
+    """The leaderboard as a markdown document (scores table with 95% intervals over
+    episodes, then each run's config)."""
+    head, body = leaderboard_rows(runs)
     lines = ["# drgym rollout leaderboard", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in sorted(runs, key=_sort_key):
-        s = r.setting
-        ep = f"{r.metrics.get('episodes', 0)}/{r.metrics.get('tasks_total') or '?'}"
-        lines.append("| " + " | ".join([r.name, f"`{s['policy']}`", s["tasks"], ep]
-                                       + [format_value(c, r.metrics.get(c)) for c in cols]) + " |")
+    for row in body:
+        lines.append("| " + " | ".join([row[0], f"`{row[1]}`", *row[2:]]) + " |")
+    lines += ["", "Scores and answer rate: mean [95% bootstrap interval over episodes]."]
     lines += ["", "## Configurations", "", "| run | env | backend | index (corpus, passages, fingerprint) | budget | drgym | created |",
               "|---|---|---|---|---|---|---|"]
     for r in sorted(runs, key=_sort_key):
@@ -154,7 +179,7 @@ def leaderboard_html(runs: list[RunSummary], *, embed_plots: bool = True) -> str
         ep = f"{r.metrics.get('episodes', 0)}/{r.metrics.get('tasks_total') or '?'}"
         cells = [f"<td class='l'>{esc(x)}</td>" for x in (r.name, s["env"], s["policy"], s["tasks"], s["backend"])]
         cells.append(f"<td>{esc(ep)}</td>")
-        cells += [f"<td>{esc(format_value(c, r.metrics.get(c)))}</td>" for c in cols]
+        cells += [f"<td>{esc(r.cell(c))}</td>" for c in cols]
         parts.append("<tr>" + "".join(cells) + "</tr>")
     parts.append("</table><h2>Runs</h2>")
     for r in runs:
