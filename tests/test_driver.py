@@ -64,7 +64,8 @@ def test_answer_span_rules():
 
 
 # The same policy over the default corpus (wiki-default, 21,126 passages) with the
-# default hybrid engine; EM / F1 by hand as above:
+# default hybrid engine (query encoder onnx-int8; with torch the fourth case's first hit
+# is "1997–98 Orlando Magic season", with the same answer); EM / F1 by hand as above:
 #   "Jack Owens" vs "Jack Owens": 1, 1.   "Richard David Bach" vs itself: 1, 1.
 #   "Central and Southern United States" vs "March 2 and 3, 2012": 5 tokens each, one
 #       common ("and"): P=R=1/5, F1=0.2.
@@ -73,7 +74,7 @@ DEFAULT_CASES = [
     ("hotpotqa-5a809f815542996402f6a5b7", "The Hukilau Song", "Jack Owens", 1.0, 1.0),
     ("hotpotqa-5a7f6af65542994857a76736", "Richard Bach", "Richard David Bach", 1.0, 1.0),
     ("hotpotqa-5ae7b39f554299540e5a5650", "Tornado outbreak sequence of May 1896", "Central and Southern United States", 0.0, 0.2),
-    ("hotpotqa-5a88d89f554299206df2b37b", "1997–98 Orlando Magic season", "NBA", 0.0, 0.5),
+    ("hotpotqa-5a88d89f554299206df2b37b", "2003–04 Orlando Magic season", "NBA", 0.0, 0.5),
     ("hotpotqa-5a77ec115542992a6e59dff7", "Lilu (mythology)", "Akkadian", 0.0, 0.0),
 ]
 
