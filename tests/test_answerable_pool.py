@@ -1,4 +1,4 @@
-"""The answerable pool and its frozen split (scripts/make_answerable_pool.py)."""
+"""The answerable pool and its frozen split (drgym.training.answerable_pool, scripts/make_answerable_pool.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    from envs_helpers import load_script
+    from drgym.training import answerable_pool
 
-    return load_script("make_answerable_pool")
+    return answerable_pool
 
 
 def test_split_is_disjoint_and_sized():
@@ -69,6 +69,7 @@ def test_filter_reproduces_on_a_sample():
     from drgym.envs.task_loaders import load_tasks
     from drgym.rewards.qa import cover_exact_match
     from drgym.training.config import load_config
+    from drgym.envs.prompts import shown_text
     from drgym.training.data import make_env_factory
 
     script = _script()
@@ -83,7 +84,7 @@ def test_filter_reproduces_on_a_sample():
     def shown(t):
         env.reset(options={"task": t})
         obs, *_ = env.step(f"<search>{t.question}</search>")
-        return cover_exact_match(script.observation_text(obs), script.gold_aliases(t))
+        return cover_exact_match(shown_text(obs), script.gold_aliases(t))
 
     assert all(shown(t) for t in kept)
     assert not any(shown(t) for t in others)
@@ -130,3 +131,12 @@ def test_wide_capped_pool_is_the_wide_pool_with_at_most_three_questions_per_gold
     assert [t.task_id for t in capped[: len(train_ids)]] == train_ids  # no answerable-train question is dropped
     rec = json.loads((ROOT / "training" / "results" / "answerable_pool" / "wide_capped_record.json").read_text())
     assert rec["train"] == len(capped) and rec["dropped_by_answer"] == dropped
+
+
+def test_wide_capped_files_are_what_build_wide_capped_writes():
+    """The shipped capped pool and its record, rebuilt from the shipped wide pool, byte for byte as JSON."""
+    script = _script()
+    doc, record = script.build_wide_capped(json.loads(script.WIDE_FILE.read_text()))
+    assert doc == json.loads(script.WIDE_CAPPED_FILE.read_text())
+    assert record == json.loads((ROOT / "training" / "results" / "answerable_pool" / "wide_capped_record.json").read_text())
+    assert len(doc["slices"]["train"]) == 321 and record["dropped_by_answer"]["american"] == 133
