@@ -1,11 +1,11 @@
-"""scripts/make_sft_data.py's two-hop source: a second search only when the first results lack
+"""drgym.training.sft_data's two-hop source (scripts/make_sft_data.py): a second search only when the first results lack
 the answer, with a query read off those results, and an answer read off the second."""
 
 from __future__ import annotations
 
 import json
 
-from envs_helpers import load_script
+from drgym.training import sft_data
 
 HUMBERT = "hotpotqa-5ae3b0005542992f92d82341"  # hipporag-train; gold docs Dick Humbert, Philadelphia Eagles
 
@@ -17,7 +17,7 @@ def _task(task_id: str):
 
 
 def test_bridge_query_is_a_supporting_title_named_in_the_first_results_and_not_in_the_question():
-    sd = load_script("make_sft_data")
+    sd = sft_data
     t = _task(HUMBERT)
     assert t.answers == ["Pennsylvania"] and "Dick Humbert" in t.gold_docs  # a gold title the question names
     assert sd.bridge_query(t, "He played for the Philadelphia Eagles (1941, 1945-1949).") == "Philadelphia Eagles"
@@ -26,7 +26,7 @@ def test_bridge_query_is_a_supporting_title_named_in_the_first_results_and_not_i
 
 
 def test_bridge_policy_searches_again_only_when_the_answer_is_not_yet_in_view():
-    sd = load_script("make_sft_data")
+    sd = sft_data
     t = _task(HUMBERT)
     pol = sd.BridgePolicy({t.task_id: t})
     info = {"task_id": t.task_id, "episode_id": "e1", "searches_left": 2}
@@ -45,7 +45,7 @@ def test_two_hop_run_through_the_env_keeps_only_supported_second_hops(bm25_backe
     from drgym.envs.task_loaders import load_tasks
     from drgym.evaluation.runner import RolloutConfig, run_rollout
 
-    sd = load_script("make_sft_data")
+    sd = sft_data
     tasks = load_tasks("hipporag-train")[:12]
     if HUMBERT not in {t.task_id for t in tasks}:
         tasks.append(_task(HUMBERT))
@@ -75,3 +75,15 @@ def test_two_hop_run_through_the_env_keeps_only_supported_second_hops(bm25_backe
     rec2 = sd.build(tmp_path, [run], task_set="hipporag-train", per_question=2, two_hop_copies=3)
     lines = (tmp_path / "sft_trajectories.jsonl").read_text().splitlines()
     assert rec2["kept"] == rec["kept"] and rec2["written"] == len(lines) == 3 * rec["kept"]
+
+
+def test_build_refuses_held_out_questions_and_a_copy_count_below_one(tmp_path):
+    import pytest
+
+    from drgym.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="hipporag-dev holds dev/test questions"):
+        sft_data.build(tmp_path, [], task_set="hipporag-dev", per_question=2)
+    with pytest.raises(ConfigError, match="--two-hop-copies must be >= 1, got 0"):
+        sft_data.build(tmp_path, [], task_set="hipporag-train", per_question=2, two_hop_copies=0)
+    assert not (tmp_path / "sft_trajectories.jsonl").exists()
