@@ -23,6 +23,9 @@ synth-train         questions synthesised from wiki-default documents and   ~10k
                     verified in the answerable env (``drgym data synth``)
 synth-dev           the same, from documents of no other slice              ~200    yes
 synth-test          the same, from documents of no other slice (final)      >=400   yes
+synth-demo          the same, from documents of no other slice: the main    ~100    yes
+                    job's questions (``drgym rollout``'s default), used
+                    for nothing else
 breadth-train       answerable-train-wide-capped plus synth-train,          ~10k    yes
                     one task per question
 search-skill-train  gold in the top-10 but not in the top-3 observation     rest    yes
@@ -588,6 +591,7 @@ TASK_SETS: dict[str, Callable[[], list[Task]]] = {
     "synth-train": lambda: load_task_records(_shipped(f"{SYNTH_DIR}/train.jsonl")),
     "synth-dev": lambda: load_task_records(_shipped(f"{SYNTH_DIR}/dev.jsonl")),
     "synth-test": lambda: load_task_records(_shipped(f"{SYNTH_DIR}/test.jsonl")),
+    "synth-demo": lambda: load_task_records(_shipped(f"{SYNTH_DIR}/demo.jsonl")),
     "breadth-train": lambda: unique_questions(load_tasks("answerable-train-wide-capped"), load_tasks("synth-train")),
     "answerable-train": lambda: shipped_split(ANSWERABLE_SPLIT, "train"),
     "answerable-dev": lambda: shipped_split(ANSWERABLE_SPLIT, "dev"),

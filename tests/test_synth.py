@@ -124,16 +124,20 @@ def test_shipped_synthetic_sets():
     from drgym.envs.task_loaders import load_tasks
 
     train, test, dev = load_tasks("synth-train"), load_tasks("synth-test"), load_tasks("synth-dev")
+    demo = load_tasks("synth-demo")
+    assert len(demo) >= 20
     assert len(test) >= 400
     breadth = load_tasks("breadth-train")
     assert len({normalize_answer(t.question) for t in breadth}) == len(breadth) >= 5000
     tr_docs = {t.gold_docs[0] for t in train}
     assert not tr_docs & {t.gold_docs[0] for t in test}
     assert not tr_docs & {t.gold_docs[0] for t in dev}
+    demo_docs = {t.gold_docs[0] for t in demo}
+    assert not demo_docs & (tr_docs | {t.gold_docs[0] for t in dev + test})
     for t in train[:500] + test:
         assert not cover_exact_match(t.question, t.answers)
     counts = {}
-    for t in train + dev + test:
+    for t in train + dev + test + demo:
         k = normalize_answer(t.answers[0])
         counts[k] = counts.get(k, 0) + 1
     assert max(counts.values()) <= 3

@@ -19,8 +19,8 @@ def synth_cmd(
     config: str = typer.Option("smollm2_answerable_cpu", "--config", "-c",
                                help="Training config whose env verifies the questions (its search and env "
                                     "settings, exactly as training sees them)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Folder for train.jsonl, dev.jsonl, test.jsonl and "
-                                                     "record.json."),
+    out: Path = typer.Option(..., "--out", "-o", help="Folder for train.jsonl, dev.jsonl, test.jsonl (demo.jsonl) "
+                                                     "and record.json."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Passages to write questions from: a corpus file "
                                          "(any format `drgym index build` reads) or a named corpus; default: the "
                                          "config's search corpus."),
@@ -34,6 +34,8 @@ def synth_cmd(
                                       "by no slice. '' for none."),
     test_frac: float = typer.Option(0.06, "--test-frac", help="Share of documents for the test slice."),
     dev_frac: float = typer.Option(0.02, "--dev-frac", help="Share of documents for the dev slice."),
+    demo_frac: float = typer.Option(0.0, "--demo-frac", help="Share of documents for a demo slice (demo.jsonl: a "
+                                    "showcase used for nothing else)."),
     max_per_answer: int = typer.Option(3, "--max-per-answer", help="Most questions per answer string."),
     max_docs: Optional[int] = typer.Option(None, "--max-docs", help="Use a seeded sample of this many documents."),
     max_verify: Optional[int] = typer.Option(None, "--max-verify", help="Verify at most this many candidates."),
@@ -49,14 +51,14 @@ def synth_cmd(
     from drgym.cli.train import _fail
 
     try:
-        _synth(config, out, corpus, corpus_format, generator, held_out, test_frac, dev_frac, max_per_answer,
-               max_docs, max_verify, seed)
+        _synth(config, out, corpus, corpus_format, generator, held_out, test_frac, dev_frac, demo_frac,
+               max_per_answer, max_docs, max_verify, seed)
     except Exception as e:  # noqa: BLE001
         _fail(e)
 
 
-def _synth(config, out, corpus, corpus_format, generator, held_out, test_frac, dev_frac, max_per_answer, max_docs,
-           max_verify, seed) -> None:
+def _synth(config, out, corpus, corpus_format, generator, held_out, test_frac, dev_frac, demo_frac, max_per_answer,
+           max_docs, max_verify, seed) -> None:
     import random
     import sys
     import time
@@ -72,8 +74,8 @@ def _synth(config, out, corpus, corpus_format, generator, held_out, test_frac, d
     from drgym.training.data import make_env_factory
 
     t0 = time.perf_counter()
-    settings = SynthSettings(seed=seed, test_frac=test_frac, dev_frac=dev_frac, max_per_answer=max_per_answer,
-                             max_verify=max_verify)
+    settings = SynthSettings(seed=seed, test_frac=test_frac, dev_frac=dev_frac, demo_frac=demo_frac,
+                             max_per_answer=max_per_answer, max_verify=max_verify)
     cfg = load_config(config)
     cfg.apply_threads()
     corpus = corpus or (cfg.search or {}).get("corpus")
