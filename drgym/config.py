@@ -688,6 +688,13 @@ class TrainingConfig(Section):
 DEFAULT_N = 20
 """Default number of tasks of a rollout run: the first 20 of the task set (the main job's
 budget: >= 20 questions in <= 5 minutes on 2 CPU cores once the model and index are cached)."""
+DEFAULT_QA_TASKS = "synth-demo"
+"""The main job's questions: single-hop questions whose answer ``wiki-default`` holds and the
+default env shows for the question as the query, from documents that no training, dev or
+test question came from (``drgym data synth --demo-frac``), in a seeded order."""
+DEFAULT_RESEARCH_TASKS = "drb-en"
+DEFAULT_POLICY = "hf:smollm2-drgym"
+"""The best agent drgym ships: SmolLM2-135M-Instruct with the LoRA adapter trained in drgym."""
 
 
 class RolloutRun(Section):
@@ -719,8 +726,8 @@ class RolloutRun(Section):
     """
 
     env: str = "drgym/SearchQA-v0"
-    tasks: str = "hotpotqa-dev"
-    policy: str = "hf:smollm2"
+    tasks: str = DEFAULT_QA_TASKS
+    policy: str = DEFAULT_POLICY
     backend: str = "local"
     n: int | None = DEFAULT_N
     out: str | None = None

@@ -179,9 +179,10 @@ def test_resume_after_killed_cli_run(default_engine, session_drgym_home, tmp_pat
     records = [json.loads(line) for line in lines]  # no torn line
     ids = [r["task_id"] for r in records]
     assert len(ids) == len(set(ids)) == 20
+    from drgym.config import DEFAULT_QA_TASKS
     from drgym.envs.task_loaders import load_tasks
 
-    assert set(ids) == {t.task_id for t in load_tasks("hotpotqa-dev")[:20]}
+    assert set(ids) == {t.task_id for t in load_tasks(DEFAULT_QA_TASKS)[:20]}
     assert f"{20 - n_killed} new episodes, {n_killed} resumed" in rerun.stdout.replace("\n", " ")
     assert json.loads((out / "metrics.json").read_text())["episodes"] == 20
 

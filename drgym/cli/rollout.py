@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from drgym.evaluation.runner import DEFAULT_N
+from drgym.config import DEFAULT_N, DEFAULT_POLICY, DEFAULT_QA_TASKS, DEFAULT_RESEARCH_TASKS
 
 EX_TEMPFAIL = 75
 """Exit status of a run stopped because a service stayed down (sysexits.h EX_TEMPFAIL:
@@ -25,8 +25,8 @@ def register(app: typer.Typer) -> None:
     def rollout(
         ctx: typer.Context,
         env: str = typer.Option("drgym/SearchQA-v0", "--env", help="Gymnasium id: drgym/SearchQA-v0 or drgym/DeepResearch-v0."),
-        tasks: Optional[str] = typer.Option(None, "--tasks", help="Task set (default hotpotqa-dev for SearchQA, drb-en for DeepResearch) or a file."),
-        policy: str = typer.Option("hf:smollm2", "--policy", help="hf:MODEL | openai:MODEL@URL | vllm:MODEL | rag:LLM | scripted."),
+        tasks: Optional[str] = typer.Option(None, "--tasks", help=f"Task set (default {DEFAULT_QA_TASKS} for SearchQA, {DEFAULT_RESEARCH_TASKS} for DeepResearch) or a file."),
+        policy: str = typer.Option(DEFAULT_POLICY, "--policy", help="hf:MODEL | openai:MODEL@URL | vllm:MODEL | rag:LLM | scripted."),
         backend: str = typer.Option("local", "--backend", help="Search backend: local (in-process index of wiki-default) or a registry spec."),
         n: int = typer.Option(DEFAULT_N, "--n", help="Number of tasks (the first N of the set); 0 = all."),
         out: Optional[str] = typer.Option(None, "--out", help="Run directory (default runs/<env>-<tasks>-<policy>)."),
@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
             if max_new_tokens is not None:
                 popts["max_tokens" if policy.startswith("openai:") else "max_new_tokens"] = max_new_tokens
             if tasks is None:
-                tasks_name = "drb-en" if "DeepResearch" in env else "hotpotqa-dev"
+                tasks_name = DEFAULT_RESEARCH_TASKS if "DeepResearch" in env else DEFAULT_QA_TASKS
             else:
                 tasks_name = tasks
             cfg = RolloutConfig(
