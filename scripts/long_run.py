@@ -1,27 +1,11 @@
 """Run a long GRPO training run that survives stops: resume, snapshot, restore on a new machine.
 
 The run folder lives outside the work tree (``$DRGYM_RUNS/<name>``, default
-``~/.cache/drgym/runs/<name>``). Each start:
-
-1. when the run folder has no complete checkpoint but the repository holds one
-   (``training/checkpoints/<name>/``, written by a snapshot), restores it: the
-   checkpoint (LoRA adapter and trainer state), the logs up to its step
-   (``training/results/<name>/metrics.jsonl``, ``batches.jsonl``) and the dev evaluations
-   already made (``eval_metrics.json``), so the run goes on from that step with the data
-   order continued, on any machine where only the repository survived. The repository
-   keeps no optimizer, scheduler or RNG state (:data:`COMMITTED`): such a resume restarts
-   AdamW's moments, with the learning-rate schedule set to the checkpoint's step
-   (:class:`drgym.training.resume.ResumeWithoutOptimizerState`); a resume on the machine
-   that holds the run folder finds them all and is exact;
-2. runs ``drgym train grpo --config NAME --output-dir RUN [--resume]`` in a child
-   process (``--resume`` whenever a checkpoint is there);
-3. every ``--snapshot-every`` seconds, and when the child ends, snapshots into the
-   repository: the logs and the eval metrics (those committed before kept) into
-   ``training/results/<name>/``, the curves
-   (``drgym plot``), a window summary (and the docs' tables rendered from it,
-   ``scripts/readme_tables.py --write``), and the last complete checkpoint into
-   ``training/checkpoints/<name>/`` (the previous one replaced), its :data:`COMMITTED`
-   files only. Committing them is the caller's step.
+``~/.cache/drgym/runs/<name>``). Each start restores the repository's checkpoint when the run
+folder has none, runs ``drgym train grpo`` in a child process, and snapshots the logs,
+curves and last checkpoint into the repository every ``--snapshot-every`` seconds and when
+the child ends: :mod:`drgym.training.long_run` says what is copied where, and what a
+resume on a new machine keeps.
 
 Usage::
 
@@ -33,190 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-LOGS = ("metrics.jsonl", "batches.jsonl")
-"""The run's logs, kept once in the repository: under ``training/results/<name>/``."""
-COMMITTED = ("adapter_model.safetensors", "adapter_config.json", "drgym_training.json", "trainer_state.json")
-"""The files of a checkpoint copied into the repository: the LoRA adapter, its config, drgym's
-record of the run and the trainer state (the step, hence the data position). Not the
-optimizer (twice the adapter's size), scheduler and RNG states, which ``.gitignore``
-refuses, nor the tokenizer (the base model's), ``training_args.bin`` (it pickles this
-machine's paths) or PEFT's generated ``README.md`` (it names the base model's local path)."""
-
-
-def run_dir_of(name: str) -> Path:
-    """``$DRGYM_RUNS/<name>``, else ``~/.cache/drgym/runs/<name>``."""
-    base = os.environ.get("DRGYM_RUNS") or str(Path.home() / ".cache" / "drgym" / "runs")
-    return Path(base) / name
-
-
-def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy ``src`` to ``dst`` atomically: into a sibling temp folder, then rename over."""
-    tmp = dst.with_name(dst.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    for name in COMMITTED:
-        if (src / name).is_file():
-            shutil.copy2(src / name, tmp / name)
-    old = dst.with_name(dst.name + ".old")
-    if dst.exists():
-        if old.exists():
-            shutil.rmtree(old)
-        dst.rename(old)
-    tmp.rename(dst)
-    if old.exists():
-        shutil.rmtree(old)
-
-
-def _copy_file(src: Path, dst: Path) -> None:
-    from drgym.atomic import atomic_write_bytes
-
-    atomic_write_bytes(dst, src.read_bytes())
-
-
-def _logs_up_to(src: Path, dst: Path, step: int) -> int:
-    """Write the records of the JSONL log ``src`` whose ``step`` is at most ``step`` to ``dst``
-    (atomically): the log as it stood at that checkpoint, which the resumed run continues.
-
-    Returns:
-        The number of records kept.
-
-    Raises:
-        ValueError: a line is not a JSON object with an integer ``step`` (the file and line named).
-    """
-    from drgym.atomic import atomic_write_text
-
-    kept = []
-    for i, line in enumerate(src.read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{src}:{i}: not JSON ({e.msg}).") from e
-        s = rec.get("step") if isinstance(rec, dict) else None
-        if isinstance(s, bool) or not isinstance(s, int):
-            raise ValueError(f"{src}:{i}: expected a JSON object with an integer 'step', got {line[:80]!r}.")
-        if s <= step:
-            kept.append(line)
-    atomic_write_text(dst, "".join(x + "\n" for x in kept))
-    return len(kept)
-
-
-def restore(name: str, run: Path) -> str | None:
-    """Restore the repository's checkpoint of ``name`` into ``run`` when ``run`` has none.
-
-    Returns:
-        The restored checkpoint folder's name, or None (nothing to restore, or ``run``
-        already has a complete checkpoint).
-    """
-    from drgym.training.callbacks import last_complete_checkpoint
-
-    if last_complete_checkpoint(run) is not None:
-        return None
-    saved = ROOT / "training" / "checkpoints" / name
-    ckpts = sorted((p for p in saved.glob("checkpoint-*") if (p / "trainer_state.json").is_file()),
-                   key=lambda p: int(p.name.split("-")[1])) if saved.is_dir() else []
-    if not ckpts:
-        return None
-    ck = ckpts[-1]
-    step = int(json.loads((ck / "trainer_state.json").read_text(encoding="utf-8"))["global_step"])
-    run.mkdir(parents=True, exist_ok=True)
-    _copy_tree(ck, run / ck.name)
-    res = ROOT / "training" / "results" / name
-    for f in LOGS:
-        if (res / f).is_file():
-            _logs_up_to(res / f, run / f, step)
-    # the dev evaluations made before (on another machine): the run's curves and the next
-    # snapshot keep them
-    for step, m in _committed_evals(name).items():
-        out = run / "eval" / step / "metrics.json"
-        if not out.is_file():
-            from drgym.atomic import atomic_write_json
-
-            out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(out, m)
-    print(f"long_run: restored {ck.relative_to(ROOT)} into {run}", file=sys.stderr)
-    from drgym.training.resume import missing_optimizer_state
-
-    missing = missing_optimizer_state(run / ck.name)
-    if missing:
-        print(f"long_run: the checkpoint has no {', '.join(missing)}: the resume restarts the optimizer moments "
-              "(the learning-rate schedule is set to its step); it is not an exact continuation", file=sys.stderr)
-    return ck.name
-
-
-def _committed_evals(name: str) -> dict:
-    """``training/results/<name>/eval_metrics.json`` (``{"step_N": metrics}``), or {}."""
-    f = ROOT / "training" / "results" / name / "eval_metrics.json"
-    return json.loads(f.read_text(encoding="utf-8")) if f.is_file() else {}
-
-
-def snapshot(name: str, run: Path) -> dict:
-    """Copy the run's logs, curves and last complete checkpoint into the repository.
-
-    Returns:
-        ``{"step": last logged step, "checkpoint": name or None, "files": [...]}``.
-    """
-    from drgym.training.callbacks import last_complete_checkpoint, read_metrics
-
-    res = ROOT / "training" / "results" / name
-    saved = ROOT / "training" / "checkpoints" / name
-    res.mkdir(parents=True, exist_ok=True)
-    files = []
-    for f in LOGS:
-        if (run / f).is_file():
-            _copy_file(run / f, res / f)
-            files.append(str((res / f).relative_to(ROOT)))
-    evals = _committed_evals(name)  # evaluations of earlier machines stay; this run's replace their steps
-    for m in sorted((run / "eval").glob("step_*/metrics.json")) if (run / "eval").is_dir() else []:
-        evals[m.parent.name] = json.loads(m.read_text(encoding="utf-8"))
-    evals = dict(sorted(evals.items(), key=lambda kv: int(kv[0].split("_")[1])))
-    if evals:
-        from drgym.atomic import atomic_write_json
-
-        atomic_write_json(res / "eval_metrics.json", evals)
-        files.append(str((res / "eval_metrics.json").relative_to(ROOT)))
-    step = None
-    if (run / "metrics.jsonl").is_file():
-        rows = read_metrics(run / "metrics.jsonl")
-        step = max((r.get("step") or 0 for r in rows), default=None)
-        try:
-            from drgym.training.plot import plot_run
-
-            plots = plot_run(run, res / "plots")
-            files += [str(p.relative_to(ROOT)) for p in plots if p.name in ("summary.png", "curves.png")]
-            for p in plots:  # keep the two overview pictures only
-                if p.name not in ("summary.png", "curves.png"):
-                    p.unlink()
-        except Exception as e:  # noqa: BLE001  (a plot must not stop the run; said, not hidden)
-            print(f"long_run: plotting failed: {type(e).__name__}: {e}", file=sys.stderr)
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "summarize_grpo.py"), str(run), "--window", "25",
-                        "--out", str((res / "grpo_summary.json").relative_to(ROOT)), "--label", name],
-                       check=False, cwd=ROOT, stdout=subprocess.DEVNULL)
-        # the docs' tables are rendered from these files: keep them in step
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "readme_tables.py"), "--write"], check=False, cwd=ROOT,
-                       stdout=subprocess.DEVNULL)
-    ck = last_complete_checkpoint(run)
-    if ck is not None:
-        ck = Path(ck)
-        saved.mkdir(parents=True, exist_ok=True)
-        have = sorted(p.name for p in saved.glob("checkpoint-*"))
-        if have != [ck.name]:
-            _copy_tree(ck, saved / ck.name)
-            for old in have:
-                if old != ck.name:
-                    shutil.rmtree(saved / old)
-        files.append(str((saved / ck.name).relative_to(ROOT)))
-    return {"step": step, "checkpoint": ck.name if ck is not None else None, "files": files}
+from drgym.training.config import load_config
+from drgym.training.long_run import run_dir_of, snapshot, supervise
 
 
 def main() -> int:
@@ -227,30 +32,12 @@ def main() -> int:
     ap.add_argument("--snapshot", action="store_true", help="snapshot the run folder and exit")
     ap.add_argument("--max-steps", type=int, default=None, help="override grpo.max_steps")
     a = ap.parse_args()
-    from drgym.training.callbacks import last_complete_checkpoint
-    from drgym.training.config import load_config
-
-    cfg = load_config(a.config)
-    run = Path(a.run_dir) if a.run_dir else run_dir_of(cfg.name)
     if a.snapshot:
-        print(json.dumps(snapshot(cfg.name, run)))
+        cfg = load_config(a.config)
+        print(json.dumps(snapshot(cfg.name, Path(a.run_dir) if a.run_dir else run_dir_of(cfg.name))))
         return 0
-    restore(cfg.name, run)
-    cmd = ["drgym", "train", "grpo", "--config", a.config, "--output-dir", str(run)]
-    if last_complete_checkpoint(run) is not None:
-        cmd.append("--resume")
-    if a.max_steps:
-        cmd += ["--max-steps", str(a.max_steps)]
-    print("long_run: " + " ".join(cmd), file=sys.stderr, flush=True)
-    child = subprocess.Popen(cmd)
-    last = time.monotonic()
-    while child.poll() is None:
-        time.sleep(5)
-        if time.monotonic() - last >= a.snapshot_every:
-            last = time.monotonic()
-            print("long_run: snapshot " + json.dumps(snapshot(cfg.name, run)), file=sys.stderr, flush=True)
-    print("long_run: snapshot " + json.dumps(snapshot(cfg.name, run)), file=sys.stderr, flush=True)
-    return child.returncode
+    return supervise(a.config, run_dir=Path(a.run_dir) if a.run_dir else None, snapshot_every=a.snapshot_every,
+                     max_steps=a.max_steps)
 
 
 if __name__ == "__main__":

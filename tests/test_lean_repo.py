@@ -120,10 +120,9 @@ def test_missing_optimizer_state_and_brake_scale_checks(tmp_path):
         brake_scale([{"step": 4, "entropy_brake/lr_scale": 2}])
 
 
-# -- scripts/long_run.py -------------------------------------------------------------------------
+# -- drgym.training.long_run (scripts/long_run.py) ------------------------------------------------
 def _long_run(monkeypatch, root: Path):
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))
-    import long_run
+    from drgym.training import long_run
 
     monkeypatch.setattr(long_run, "ROOT", root)
     return long_run

@@ -1,18 +1,13 @@
-"""scripts/long_run.py keeps the dev evaluations of earlier machines: a restore puts the
+"""drgym.training.long_run (scripts/long_run.py) keeps the dev evaluations of earlier machines: a restore puts the
 committed ones into the new run folder, and a snapshot merges, never drops them."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-
-
 def _long_run(monkeypatch, root: Path):
-    sys.path.insert(0, str(REPO / "scripts"))
-    import long_run
+    from drgym.training import long_run
 
     monkeypatch.setattr(long_run, "ROOT", root)
     return long_run
@@ -38,3 +33,34 @@ def test_evaluations_of_an_earlier_machine_survive_restore_and_snapshot(tmp_path
     merged = json.loads((res / "eval_metrics.json").read_text())
     assert merged == {"step_0": {"f1": 0.3}, "step_25": {"f1": 0.2}, "step_50": {"f1": 0.25}}
     assert list(merged) == ["step_0", "step_25", "step_50"]
+
+
+def test_supervise_restores_then_resumes_the_child_and_snapshots_when_it_ends(tmp_path, monkeypatch, capsys):
+    """The command ``python scripts/long_run.py --config NAME`` runs: a checkpoint committed in the
+    repository is restored into the empty run folder, so the child is ``drgym train grpo ... --resume``;
+    its exit status is returned after a last snapshot."""
+    lr = _long_run(monkeypatch, tmp_path / "repo")
+    ck = tmp_path / "repo" / "training" / "checkpoints" / "smollm2_breadth_cpu" / "checkpoint-6"
+    ck.mkdir(parents=True)
+    (ck / "trainer_state.json").write_text(json.dumps({"global_step": 6}))
+    (ck / "adapter_config.json").write_text("{}")
+    started = []
+
+    class Child:
+        returncode = 3
+
+        def __init__(self, cmd):
+            started.append(cmd)
+
+        def poll(self):
+            return self.returncode
+
+    monkeypatch.setattr(lr.subprocess, "Popen", Child)
+    run = tmp_path / "run"
+    assert lr.supervise("smollm2_breadth_cpu", run_dir=run, max_steps=9) == 3
+    assert started == [["drgym", "train", "grpo", "--config", "smollm2_breadth_cpu", "--output-dir", str(run),
+                        "--resume", "--max-steps", "9"]]
+    assert sorted(p.name for p in (run / "checkpoint-6").iterdir()) == ["adapter_config.json", "trainer_state.json"]
+    err = capsys.readouterr().err
+    assert "long_run: restored training/checkpoints/smollm2_breadth_cpu/checkpoint-6" in err
+    assert 'long_run: snapshot {"step": null, "checkpoint": "checkpoint-6"' in err
