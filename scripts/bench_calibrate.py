@@ -17,15 +17,8 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-
 
 def main() -> None:
     from bench_scale import (add_run, alt_folder, finish_record, median_ratio, side_by_side_parser, side_by_side_record,

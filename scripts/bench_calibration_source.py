@@ -32,10 +32,6 @@ import numpy as np
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-
 def main() -> None:
     from drgym.atomic import atomic_write_json
     from drgym.index.build import IndexSpec, build_index, get_encoder, ivfpq_factory

@@ -27,11 +27,6 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-
-
 def read_bytes() -> int:
     """Bytes this process has read from storage (``/proc/self/io``)."""
     for line in Path("/proc/self/io").read_text().splitlines():

@@ -30,12 +30,9 @@ DIM, K, N_QUERIES, SEED = 384, 10, 200, 0
 def vectors(n: int) -> tuple[np.ndarray, np.ndarray]:
     """``(passages float16 (n, 384), queries float32 (200, 384))``: bench_scale's vector
     model (:func:`bench_scale.topic_mixture`), drawn in the same order as its gen stage."""
-    import importlib.util
+    from bench_scale import topic_mixture  # scripts/ is on sys.path when a script runs
 
-    spec = importlib.util.spec_from_file_location("bench_scale", REPO / "scripts" / "bench_scale.py")
-    bench_scale = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench_scale)
-    draw = bench_scale.topic_mixture(n, np.random.default_rng(SEED))
+    draw = topic_mixture(n, np.random.default_rng(SEED))
     q = draw(N_QUERIES).astype(np.float32)
     x = np.concatenate([draw(min(100_000, n - s)) for s in range(0, n, 100_000)])
     return x, q
@@ -48,7 +45,6 @@ def main() -> None:
     ap.add_argument("--rerank", type=int, nargs="+", default=[100, 300])
     ap.add_argument("--out", type=Path, default=REPO / "scripts/results/bench_pq_codes.json")
     a = ap.parse_args()
-    sys.path.insert(0, str(REPO))
     import faiss
 
     from drgym.atomic import atomic_write_json

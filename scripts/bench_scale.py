@@ -689,7 +689,6 @@ def add_run(res: dict, run: dict) -> None:
 
 def finish_record(res: dict, out: Path) -> None:
     """Stamp ``finished`` and write a side-by-side benchmark's JSON to ``out`` atomically."""
-    sys.path.insert(0, str(REPO))
     from drgym.atomic import atomic_write_json
 
     res["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
@@ -732,7 +731,6 @@ def time_in_turns(indexes: dict, q: np.ndarray, passes: int,
 
 
 def write(res: dict, out: Path) -> None:
-    sys.path.insert(0, str(REPO))
     from drgym.atomic import atomic_write_json
 
     res["fits"] = fits(res)
@@ -823,7 +821,6 @@ def main() -> None:
             print(f"N={n}: {'gen' if 'error' in r['gen'] else 'import'} failed; the work folder {work} is kept",
                   file=sys.stderr)
             continue
-        sys.path.insert(0, str(REPO))
         from drgym.index.build import FLAT_MAX
         from drgym.index.dense import DEFAULT_SEARCH_PARAMS
 
@@ -883,7 +880,6 @@ def main() -> None:
 
 
 def _stage(argv: list[str]) -> None:
-    sys.path.insert(0, str(REPO))
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     private = PrivatePeak()
     kind = argv[0]
@@ -1093,7 +1089,6 @@ def paper(res: dict) -> str:
     rows x nlist x dim (coarse assignment); docstore bytes = measured bytes per passage
     beyond the passage text + the text; encoding from :data:`ASSUMED` GPU throughputs.
     """
-    sys.path.insert(0, str(REPO))
     from drgym.index.build import ivfpq_factory
 
     key = max((k for k, r in res["sizes"].items() if "Flat" in r.get("search", {}) and "IVF-PQ" in r.get("search", {})

@@ -37,8 +37,9 @@ def test_bench_scale_tiny_run_has_dense_bm25_and_hybrid_rows(tmp_path):
     hyb = r["search"]["hybrid (IVF-PQ + BM25)"]
     assert 0 < hyb["dense_top10_in_hybrid"] < 10  # fused: part dense, part BM25
     assert "hybrid (Flat + BM25)" in r["search"]  # Flat is what auto picks at this size
-    sys.path.insert(0, str(REPO / "scripts"))
-    import bench_scale
+    from envs_helpers import load_script
+
+    bench_scale = load_script("bench_scale")
 
     assert "IVF256,PQ48x4fs" in bench_scale.table(res)
     sizing = bench_scale.sizing(res)
