@@ -372,13 +372,41 @@ def onnx_unsupported(model: Any) -> str | None:
     return None
 
 
+_PROCESS_ONNX_DIR: Path | None = None
+
+
+def _writable_onnx_dir(folder: Path) -> Path:
+    """``folder`` (``$DRGYM_HOME/onnx``) when it can be created and written; else (a
+    read-only ``DRGYM_HOME`` that holds an index but no export) a temporary folder of this
+    process, removed when it exits, so that searching a read-only home works, exporting
+    once per process (logged)."""
+    global _PROCESS_ONNX_DIR
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK | os.X_OK):
+            return folder
+    except OSError:
+        pass
+    if _PROCESS_ONNX_DIR is None:
+        import atexit
+        import shutil
+        import tempfile
+
+        _PROCESS_ONNX_DIR = Path(tempfile.mkdtemp(prefix="drgym-onnx-"))
+        atexit.register(shutil.rmtree, _PROCESS_ONNX_DIR, ignore_errors=True)
+        log.warning("%s cannot be written: the ONNX query encoder is exported for this process only, into %s "
+                    "(point DRGYM_HOME at a writable folder to export it once)", folder, _PROCESS_ONNX_DIR)
+    return _PROCESS_ONNX_DIR
+
+
 class OnnxQueryEncoder:
     """The query forward pass of an :class:`Encoder` in ONNX Runtime: the same weights in
     float32, or (``int8=True``) those weights quantised to int8.
 
     The sentence-transformers model's Transformer module is exported once with
     ``torch.onnx.export`` to ``$DRGYM_HOME/onnx/<revision>-<max_length>.onnx`` (atomically;
-    about 90 MB and 2 s for MiniLM) and loaded in an ``onnxruntime.InferenceSession`` with
+    about 90 MB and 2 s for MiniLM; where ``DRGYM_HOME`` cannot be written, into a temporary
+    folder of the process, removed at its exit) and loaded in an ``onnxruntime.InferenceSession`` with
     full graph optimisation. Tokenisation, pooling and normalisation are sentence-transformers'
     own settings, applied in numpy.
 
@@ -470,6 +498,7 @@ class OnnxQueryEncoder:
         path = drgym_home() / "onnx" / f"{encoder.revision}-{encoder.max_length}.onnx"
         if path.is_file():
             return path
+        path = _writable_onnx_dir(path.parent) / path.name
         try:
             import onnx  # noqa: F401  (torch.onnx.export writes through it)
         except ImportError as e:
@@ -509,6 +538,7 @@ class OnnxQueryEncoder:
         path = fp32.with_name(f"{fp32.stem}-int8.onnx")
         if path.is_file():
             return path
+        path = _writable_onnx_dir(path.parent) / path.name
         try:
             from onnxruntime.quantization import QuantType, quantize_dynamic
         except ImportError as e:  # the quantiser reads and writes the model with onnx

@@ -77,7 +77,7 @@ def test_health_reports_the_encoder_backend(hotpotqa_engine, torch_hotpotqa):
     import httpx
 
     from drgym.search.wire import ServerSettings
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     for engine, want in ((hotpotqa_engine, "onnx-int8"), (torch_hotpotqa, "torch")):
         with running_server(engine, settings=ServerSettings(cache_size=0)) as srv:
@@ -103,7 +103,7 @@ def test_a_resumed_run_refuses_a_server_restarted_with_another_encoder(hotpotqa_
     """A server restarted with ``--encoder-backend torch`` (everything else equal) is another
     engine for a run that searched its int8 default."""
     from drgym.search.wire import ServerSettings
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     served = _Swappable(hotpotqa_engine)
     served.identity = lambda: served.engine.identity()
@@ -138,3 +138,19 @@ def test_int8_query_vectors_do_not_depend_on_the_batch(hotpotqa_engine):
     assert np.array_equal(batch, alone)
     assert np.array_equal(np.vstack([mixed[21:], mixed[:20]]), batch)
     assert np.array_equal(enc.encode_queries(qs, threads=2), batch)
+
+
+def test_an_unwritable_home_exports_for_the_process_only(monkeypatch, tmp_path, caplog):
+    """Where ``$DRGYM_HOME/onnx`` cannot be written (a read-only home holding an index), the
+    export goes to one temporary folder of the process instead of failing the search
+    (end to end: tests/test_bad_inputs.py::test_read_only_drgym_home, slow)."""
+    import drgym.embedding as emb
+
+    monkeypatch.setattr(emb, "_PROCESS_ONNX_DIR", None)
+    home = tmp_path / "home" / "onnx"
+    assert emb._writable_onnx_dir(home) == home  # writable: the cache itself
+    monkeypatch.setattr(emb.os, "access", lambda path, mode: False)
+    first = emb._writable_onnx_dir(home)
+    assert first != home and first.is_dir() and first.name.startswith("drgym-onnx-")
+    assert emb._writable_onnx_dir(home) == first  # one folder per process
+    assert "cannot be written" in caplog.text and str(first) in caplog.text
