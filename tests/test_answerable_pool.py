@@ -140,3 +140,14 @@ def test_wide_capped_files_are_what_build_wide_capped_writes():
     assert doc == json.loads(script.WIDE_CAPPED_FILE.read_text())
     assert record == json.loads((ROOT / "training" / "results" / "answerable_pool" / "wide_capped_record.json").read_text())
     assert len(doc["slices"]["train"]) == 321 and record["dropped_by_answer"]["american"] == 133
+
+
+def test_drgym_data_pool_checks_the_shipped_split_and_asks_for_an_output_folder():
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    res = CliRunner().invoke(app, ["data", "pool", "--check-split"])
+    assert res.exit_code == 0 and "split files are what the split makes" in res.output
+    res = CliRunner().invoke(app, ["data", "pool"])
+    assert res.exit_code == 2 and "give --out FOLDER" in res.output

@@ -75,6 +75,16 @@ def test_two_hop_run_through_the_env_keeps_only_supported_second_hops(bm25_backe
     rec2 = sd.build(tmp_path, [run], task_set="hipporag-train", per_question=2, two_hop_copies=3)
     lines = (tmp_path / "sft_trajectories.jsonl").read_text().splitlines()
     assert rec2["kept"] == rec["kept"] and rec2["written"] == len(lines) == 3 * rec["kept"]
+    # `drgym data sft --build-only` runs the same build over the same sample runs
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "drgym", "data", "sft", "--build-only", "--k", "0", "--two-hop",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    rec3 = json.loads((tmp_path / "sft_data_record.json").read_text())
+    assert json.loads(p.stdout)["kept"] == rec3["kept"] == rec["kept"] and rec3["filter_counts"] == rec["filter_counts"]
+    assert rec3["made_by"] == f"drgym data sft --build-only --k 0 --two-hop --out {tmp_path}"
 
 
 def test_build_refuses_held_out_questions_and_a_copy_count_below_one(tmp_path):

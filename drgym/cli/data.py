@@ -1,4 +1,5 @@
-"""``drgym data synth``: training and test questions made from a corpus, verified by retrieval."""
+"""``drgym data``: task data. ``synth``: questions made from a corpus, verified by retrieval; ``pool``: the
+answerable pool of a training env and its split; ``sft``: the SFT warm-start set by rejection sampling."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Optional
 
 import typer
 
-data_app = typer.Typer(help="Task data: questions synthesised from a corpus.", no_args_is_help=True,
+data_app = typer.Typer(help="Task data: questions synthesised from a corpus, answerable pools, SFT data.", no_args_is_help=True,
                        rich_markup_mode=None)
 
 HELD_OUT = "answerable-test,answerable-dev,hipporag-test,hipporag-dev,search-skill-test"
@@ -127,6 +128,120 @@ def _synth(config, out, corpus, corpus_format, generator, held_out, test_frac, d
                                                                           "out": str(out)}))
 
 
+@data_app.command("pool")
+def pool_cmd(
+    config: str = typer.Option("smollm2_answerable_cpu", "--config", "-c",
+                               help="Training config whose env is the filter (its search and env settings)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o",
+                                       help="Folder for answerable_split.json, search_skill_pool.json and "
+                                            "pool_record.json."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="First N questions of each source: counts only, "
+                                        "nothing written (a quick look)."),
+    check_split: bool = typer.Option(False, "--check-split", help="Only check that the shipped split files are "
+                                     "what the split gives for their pools (exit 1 when not)."),
+) -> None:
+    """The answerable task pool of a training env and its seeded train/dev/test split.
+
+    A question is kept when a gold alias is in the env's own observation for the question
+    as query (drgym.training.answerable_pool says which sources, filters and split); the
+    search-skill pool holds those whose gold is in the top 10 but not in view. The shipped
+    task sets answerable-train/-dev/-test and search-skill-train/-test were made this way.
+    """
+    from drgym.cli.train import _fail
+
+    try:
+        _pool(config, out, limit, check_split)
+    except Exception as e:  # noqa: BLE001  (_fail prints a drgym error in one line and re-raises the others)
+        _fail(e)
+
+
+def _pool(config: str, out: Optional[Path], limit: Optional[int], check_split: bool) -> None:
+    import sys
+    import time
+
+    from drgym.atomic import atomic_write_json
+    from drgym.errors import ConfigError
+    from drgym.training.answerable_pool import build_pools, filter_pool, pool_settings, split_mismatches
+    from drgym.training.config import load_config
+
+    if check_split:
+        bad = split_mismatches()
+        typer.echo("split files are what the split makes" if not bad else f"differ from what the split makes: {bad}")
+        raise typer.Exit(1 if bad else 0)
+    if out is None and limit is None:
+        raise ConfigError("give --out FOLDER for the pool files (or --limit N for counts only, or --check-split).")
+    cfg = load_config(config)
+    cfg.apply_threads()
+    t0 = time.perf_counter()
+    res = filter_pool(cfg, limit=limit, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    seconds = round(time.perf_counter() - t0, 1)
+    if limit is not None:
+        typer.echo(json.dumps({"seconds": seconds, "answerable": len(res["answerable"]),
+                               "search_skill": len(res["search_skill"]), "stages": res["stages"]}, indent=1))
+        return
+    doc, sk_doc, record = build_pools(res, settings=pool_settings(config, cfg), seconds=seconds,
+                                      command=f"drgym data pool --config {config} --out {out}")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "answerable_split.json", doc, indent=1)
+    atomic_write_json(out / "search_skill_pool.json", sk_doc, indent=1)
+    atomic_write_json(out / "pool_record.json", record, indent=1)
+    typer.echo(json.dumps({k: record[k] for k in ("answerable", "search_skill", "split", "seconds")}))
+
+
+@data_app.command("sft")
+def sft_cmd(
+    config: str = typer.Option("smollm2_drgym_cpu", "--config", "-c", help="Training config (env, search, turns)."),
+    out: Path = typer.Option(Path("runs/sft_data"), "--out", "-o",
+                             help="Folder for the sample runs, sft_trajectories.jsonl and sft_data_record.json."),
+    tasks: str = typer.Option("hipporag-train", "--tasks", help="Train task set (dev/test questions are refused)."),
+    k: int = typer.Option(8, "--k", help="Samples per question (one rollout run per seed)."),
+    seed0: int = typer.Option(1, "--seed0", help="First sampling seed."),
+    temperature: float = typer.Option(1.0, "--temperature", help="Sampling temperature."),
+    n: Optional[int] = typer.Option(None, "--n", help="First N questions only (smoke runs)."),
+    per_question: int = typer.Option(2, "--per-question", help="Most distinct episodes kept per question."),
+    greedy: bool = typer.Option(False, "--greedy", help="Add a greedy run of the scaffolded model."),
+    question_query: bool = typer.Option(False, "--question-query", help="Add the scripted policy (search = the "
+                                        "question)."),
+    two_hop: bool = typer.Option(False, "--two-hop", help="Add the bridge run (search the question, then a "
+                                 "supporting title named in the results)."),
+    two_hop_copies: int = typer.Option(1, "--two-hop-copies", help="Write each kept two-hop episode this many "
+                                       "times (oversampling)."),
+    build_only: bool = typer.Option(False, "--build-only", help="Skip sampling (use the existing sample runs)."),
+) -> None:
+    """The SFT warm-start set by rejection sampling: roll the model out on train questions, keep
+    the episodes whose answer is read off what they retrieved (drgym.training.sft_data), write
+    OUT/sft_trajectories.jsonl (the input of `drgym train sft -t`) and OUT/sft_data_record.json.
+    """
+    from drgym.cli.train import _fail
+
+    try:
+        _sft(config, out, tasks, k, seed0, temperature, n, per_question, greedy, question_query, two_hop,
+             two_hop_copies, build_only)
+    except Exception as e:  # noqa: BLE001  (_fail prints a drgym error in one line and re-raises the others)
+        _fail(e)
+
+
+def _sft(config, out, tasks, k, seed0, temperature, n, per_question, greedy, question_query, two_hop,
+         two_hop_copies, build_only) -> None:
+    import shlex
+    import sys
+
+    from drgym.training.config import load_config
+    from drgym.training.sft_data import build, sample, sample_dirs
+
+    cfg = load_config(config)
+    cfg.apply_threads()
+    if build_only:
+        dirs = sample_dirs(out, k=k, seed0=seed0, greedy=greedy, question_query=question_query, two_hop=two_hop)
+    else:
+        dirs = sample(cfg, out, k=k, temperature=temperature, task_set=tasks, n=n, seed0=seed0, greedy=greedy,
+                      question_query=question_query, two_hop=two_hop)
+    rec = build(out, dirs, task_set=tasks, per_question=per_question, two_hop_copies=two_hop_copies,
+                command="drgym data sft " + shlex.join(sys.argv[3:]))
+    typer.echo(json.dumps({key: rec[key] for key in ("kept", "kept_by_source", "questions_with_kept_episodes",
+                                                     "filter_counts")}, indent=1))
+
+
 def register(app: typer.Typer) -> None:
-    """Add ``data synth`` to ``app``."""
+    """Add ``data synth``, ``data pool`` and ``data sft`` to ``app``."""
     app.add_typer(data_app, name="data")
