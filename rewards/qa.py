@@ -18,6 +18,14 @@ Sources:
   whole words (``"paris"`` is not covered by ``"parisian"``), which is stricter than
   Search-R1's plain substring check, and a yes/no/noanswer gold is covered only by that
   exact answer (HotpotQA's yes/no rule), so ``"yes or no"`` does not cover ``"yes"``.
+- EM, cover-EM and F1 compare the same form of each string, :func:`match_form`: the
+  official normalisation, except for a text that it leaves empty (only articles,
+  punctuation or white space: gold ``"A"``, the band ``"!!!"``). The official script
+  scores any two such texts EM 1 and F1 0, so an empty answer earned EM 1 against gold
+  ``"A"``; here such a text keeps its letters (``"A."`` is ``"a"``, ``"!!!"`` stays), a
+  blank text matches nothing, and the three metrics always agree: EM 1 implies cover-EM
+  1 and F1 1 (``tests/test_metric_properties.py``). On texts the official normalisation
+  leaves non-empty, the scores are the official ones.
 
 Every short-answer reward (``em``, ``cover_em``, ``f1``, ``llm_match``) takes an optional
 answer guard against the cheap strategies a GRPO policy finds (see :class:`AnswerGuard`
@@ -63,6 +71,27 @@ def normalize_answer(s: str) -> str:
     return " ".join(s.split())
 
 
+def match_form(s: str | None) -> str:
+    """The form of an answer or gold that EM, cover-EM and F1 compare.
+
+    :func:`normalize_answer` (SQuAD / HotpotQA) when it leaves something; for a text it
+    empties (articles, punctuation and white space only), the text lower-cased without
+    punctuation, else lower-cased, white space collapsed either way. ``""`` only for a
+    blank text (or None), which matches nothing.
+
+    >>> match_form("The Eiffel Tower!"), match_form("A."), match_form("!!!"), match_form(" \t")
+    ('eiffel tower', 'a', '!!!', '')
+    """
+    if s is None:
+        return ""
+    s = str(s)
+    norm = normalize_answer(s)
+    if norm:
+        return norm
+    low = s.lower()
+    return " ".join("".join(ch for ch in low if ch not in _PUNCT).split()) or " ".join(low.split())
+
+
 def _golds(golds: str | list[str]) -> list[str]:
     if isinstance(golds, str):
         return [golds]
@@ -70,19 +99,23 @@ def _golds(golds: str | list[str]) -> list[str]:
 
 
 def exact_match(prediction: str, golds: str | list[str]) -> float:
-    """1.0 when the normalised prediction equals a normalised gold alias, else 0.0 (0.0 with no golds).
+    """1.0 when the prediction's :func:`match_form` equals a gold alias's, else 0.0 (0.0 with
+    no golds, and for a blank prediction).
 
     HotpotQA ``exact_match_score``, max over aliases (FlashRAG ``ExactMatch``).
 
     >>> exact_match("the Eiffel tower", ["Eiffel Tower"]), exact_match("yes or no", ["yes"])
     (1.0, 0.0)
+    >>> exact_match("", ["A"]), exact_match("a.", ["A"])
+    (0.0, 1.0)
     """
-    p = normalize_answer(prediction)
-    return float(any(p == normalize_answer(g) for g in _golds(golds)))
+    p = match_form(prediction)
+    return float(bool(p) and any(p == match_form(g) for g in _golds(golds)))
 
 
 def cover_exact_match(prediction: str, golds: str | list[str]) -> float:
-    """1.0 when some non-empty normalised gold alias occurs (on word boundaries) in the normalised prediction.
+    """1.0 when some non-empty gold alias occurs (on word boundaries) in the prediction,
+    both in :func:`match_form`.
 
     A gold that normalises to yes/no/noanswer is covered only by that exact answer
     (HotpotQA's yes/no rule), so a hedge covers nothing.
@@ -90,9 +123,9 @@ def cover_exact_match(prediction: str, golds: str | list[str]) -> float:
     >>> cover_exact_match("The answer is Paris, France.", ["Paris"]), cover_exact_match("yes or no", ["yes"])
     (1.0, 0.0)
     """
-    p = normalize_answer(prediction)
+    p = match_form(prediction)
     for g in _golds(golds):
-        ng = normalize_answer(g)
+        ng = match_form(g)
         if not ng:
             continue
         if ng in YES_NO_NOANSWER:
@@ -114,7 +147,7 @@ def _f1(p_toks: list[str], g_toks: list[str]) -> float:
 def token_f1(prediction: str, golds: str | list[str]) -> float:
     """Token-level F1 of HotpotQA's ``f1_score`` (``hotpot_evaluate_v1.py``), max over gold aliases.
 
-    Both sides are normalised (:func:`normalize_answer`) and split on white space. When
+    Both sides are normalised (:func:`match_form`) and split on white space. When
     either normalised side is ``yes``, ``no`` or ``noanswer`` and the two differ, F1 is 0
     (so ``"yes or no"``, ``"yes no"`` and ``"yes it is"`` score 0 against gold ``"yes"``).
     No common token (an empty side included) gives 0. Several golds: the maximum, as
@@ -125,10 +158,10 @@ def token_f1(prediction: str, golds: str | list[str]) -> float:
     >>> token_f1("yes or no", ["yes"]), token_f1("Yes.", ["yes"])
     (0.0, 1.0)
     """
-    p = normalize_answer(prediction)
+    p = match_form(prediction)
     best = 0.0
     for g in _golds(golds):
-        ng = normalize_answer(g)
+        ng = match_form(g)
         if (p in YES_NO_NOANSWER or ng in YES_NO_NOANSWER) and p != ng:
             continue
         best = max(best, _f1(p.split(), ng.split()))
@@ -264,9 +297,11 @@ class AnswerGuard:
         return self.max_answer_tokens is not None or self.candidates != "allow"
 
     def factor(self, prediction: str, golds: str | list[str]) -> float:
-        """The multiplier for ``prediction`` against ``golds``: 1.0, 0.0 or a share of candidates."""
-        p = normalize_answer(prediction)
-        gold_norms = [normalize_answer(g) for g in _golds(golds)]
+        """The multiplier for ``prediction`` against ``golds``: 1.0, 0.0 or a share of
+        candidates; 1.0 for an exact match (:func:`match_form`), so a guard never takes
+        from cover-EM or F1 what EM pays."""
+        p = match_form(prediction)
+        gold_norms = [match_form(g) for g in _golds(golds)]
         if self.max_answer_tokens is not None:
             cap = max([self.max_answer_tokens] + [len(g.split()) for g in gold_norms])
             if len(p.split()) > cap:
@@ -370,7 +405,9 @@ class SoftMatch(Reward):
             scored 0 without a judge call.
 
     Scores are in [0, 1]; a failed judge call gives None and counts in ``failures``.
-    An answer with no letter or digit scores 0 and an exact match 1 without a call.
+    An exact match scores 1 without a call (with ``shortcut_em``), so what
+    :func:`exact_match` accepts is never refused; any other answer with no letter or
+    digit scores 0 without a call.
     With a judge that accepts everything, the guard still zeroes a candidate list:
 
     >>> from drgym.records import Task
@@ -407,11 +444,11 @@ class SoftMatch(Reward):
             if not ep.task.answers:
                 continue
             factors[i] = self.guard.factor(ep.answer or "", ep.task.answers) if self.guard.active else 1.0
+            if self.shortcut_em and exact_match(ep.answer or "", ep.task.answers):
+                scores[i] = factors[i]
+                continue
             if not any(ch.isalnum() for ch in ep.answer or "") or not factors[i]:
                 scores[i] = 0.0
-                continue
-            if self.shortcut_em and exact_match(ep.answer, ep.task.answers):
-                scores[i] = factors[i]
                 continue
             reqs.append(
                 JudgeRequest(
