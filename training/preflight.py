@@ -43,7 +43,8 @@ from typing import Any
 from drgym.envs.prompts import shown_text
 from drgym.envs.task_loaders import load_tasks
 from drgym.records import Task
-from drgym.rewards.qa import cover_exact_match, exact_match
+from drgym.rewards.evidence import gold_in_view as gold_seen
+from drgym.rewards.qa import exact_match
 from drgym.synth.pipeline import env_search
 from drgym.training.data import load_task_slice, make_env_factory
 
@@ -76,10 +77,10 @@ def detectable_effect(sd: float, n: int, rho: float = RHO) -> float | None:
 
 
 def gold_in_view(cfg, tasks: list[Task], *, backend=None) -> list[bool]:
-    """Per task: is a gold alias in the training env's observation for the question as query?"""
+    """Per task: is a gold alias in the training env's observation for the question as query
+    (:func:`drgym.rewards.evidence.gold_in_view` of :func:`drgym.envs.prompts.shown_text`)?"""
     factory = make_env_factory(cfg, tasks, backend=backend)
-    return [bool(cover_exact_match(shown_text(obs), t.answers)) if t.answers else False
-            for t, (obs, _info) in zip(tasks, env_search(factory, tasks, batch=64))]
+    return [gold_seen(shown_text(obs), t.answers) for t, (obs, _info) in zip(tasks, env_search(factory, tasks, batch=64))]
 
 
 def _group_stats(trajs: list[dict[str, Any]], by_task: dict[str, Task], k: int) -> dict[str, Any]:
