@@ -64,3 +64,25 @@ def test_supervise_restores_then_resumes_the_child_and_snapshots_when_it_ends(tm
     err = capsys.readouterr().err
     assert "long_run: restored training/checkpoints/smollm2_breadth_cpu/checkpoint-6" in err
     assert 'long_run: snapshot {"step": null, "checkpoint": "checkpoint-6"' in err
+
+
+def test_drgym_train_long_run_snapshots_into_a_checkout_and_refuses_an_installed_copy(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    lr = _long_run(monkeypatch, tmp_path / "repo")
+    run = tmp_path / "run"
+    (run / "eval" / "step_5").mkdir(parents=True)
+    (run / "eval" / "step_5" / "metrics.json").write_text(json.dumps({"f1": 0.25}))
+    (tmp_path / "repo" / "training").mkdir(parents=True)
+    res = CliRunner().invoke(app, ["train", "long-run", "--config", "smollm2_breadth_cpu", "--snapshot",
+                                   "--run-dir", str(run)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == {"step": None, "checkpoint": None,
+                                      "files": ["training/results/smollm2_breadth_cpu/eval_metrics.json"]}
+    saved = tmp_path / "repo" / "training" / "results" / "smollm2_breadth_cpu" / "eval_metrics.json"
+    assert json.loads(saved.read_text()) == {"step_5": {"f1": 0.25}}
+    monkeypatch.setattr(lr, "ROOT", tmp_path / "site-packages")  # an installed copy: no training/ beside drgym/
+    res = CliRunner().invoke(app, ["train", "long-run", "--config", "smollm2_breadth_cpu", "--snapshot"])
+    assert res.exit_code == 2 and "not one: run it from a clone" in res.output

@@ -42,6 +42,7 @@ from pathlib import Path
 
 import drgym
 from drgym.atomic import atomic_write_bytes, atomic_write_json, atomic_write_text
+from drgym.errors import ConfigError
 
 ROOT = Path(drgym.__file__).resolve().parents[1]
 """The repository: the checkout that holds the ``drgym`` package, ``training/`` and ``scripts/``.
@@ -54,6 +55,18 @@ record of the run and the trainer state (the step, hence the data position). Not
 optimizer (twice the adapter's size), scheduler and RNG states, which ``.gitignore``
 refuses, nor the tokenizer (the base model's), ``training_args.bin`` (it pickles this
 machine's paths) or PEFT's generated ``README.md`` (it names the base model's local path)."""
+
+
+def require_checkout() -> Path:
+    """:data:`ROOT`, when it is a source checkout (it has a ``training/`` folder).
+
+    Raises:
+        ConfigError: drgym runs from an installed copy, where a snapshot has no repository to go to.
+    """
+    if not (ROOT / "training").is_dir():
+        raise ConfigError(f"a long run snapshots into a source checkout of drgym (its training/ folder); {ROOT} is "
+                          "not one: run it from a clone (pip install -e .).")
+    return ROOT
 
 
 def run_dir_of(name: str) -> Path:
@@ -238,10 +251,14 @@ def supervise(config: str, *, run_dir: Path | None = None, snapshot_every: float
 
     Returns:
         The child's exit status.
+
+    Raises:
+        ConfigError: drgym does not run from a source checkout (:func:`require_checkout`).
     """
     from drgym.training.callbacks import last_complete_checkpoint  # loads transformers
     from drgym.training.config import load_config
 
+    require_checkout()
     cfg = load_config(config)
     run = Path(run_dir) if run_dir else run_dir_of(cfg.name)
     restore(cfg.name, run)

@@ -227,7 +227,38 @@ def preflight_cmd(
     typer.echo(json.dumps(rec, indent=1))
 
 
+@train_app.command("long-run")
+def long_run_cmd(
+    config: str = typer.Option(..., "--config", "-c", help="YAML file or bundled config name."),
+    run_dir: Optional[Path] = typer.Option(None, "--run-dir", help="Run folder (default $DRGYM_RUNS/<name>, else "
+                                           "~/.cache/drgym/runs/<name>)."),
+    snapshot_every: float = typer.Option(900.0, "--snapshot-every", help="Seconds between snapshots."),
+    snapshot: bool = typer.Option(False, "--snapshot", help="Snapshot the run folder into the checkout and exit."),
+    max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Override grpo.max_steps."),
+) -> None:
+    """A GRPO run that survives stops: restore the checkout's checkpoint, train in a child process,
+    snapshot logs, curves and the last checkpoint into the checkout (training/results/NAME,
+    training/checkpoints/NAME) as it goes. Needs a source checkout; the same as
+    `python scripts/long_run.py`.
+    """
+    code = 0
+    try:
+        from drgym.training.config import load_config
+        from drgym.training.long_run import require_checkout, run_dir_of, supervise
+        from drgym.training.long_run import snapshot as take_snapshot
+
+        if snapshot:
+            require_checkout()
+            cfg = load_config(config)
+            typer.echo(json.dumps(take_snapshot(cfg.name, run_dir or run_dir_of(cfg.name))))
+        else:
+            code = supervise(config, run_dir=run_dir, snapshot_every=snapshot_every, max_steps=max_steps)
+    except Exception as e:  # noqa: BLE001  (_fail prints a drgym error in one line and re-raises the others)
+        _fail(e)
+    raise typer.Exit(code)
+
+
 def register(app: typer.Typer) -> None:
-    """Add this area's commands to ``app``: ``train grpo|sft|check`` and ``plot``."""
+    """Add this area's commands to ``app``: ``train grpo|sft|check|eval|preflight|long-run`` and ``plot``."""
     app.add_typer(train_app, name="train")
     app.command("plot")(plot_cmd)
