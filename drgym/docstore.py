@@ -269,6 +269,9 @@ class DocStore:
             self._db = PinnedSQLite(self.path)
         except FileNotFoundError as e:
             raise IndexNotFoundError(f"Document store not found: {self.path}") from e
+        except OSError as e:  # e.g. no read permission
+            raise CorruptIndexError(f"Document store {self.path} cannot be opened ({e.strerror or e}); check that this "
+                                    "user may read it.") from e
         except sqlite3.DatabaseError as e:
             raise CorruptIndexError(f"Document store {self.path} is unreadable ({e}); rebuild the index.") from e
         try:

@@ -468,3 +468,24 @@ def test_full_disk_while_streaming_bm25_arrays_is_enospc_naming_the_array(tmp_pa
         write_bm25(tmp_path / "full", iter(texts), streaming=True)
     assert e.value.errno == errno.ENOSPC and e.value.filename.endswith("data.csc.index.npy")
     assert not (tmp_path / "full" / "bm25" / "data.csc.index.npy").exists()
+
+
+def test_an_unreadable_docstore_is_one_error_naming_it(tmp_path, docs, encoder, monkeypatch):
+    """A docstore this user may not read (os.open refused, as for a file of mode 000 when not root)."""
+    import errno
+    import os
+
+    from drgym import docstore as ds
+    from drgym.errors import CorruptIndexError
+
+    res = _build(tmp_path, docs[:20], encoder)
+    real = os.open
+
+    def refuse(path, *a, **kw):
+        if str(path).endswith("docs.sqlite"):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(ds.os, "open", refuse)
+    with pytest.raises(CorruptIndexError, match=r"docs.sqlite cannot be opened \(Permission denied\)"):
+        ds.DocStore(res.folder / "docs.sqlite")
