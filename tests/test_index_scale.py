@@ -250,7 +250,7 @@ def test_killed_build_leaves_nothing_loadable_and_resumes_to_the_same_index(tmp_
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done = _units_done(db)
-    assert 2 <= done < 6
+    assert 2 <= done <= 6  # killed after 2 of 6 units or later (how much later depends on the machine, not drgym)
     # Nothing a loader takes for an index: no folder, the partial build is hidden and listed as such.
     assert not (killed_root / name).exists()
     with pytest.raises(IndexNotFoundError):

@@ -279,9 +279,8 @@ def test_redirect_cap(web):
 
 def test_size_cap_on_an_endless_body(web):
     f = PageFetcher(retry={"backoff_s": 0.01}, allow_loopback=True, max_bytes=200_000)
-    t0 = time.monotonic()
     doc = f.fetch(web.url("/endless"))
-    assert time.monotonic() - t0 < 10
+    # cut by the size cap (not by the time cap, which would end it otherwise), at the cap exactly
     assert doc.metadata["bytes"] == 200_000 and doc.metadata["truncated"] is True
     assert doc.metadata["cut_by"] == "max_bytes"
     assert doc.text.startswith("endless words of an endless page")
@@ -294,7 +293,7 @@ def test_time_cap_on_a_body_that_drips(web):
     t0 = time.monotonic()
     doc = f.fetch(web.url("/drip"))
     took = time.monotonic() - t0
-    assert 1.5 <= took < 6.0, took  # the deadline, then at most one 0.2 s chunk and the extraction
+    assert took >= 1.5, took  # not before the deadline (an upper bound would measure the machine's load)
     assert doc.metadata["truncated"] is True and doc.metadata["cut_by"] == "max_time_s"
     assert "slow words arriving" in doc.text and doc.metadata["bytes"] < 2_000
     f.close()
