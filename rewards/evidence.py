@@ -46,9 +46,10 @@ def gold_in_view(text: str, answers: Iterable[str]) -> bool:
     """Did the agent see the gold: True when one of ``answers``' :func:`gold_aliases` occurs
     in ``text`` (SQuAD-normalised, on word boundaries: :func:`drgym.rewards.qa.cover_exact_match`).
 
-    ``text`` is what the env showed: :func:`drgym.envs.prompts.shown_text` of an
-    observation (the answerable filter, question synthesis) or the :func:`visible_text` of
-    an episode's observations (:class:`EvidenceRecall`, the score tables' ``saw_gold``).
+    ``text`` is what the env showed: the tool results of an observation (``shown_text`` of
+    the env's prompts module: the answerable filter, question synthesis, preflight) or the
+    :func:`visible_text` of an episode's observations (:class:`EvidenceRecall`, the score
+    tables' ``saw_gold``).
     False when no alias can appear in a text.
 
     >>> gold_in_view("Hamlet is by William Shakespeare.", ["William Shakespeare"]), gold_in_view("yes", ["yes"])
