@@ -181,3 +181,18 @@ def test_eval_refuses_qrels_naming_no_index_document(tmp_path, own_index, caplog
         res = evaluate_engine(own_index, read_qrels(qrels), read_queries(queries), ["bm25"], k=10)
     assert res["qrels_check"]["relevant_docs_not_in_index"] == 1
     assert "1 of the 4 relevant documents of the qrels are not doc_ids of index own-ids (e.g. 'wiki18-3')" in caplog.text
+
+
+def test_wikipedia_urls_option_of_the_cli_is_refused_for_other_formats(tmp_path):
+    """``drgym index build --wikipedia-urls`` on web rows: one line, exit 2, before any model loads."""
+    from typer.testing import CliRunner
+
+    from drgym.cli import app
+
+    web = tmp_path / "web.jsonl"
+    web.write_text(json.dumps({"id": "a", "url": "https://a.example/", "text": "A page."}) + "\n")
+    r = CliRunner().invoke(app, ["index", "build", "--corpus", str(web), "--wikipedia-urls", "--root", str(tmp_path / "ix")])
+    assert r.exit_code == 2, r.output
+    assert "--wikipedia-urls applies to wiki18 and hipporag corpus files, whose rows may lack a URL; this corpus is web" \
+        in " ".join(r.output.split())
+    assert not (tmp_path / "ix" / "web--all-MiniLM-L6-v2--Flat").exists()
