@@ -33,14 +33,14 @@ others wait; 500 backend failure. A failed request never stops the server, nor c
 its connection.
 
 Slow clients are cut off (:func:`uvicorn_options`, used by ``drgym serve`` and
-:mod:`drgym.server.testing`): a request head must arrive within ``header_timeout_s`` of
+``drgym mcp``): a request head must arrive within ``header_timeout_s`` of
 the connection (or of its first byte on a kept-alive connection), a request body within
 ``body_timeout_s`` of its head; else the server answers 408 and closes the connection.
 An idle kept-alive connection is closed after ``keep_alive_s``.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI must resolve the parameter types
-# that create_app builds per app (limits in the schema) when it registers the routes.
+# that search_router builds per app (limits in the schema) when it registers the routes.
 import asyncio
 import functools
 import hmac
@@ -49,14 +49,16 @@ import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, HTTPException, Query, Request, Security
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Security
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader
 
+from drgym import __version__
 from drgym.config import ServeTimeouts
 from drgym.cpu import thread_count
 from drgym.errors import BadQueryError, CorruptIndexError, DocumentNotFoundError, DrgymError, SearchError
@@ -68,6 +70,7 @@ from drgym.search.wire import (
     FetchResponse,
     HealthResponse,
     RetrieveHit,
+    RetrieveRequest,
     RetrieveResponse,
     SearchResponse,
     ServerSettings,
@@ -336,9 +339,348 @@ def served_identity(backend: SearchBackend) -> dict[str, Any]:
     return jsonable_encoder(redact(ident))
 
 
+@dataclass
+class ServerState:
+    """What the handlers of one app read: the backend, the settings and what follows from
+    them. :func:`create_app` puts it on ``app.state.drgym``; handlers get it through the
+    :func:`server_state` dependency (a test can call a handler with one directly).
+
+    Attributes:
+        backend: the served :class:`SearchBackend`.
+        settings: the server's settings.
+        batcher: the :class:`MicroBatcher` in front of ``backend.search_batch``
+            (started and stopped by :func:`lifespan`).
+        max_k: the largest ``k``/``topk`` served: ``settings.max_k``, or the backend's
+            ``max_k`` when smaller.
+        keys: the accepted API keys, UTF-8 encoded and sorted; empty: no authentication.
+        collapses: whether ``backend.search_batch`` takes ``collapse=``.
+        close_backend: whether :func:`lifespan` closes the backend on shutdown.
+    """
+
+    backend: SearchBackend
+    settings: ServerSettings
+    batcher: MicroBatcher
+    max_k: int
+    keys: list[bytes] = field(default_factory=list)
+    collapses: bool = False
+    close_backend: bool = False
+
+    @classmethod
+    def build(cls, backend: SearchBackend, settings: ServerSettings, *, close_backend: bool = False) -> "ServerState":
+        """The state of a server of ``backend`` under ``settings``, with a new (not yet
+        started) batcher; ``await state.batcher.start()`` before searching outside an app."""
+        max_k = min(settings.max_k, getattr(backend, "max_k", settings.max_k))
+        collapses = _backend_collapses(backend)
+
+        def search_fn(queries: list[str], k: int, collapse: str) -> list:
+            if collapses:
+                return backend.search_batch(queries, k, collapse=collapse)
+            return backend.search_batch(queries, k)
+
+        batcher = MicroBatcher(search_fn, window_ms=settings.batch_window_ms,
+                               max_batch_size=settings.max_batch_size, cache_size=settings.cache_size,
+                               cache_bytes=int(settings.cache_mb * 2**20), max_pending=settings.max_pending,
+                               max_request_pending=settings.max_request_pending)
+        return cls(backend=backend, settings=settings, batcher=batcher, max_k=max_k,
+                   keys=[k.encode("utf-8") for k in sorted(settings.key_set())], collapses=collapses,
+                   close_backend=close_backend)
+
+
+def server_state(request: Request) -> ServerState:
+    """Dependency: the :class:`ServerState` of the app serving ``request``."""
+    return request.app.state.drgym
+
+
+StateDep = Annotated[ServerState, Depends(server_state)]
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI):
+    """Start the app's batcher and a worker pool for its lifetime; on shutdown stop them
+    and, when ``close_backend``, close the backend."""
+    state: ServerState = app.state.drgym
+    # Worker threads (the batcher's search_batch calls, /fetch lookups) sized from the
+    # cores this process may use, not from the machine's core count.
+    executor = ThreadPoolExecutor(max_workers=min(32, thread_count() + 4), thread_name_prefix="drgym-serve")
+    asyncio.get_running_loop().set_default_executor(executor)
+    await state.batcher.start()
+    try:
+        yield
+    finally:
+        await state.batcher.stop()
+        if state.close_backend:
+            state.backend.close()
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+# ---- exception handlers: each turns one kind of failure into its HTTP answer ----
+
+async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """422 with the validation errors. FastAPI's own handler echoes the input, and its JSON
+    encoder refuses NaN/Infinity (a 500 and a reset connection): the echo is made finite."""
+    return JSONResponse(status_code=422, content={"detail": finite_json(jsonable_encoder(exc.errors()))})
+
+
+async def bad_query(request: Request, exc: BadQueryError) -> JSONResponse:
+    """400 with the message (empty query, k out of range, too many queries)."""
+    return JSONResponse(status_code=400, content={"detail": str(exc)})
+
+
+async def not_found(request: Request, exc: DocumentNotFoundError) -> JSONResponse:
+    """404 ``URL not found.``"""
+    return JSONResponse(status_code=404, content={"detail": URL_NOT_FOUND_DETAIL})
+
+
+async def overloaded(request: Request, exc: OverloadedError) -> JSONResponse:
+    """429 with ``Retry-After`` (the estimated seconds to serve what waits)."""
+    return JSONResponse(status_code=429, content={"detail": str(exc)},
+                        headers={"Retry-After": str(getattr(exc, "retry_after", 1))})
+
+
+async def corrupt_index(request: Request, exc: CorruptIndexError) -> JSONResponse:
+    """503 naming the file and the fix (``drgym index verify`` / ``build --force``): the
+    index, not the request, is at fault; the batcher retries the rest of a micro-batch alone."""
+    log.error("%s %s: %s", request.method, request.url.path, exc)
+    backend = request.app.state.drgym.backend
+    return JSONResponse(status_code=503, content={"detail": str(exc), "error": "corrupt_index",
+                                                  "index": getattr(getattr(backend, "manifest", None), "name", None)})
+
+
+async def drgym_error(request: Request, exc: DrgymError) -> JSONResponse:
+    """500 with the message of any other drgym error (logged)."""
+    log.warning("%s %s failed: %s", request.method, request.url.path, exc)
+    return JSONResponse(status_code=500, content={"detail": str(exc)})
+
+
+async def unexpected_error(request: Request, exc: Exception) -> JSONResponse:
+    """500 ``<type>: <message>`` for any other exception (logged with its traceback)."""
+    log.exception("%s %s failed", request.method, request.url.path)
+    return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
+
+
+EXCEPTION_HANDLERS: dict[type[Exception], Any] = {
+    RequestValidationError: invalid_request,
+    BadQueryError: bad_query,
+    DocumentNotFoundError: not_found,
+    OverloadedError: overloaded,
+    CorruptIndexError: corrupt_index,
+    DrgymError: drgym_error,
+    Exception: unexpected_error,
+}
+"""The app's exception handlers, by exception class (the most specific class answers)."""
+
+
+# ---- authentication ----
+
+# Declared (an OpenAPI apiKey scheme) only on the routes of a server with keys.
+api_key_header = APIKeyHeader(name=API_KEY_HEADER, auto_error=False,
+                              description="API key; required because this server was started with --api-keys")
+
+
+async def check_key(state: StateDep, x_api_key: Annotated[str | None, Security(api_key_header)]) -> None:
+    """Dependency of the search routes of a server with keys: the ``x-api-key`` header
+    must be one of them (:func:`api_key_accepted`).
+
+    Raises:
+        HTTPException: 401 with :data:`BAD_KEY_DETAIL`.
+    """
+    if not api_key_accepted(state.keys, x_api_key):
+        raise HTTPException(status_code=401, detail=BAD_KEY_DETAIL)
+
+
+# ---- helpers of the handlers ----
+
+def check_k(state: ServerState, k: int, name: str = "k") -> None:
+    """Raise :class:`BadQueryError` (400) unless ``1 <= k <= state.max_k``."""
+    if not 1 <= k <= state.max_k:
+        raise BadQueryError(f"{name} must be between 1 and {state.max_k}, got {k}.")
+
+
+def clean_query(state: ServerState, q: str) -> str:
+    """``q`` cut to ``max_query_chars``.
+
+    Raises:
+        BadQueryError: ``q`` holds no non-space character (400).
+    """
+    if not q.strip():
+        raise BadQueryError(EMPTY_QUERY_DETAIL)
+    return q[: state.settings.max_query_chars]
+
+
+async def guarded(awaitable):
+    """Await a backend call; an unexpected exception becomes a logged SearchError
+    (answered 500 without uvicorn's second traceback)."""
+    try:
+        return await awaitable
+    except DrgymError:
+        raise
+    except Exception as e:
+        log.exception("backend call failed")
+        raise SearchError(f"{type(e).__name__}: {e}") from e
+
+
+async def run_search(state: ServerState, query: str, k: int | None, with_distance: bool, collapse: str | None,
+                     outlinks: list | None) -> SearchResponse:
+    """One ``/search`` through the batcher: ``k`` None is ``default_k``, ``collapse`` None
+    the server's; ``outlinks`` is returned as given.
+
+    Raises:
+        BadQueryError: empty query or k outside 1..max_k.
+        OverloadedError: too many queries waiting.
+        DrgymError: the backend failed (anything else it raises becomes a SearchError).
+    """
+    settings = state.settings
+    k = settings.default_k if k is None else k
+    check_k(state, k)
+    hits = await guarded(state.batcher.search(clean_query(state, query), k, collapse or settings.collapse))
+    return SearchResponse(
+        results=[b64_json(result_record(r)) for r in hits],
+        distances=[float(r.score) for r in hits] if with_distance else None,
+        outlinks=outlinks,
+        partial=partial_info([hits]),
+    )
+
+
+# ---- handlers. The parameters whose schema states a server's limits (k, collapse, the
+# /retrieve body) are annotated with the plain types here; search_router registers each
+# handler with the annotations of its server (see with_annotations). ----
+
+QueryParam = Annotated[str, Query(description="free-text query; must contain a non-space character (else 400)",
+                                  json_schema_extra={"minLength": 1, "pattern": r"\S"})]
+DistParam = Annotated[bool, Query(description="also return each hit's score (higher is better)")]
+UrlParam = Annotated[str, Query(description="document URL, looked up in the local store (exact or normalised "
+                                            "match); never opened or downloaded")]
+
+
+async def search(state: StateDep, query: QueryParam, k: int | None = None, with_distance: DistParam = False,
+                 collapse: Collapse | None = None) -> SearchResponse:
+    """Top-k documents (or passages) for ``query`` in DeepResearchGym's shape (base64 JSON documents)."""
+    return await run_search(state, query, k, with_distance, collapse, [])
+
+
+async def fineweb_search(state: StateDep, query: QueryParam, k: int | None = None, with_distance: DistParam = False,
+                         collapse: Collapse | None = None) -> SearchResponse:
+    """Alias of ``/search`` (DeepResearchGym's FineWeb route; ``outlinks`` is null)."""
+    return await run_search(state, query, k, with_distance, collapse, None)
+
+
+async def fetch(state: StateDep, url: UrlParam) -> FetchResponse:
+    """The whole document at ``url`` as base64 JSON (``{"clean_text": ...}``)."""
+    url = url.rstrip("\n")
+    if not url.strip():
+        raise HTTPException(status_code=404, detail=URL_NOT_FOUND_DETAIL)
+    doc = await guarded(asyncio.to_thread(state.backend.fetch, url))
+    return FetchResponse(clean_text=b64_json(document_record(doc)))
+
+
+async def retrieve(state: StateDep, req: RetrieveRequest) -> RetrieveResponse:
+    """Search-R1 batch retrieval: ``{"queries", "topk", "return_scores"}`` ->
+    ``{"result": [[{"document": {"id", "contents"}, "score"}, ...] per query]}``.
+
+    As Search-R1's server: ``topk`` null or 0 is the server default, and an empty or
+    whitespace query answers ``[]`` in its place (the other queries are searched).
+    """
+    settings = state.settings
+    k = req.topk or settings.retrieve_topk
+    check_k(state, k, "topk")
+    if len(req.queries) > settings.max_batch_queries:
+        raise BadQueryError(f"at most {settings.max_batch_queries} queries per request, got {len(req.queries)}.")
+    live = [i for i, q in enumerate(req.queries) if q.strip()]
+    found = await guarded(state.batcher.search_many([req.queries[i][: settings.max_query_chars] for i in live], k,
+                                                    req.collapse or settings.retrieve_collapse)) if live else []
+    hits: list[list] = [[] for _ in req.queries]
+    for i, hs in zip(live, found):
+        hits[i] = hs
+    if req.return_scores:
+        return RetrieveResponse(result=[[RetrieveHit(document=retrieve_document(r), score=float(r.score))
+                                         for r in hs] for hs in hits], partial=partial_info(hits))
+    return RetrieveResponse(result=[[retrieve_document(r) for r in hs] for hs in hits], partial=partial_info(hits))
+
+
+async def health(state: StateDep) -> HealthResponse:
+    """Liveness plus what clients need: ``service == "drgym"``, ``max_k``, collapse defaults, counters."""
+    backend, settings = state.backend, state.settings
+    engine = await asyncio.to_thread(served_identity, backend)  # a proxied backend may ask its own server
+    return HealthResponse(version=__version__, backend=getattr(backend, "name", type(backend).__name__),
+                          index=repr(backend),
+                          deterministic=bool(getattr(backend, "deterministic", True)), max_k=state.max_k,
+                          collapse=settings.collapse if state.collapses else None,
+                          retrieve_collapse=settings.retrieve_collapse if state.collapses else None,
+                          engine=engine, stats=state.batcher.stats())
+
+
+def with_annotations(handler, **annotations):
+    """``handler`` (an async function) as an endpoint whose named parameters carry the
+    given annotations; name, docstring and the other parameters are ``handler``'s.
+
+    FastAPI reads an endpoint's parameters, and so its OpenAPI schema, from the
+    endpoint's signature; this is how one top-level handler states each server's limits.
+
+    Raises:
+        TypeError: a name that is not a parameter of ``handler``.
+    """
+    sig = inspect.signature(handler)
+    unknown = set(annotations) - set(sig.parameters)
+    if unknown:
+        raise TypeError(f"{handler.__name__} has no parameter {', '.join(sorted(unknown))}.")
+
+    @functools.wraps(handler)
+    async def endpoint(*args, **kwargs):
+        return await handler(*args, **kwargs)
+
+    params = [p.replace(annotation=annotations.get(p.name, p.annotation)) for p in sig.parameters.values()]
+    endpoint.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]
+    endpoint.__annotations__ = {**handler.__annotations__, **annotations}
+    return endpoint
+
+
+def search_router(state: ServerState, router: APIRouter | None = None) -> APIRouter:
+    """The routes of a server, with its limits (``max_k``, ``default_k``, the collapse
+    defaults, ``max_batch_queries``) in the parameter schemas, and the API-key check
+    (:func:`check_key`) and its 401 answer on the search routes when it has keys.
+
+    Args:
+        state: the server's :class:`ServerState` (only its limits and keys are read here;
+            the handlers read the app's own state, ``app.state.drgym``, at each request).
+        router: the router to add the routes to (:func:`create_app` passes ``app.router``);
+            None: a new one, for ``app.include_router``.
+
+    Returns:
+        ``router`` (or the new :class:`fastapi.APIRouter`) with ``/search``,
+        ``/fineweb/search``, ``/fetch``, ``/retrieve`` and ``/health``.
+    """
+    settings, max_k = state.settings, state.max_k
+    auth = [Depends(check_key)] if state.keys else []
+    e401 = _E401 if state.keys else {}
+    k_param = Annotated[int | None, Query(
+        description=f"number of results, 1..{max_k} (else 400; default {settings.default_k})",
+        json_schema_extra={"minimum": 1, "maximum": max_k})]
+    collapse_param = Annotated[Collapse | None, Query(
+        description=f"document: k distinct documents, each its best passage; passage: k best passages "
+                    f"(default {settings.collapse})")]
+    limits = {"k": k_param, "collapse": collapse_param}
+    search_errors = {**_E400, **e401, **_E429, **_E500}
+
+    router = APIRouter() if router is None else router
+    router.add_api_route("/search", with_annotations(search, **limits), methods=["GET"], response_model=SearchResponse,
+                         responses=search_errors, dependencies=auth, tags=["search"])
+    router.add_api_route("/fineweb/search", with_annotations(fineweb_search, **limits), methods=["GET"],
+                         response_model=SearchResponse, responses=search_errors, dependencies=auth, tags=["search"])
+    router.add_api_route("/fetch", fetch, methods=["GET"], response_model=FetchResponse, dependencies=auth,
+                         tags=["search"], responses={**e401, **_E404, **_E500})
+    router.add_api_route("/retrieve",
+                         with_annotations(retrieve, req=retrieve_request_model(max_k, settings.max_batch_queries)),
+                         methods=["POST"], response_model=RetrieveResponse,
+                         responses={**_E400, **e401, **_E429, **_E500},
+                         dependencies=[*auth, Depends(reject_non_finite_json)], tags=["search"])
+    router.add_api_route("/health", health, methods=["GET"], response_model=HealthResponse, tags=["meta"])
+    return router
+
+
 def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *,
                close_backend: bool = False) -> FastAPI:
-    """Build the service around ``backend``.
+    """Build the service around ``backend``: its :class:`ServerState`, exception handlers,
+    lifespan and routes (:func:`search_router`).
 
     Args:
         backend: any thread-safe :class:`SearchBackend` (usually a ``LocalSearchEngine``);
@@ -349,202 +691,21 @@ def create_app(backend: SearchBackend, settings: ServerSettings | None = None, *
             tests that pass a shared one keep it open).
 
     Returns:
-        The FastAPI app; the backend, settings and batcher are on ``app.state``. Each
-        call builds an independent app (a Ray Serve replica or a test can make several).
+        The FastAPI app; its :class:`ServerState` is ``app.state.drgym``, and the backend,
+        settings and batcher are also ``app.state.backend``, ``.settings`` and ``.batcher``.
+        Each call builds an independent app (a Ray Serve replica or a test can make several).
     """
-    settings = settings or ServerSettings()
-    max_k = min(settings.max_k, getattr(backend, "max_k", settings.max_k))
-    keys = [k.encode("utf-8") for k in sorted(settings.key_set())]
-    collapses = _backend_collapses(backend)
-
-    def search_fn(queries: list[str], k: int, collapse: str) -> list:
-        if collapses:
-            return backend.search_batch(queries, k, collapse=collapse)
-        return backend.search_batch(queries, k)
-
-    batcher = MicroBatcher(search_fn, window_ms=settings.batch_window_ms,
-                           max_batch_size=settings.max_batch_size, cache_size=settings.cache_size,
-                           cache_bytes=int(settings.cache_mb * 2**20), max_pending=settings.max_pending,
-                           max_request_pending=settings.max_request_pending)
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI):
-        # Worker threads (the batcher's search_batch calls, /fetch lookups) sized from the
-        # cores this process may use, not from the machine's core count.
-        executor = ThreadPoolExecutor(max_workers=min(32, thread_count() + 4), thread_name_prefix="drgym-serve")
-        asyncio.get_running_loop().set_default_executor(executor)
-        await batcher.start()
-        try:
-            yield
-        finally:
-            await batcher.stop()
-            if close_backend:
-                backend.close()
-            executor.shutdown(wait=False, cancel_futures=True)
-
-    from drgym import __version__
-
+    state = ServerState.build(backend, settings or ServerSettings(), close_backend=close_backend)
     app = FastAPI(
         title="drgym search",
         version=__version__,
         description="DeepResearchGym-compatible /search and /fetch, Search-R1-compatible /retrieve, over a local index.",
         lifespan=lifespan,
+        exception_handlers=EXCEPTION_HANDLERS,
     )
-    app.state.backend = backend
-    app.state.settings = settings
-    app.state.batcher = batcher
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        # FastAPI's own handler echoes the input, and its JSON encoder refuses NaN/Infinity
-        # (a 500 and a reset connection): the echo is made finite first.
-        return JSONResponse(status_code=422, content={"detail": finite_json(jsonable_encoder(exc.errors()))})
-
-    @app.exception_handler(BadQueryError)
-    async def _bad_query(request: Request, exc: BadQueryError) -> JSONResponse:
-        return JSONResponse(status_code=400, content={"detail": str(exc)})
-
-    @app.exception_handler(DocumentNotFoundError)
-    async def _not_found(request: Request, exc: DocumentNotFoundError) -> JSONResponse:
-        return JSONResponse(status_code=404, content={"detail": URL_NOT_FOUND_DETAIL})
-
-    @app.exception_handler(OverloadedError)
-    async def _overloaded(request: Request, exc: OverloadedError) -> JSONResponse:
-        return JSONResponse(status_code=429, content={"detail": str(exc)},
-                            headers={"Retry-After": str(getattr(exc, "retry_after", 1))})
-
-    @app.exception_handler(CorruptIndexError)
-    async def _corrupt_index(request: Request, exc: CorruptIndexError) -> JSONResponse:
-        # the index, not the request, is at fault: 503 naming the file and the fix (drgym
-        # index verify / build --force); the batcher retries the rest of a micro-batch alone
-        log.error("%s %s: %s", request.method, request.url.path, exc)
-        return JSONResponse(status_code=503, content={"detail": str(exc), "error": "corrupt_index",
-                                                      "index": getattr(getattr(backend, "manifest", None), "name", None)})
-
-    @app.exception_handler(DrgymError)
-    async def _drgym_error(request: Request, exc: DrgymError) -> JSONResponse:
-        log.warning("%s %s failed: %s", request.method, request.url.path, exc)
-        return JSONResponse(status_code=500, content={"detail": str(exc)})
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("%s %s failed", request.method, request.url.path)
-        return JSONResponse(status_code=500, content={"detail": f"{type(exc).__name__}: {exc}"})
-
-    # Authentication is declared (an OpenAPI apiKey scheme) only when the server has keys.
-    api_key_header = APIKeyHeader(name=API_KEY_HEADER, auto_error=False,
-                                  description="API key; required because this server was started with --api-keys")
-
-    async def check_key(x_api_key: Annotated[str | None, Security(api_key_header)]) -> None:
-        if not api_key_accepted(keys, x_api_key):
-            raise HTTPException(status_code=401, detail=BAD_KEY_DETAIL)
-
-    auth = [Depends(check_key)] if keys else []
-    e401 = _E401 if keys else {}
-
-    def check_k(k: int, name: str = "k") -> None:
-        if not 1 <= k <= max_k:
-            raise BadQueryError(f"{name} must be between 1 and {max_k}, got {k}.")
-
-    async def guarded(awaitable):
-        """Await a backend call; an unexpected exception becomes a logged SearchError
-        (answered 500 without uvicorn's second traceback)."""
-        try:
-            return await awaitable
-        except DrgymError:
-            raise
-        except Exception as e:
-            log.exception("backend call failed")
-            raise SearchError(f"{type(e).__name__}: {e}") from e
-
-    def clean_query(q: str) -> str:
-        if not q.strip():
-            raise BadQueryError(EMPTY_QUERY_DETAIL)
-        return q[: settings.max_query_chars]
-
-    QueryParam = Annotated[str, Query(description="free-text query; must contain a non-space character (else 400)",
-                                      json_schema_extra={"minLength": 1, "pattern": r"\S"})]
-    KParam = Annotated[int | None, Query(description=f"number of results, 1..{max_k} (else 400; default {settings.default_k})",
-                                         json_schema_extra={"minimum": 1, "maximum": max_k})]
-    DistParam = Annotated[bool, Query(description="also return each hit's score (higher is better)")]
-    CollapseParam = Annotated[Collapse | None, Query(
-        description=f"document: k distinct documents, each its best passage; passage: k best passages "
-                    f"(default {settings.collapse})")]
-    UrlParam = Annotated[str, Query(description="document URL, looked up in the local store (exact or normalised "
-                                                "match); never opened or downloaded")]
-
-    async def run_search(query: str, k: int | None, with_distance: bool, collapse: str | None,
-                         outlinks: list | None) -> SearchResponse:
-        k = settings.default_k if k is None else k
-        check_k(k)
-        hits = await guarded(batcher.search(clean_query(query), k, collapse or settings.collapse))
-        return SearchResponse(
-            results=[b64_json(result_record(r)) for r in hits],
-            distances=[float(r.score) for r in hits] if with_distance else None,
-            outlinks=outlinks,
-            partial=partial_info([hits]),
-        )
-
-    search_errors = {**_E400, **e401, **_E429, **_E500}
-
-    @app.get("/search", response_model=SearchResponse, responses=search_errors, dependencies=auth, tags=["search"])
-    async def search(query: QueryParam, k: KParam = None, with_distance: DistParam = False,
-                     collapse: CollapseParam = None) -> SearchResponse:
-        """Top-k documents (or passages) for ``query`` in DeepResearchGym's shape (base64 JSON documents)."""
-        return await run_search(query, k, with_distance, collapse, [])
-
-    @app.get("/fineweb/search", response_model=SearchResponse, responses=search_errors, dependencies=auth,
-             tags=["search"])
-    async def fineweb_search(query: QueryParam, k: KParam = None, with_distance: DistParam = False,
-                             collapse: CollapseParam = None) -> SearchResponse:
-        """Alias of ``/search`` (DeepResearchGym's FineWeb route; ``outlinks`` is null)."""
-        return await run_search(query, k, with_distance, collapse, None)
-
-    @app.get("/fetch", response_model=FetchResponse, dependencies=auth, tags=["search"],
-             responses={**e401, **_E404, **_E500})
-    async def fetch(url: UrlParam) -> FetchResponse:
-        """The whole document at ``url`` as base64 JSON (``{"clean_text": ...}``)."""
-        url = url.rstrip("\n")
-        if not url.strip():
-            raise HTTPException(status_code=404, detail=URL_NOT_FOUND_DETAIL)
-        doc = await guarded(asyncio.to_thread(backend.fetch, url))
-        return FetchResponse(clean_text=b64_json(document_record(doc)))
-
-    RetrieveBody = retrieve_request_model(max_k, settings.max_batch_queries)
-
-    @app.post("/retrieve", response_model=RetrieveResponse, responses={**_E400, **e401, **_E429, **_E500},
-              dependencies=[*auth, Depends(reject_non_finite_json)], tags=["search"])
-    async def retrieve(req: RetrieveBody) -> RetrieveResponse:  # type: ignore[valid-type]
-        """Search-R1 batch retrieval: ``{"queries", "topk", "return_scores"}`` ->
-        ``{"result": [[{"document": {"id", "contents"}, "score"}, ...] per query]}``.
-
-        As Search-R1's server: ``topk`` null or 0 is the server default, and an empty or
-        whitespace query answers ``[]`` in its place (the other queries are searched).
-        """
-        k = req.topk or settings.retrieve_topk
-        check_k(k, "topk")
-        if len(req.queries) > settings.max_batch_queries:
-            raise BadQueryError(f"at most {settings.max_batch_queries} queries per request, got {len(req.queries)}.")
-        live = [i for i, q in enumerate(req.queries) if q.strip()]
-        found = await guarded(batcher.search_many([req.queries[i][: settings.max_query_chars] for i in live], k,
-                                                  req.collapse or settings.retrieve_collapse)) if live else []
-        hits: list[list] = [[] for _ in req.queries]
-        for i, hs in zip(live, found):
-            hits[i] = hs
-        if req.return_scores:
-            return RetrieveResponse(result=[[RetrieveHit(document=retrieve_document(r), score=float(r.score))
-                                             for r in hs] for hs in hits], partial=partial_info(hits))
-        return RetrieveResponse(result=[[retrieve_document(r) for r in hs] for hs in hits], partial=partial_info(hits))
-
-    @app.get("/health", response_model=HealthResponse, tags=["meta"])
-    async def health() -> HealthResponse:
-        """Liveness plus what clients need: ``service == "drgym"``, ``max_k``, collapse defaults, counters."""
-        engine = await asyncio.to_thread(served_identity, backend)  # a proxied backend may ask its own server
-        return HealthResponse(version=__version__, backend=getattr(backend, "name", type(backend).__name__),
-                              index=repr(backend),
-                              deterministic=bool(getattr(backend, "deterministic", True)), max_k=max_k,
-                              collapse=settings.collapse if collapses else None,
-                              retrieve_collapse=settings.retrieve_collapse if collapses else None,
-                              engine=engine, stats=batcher.stats())
-
+    app.state.drgym = state
+    app.state.backend = state.backend
+    app.state.settings = state.settings
+    app.state.batcher = state.batcher
+    search_router(state, app.router)
     return app

@@ -40,15 +40,21 @@ The server also offers the resource ``drgym://engine``: JSON of the backend's
 """
 
 # No ``from __future__ import annotations``: the SDK evaluates the tool functions' annotations,
-# which use limits local to create_mcp_server (k's maximum).
+# which create_mcp_server specialises per server (k's maximum).
+import functools
 import inspect
 import ipaddress
 import json
 import logging
+from dataclasses import dataclass
 from typing import Annotated, Any, Iterable
 
+from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
+from drgym import __version__
 from drgym.errors import BadQueryError, ConfigError, DocumentNotFoundError, DrgymError, SearchError
 from drgym.search.base import SearchBackend
 from drgym.search.mcp import ENGINE_RESOURCE, tool_error_text
@@ -110,8 +116,160 @@ def document_output(d: Document) -> DocumentOutput:
                           metadata=dict(d.metadata))
 
 
+@dataclass
+class MCPState:
+    """What the tools of one MCP server read (:func:`create_mcp_server` binds it to them;
+    a test can call a tool function with one directly).
+
+    Attributes:
+        backend: the served :class:`SearchBackend`.
+        settings: the server's settings.
+        max_k: the largest ``k``: ``settings.max_k``, or the backend's ``max_k`` when smaller.
+        default_k: ``k`` when a call gives none: ``settings.default_k``, at most ``max_k``.
+        collapses: whether ``backend.search_batch`` takes ``collapse=``.
+    """
+
+    backend: SearchBackend
+    settings: ServerSettings
+    max_k: int
+    default_k: int
+    collapses: bool = False
+
+    @classmethod
+    def build(cls, backend: SearchBackend, settings: ServerSettings) -> "MCPState":
+        """The state of a server of ``backend`` under ``settings``."""
+        max_k = min(settings.max_k, getattr(backend, "max_k", settings.max_k))
+        try:
+            collapses = "collapse" in inspect.signature(backend.search_batch).parameters
+        except (TypeError, ValueError):
+            collapses = False
+        return cls(backend=backend, settings=settings, max_k=max_k, default_k=min(settings.default_k, max_k),
+                   collapses=collapses)
+
+
+def tool_failure(exc: BaseException) -> ToolError:
+    """The SDK's :class:`ToolError` for a failed call (its text: :func:`tool_error_text`);
+    a drgym error other than a bad query or a missing document is logged as a warning,
+    any other exception with its traceback."""
+    if not isinstance(exc, DrgymError):
+        log.error("MCP tool call failed", exc_info=exc)
+    elif not isinstance(exc, (BadQueryError, DocumentNotFoundError)):
+        log.warning("MCP tool call failed: %s", exc)
+    return ToolError(tool_error_text(exc))
+
+
+# ---- the tools and the resource, over an MCPState. k's schema (its maximum) and default
+# are each server's: create_mcp_server registers search with them (see bind_state). ----
+
+def search(
+    state: MCPState,
+    query: Annotated[str, Field(description="free-text query; must contain a non-space character")],
+    k: JsonInt | None = None,
+) -> SearchOutput:
+    """The ``search`` tool: up to ``k`` hits (None: ``default_k``) for ``query``, best first.
+
+    Raises:
+        ToolError: ``k`` outside 1..max_k (or a bool), an empty query, or a failed search
+            (its text: :func:`tool_failure`).
+    """
+    k = state.default_k if k is None else k
+    try:
+        if isinstance(k, bool) or not 1 <= k <= state.max_k:
+            raise BadQueryError(f"k must be between 1 and {state.max_k}, got {k}.")
+        if not query.strip():
+            raise BadQueryError(EMPTY_QUERY_MESSAGE)
+        q = query[: state.settings.max_query_chars]
+        if state.collapses:
+            hits = state.backend.search_batch([q], k, collapse=state.settings.collapse)[0]
+        else:
+            hits = state.backend.search_batch([q], k)[0]
+    except Exception as e:
+        raise tool_failure(e) from e
+    partial = None
+    if getattr(hits, "partial", False):
+        partial = {"missing_shards": list(hits.missing_shards), "shards": hits.n_shards}
+    return SearchOutput(query=q, k=k, results=[hit_record(r) for r in hits], partial=partial)
+
+
+def get_document(
+    state: MCPState,
+    docid: Annotated[str, Field(description="a doc_id from search results")],
+) -> DocumentOutput:
+    """The ``get_document`` tool: the whole document of ``docid`` (``backend.get``).
+
+    Raises:
+        ToolError: no such document, an empty ``docid``, or a backend without ``get``.
+    """
+    try:
+        getter = getattr(state.backend, "get", None)
+        if not callable(getter):
+            raise SearchError(f"this server's backend ({type(state.backend).__name__}) cannot look documents up by "
+                              "id; use fetch(url).")
+        if not docid.strip():
+            raise DocumentNotFoundError(f"No document with doc_id {docid!r} (empty doc_id).")
+        return document_output(getter(docid))
+    except Exception as e:
+        raise tool_failure(e) from e
+
+
+def fetch(
+    state: MCPState,
+    url: Annotated[str, Field(description="a url from search results; looked up in the collection, "
+                                          "never downloaded")],
+) -> DocumentOutput:
+    """The ``fetch`` tool: the whole document at ``url`` (``backend.fetch``).
+
+    Raises:
+        ToolError: no such URL, or the lookup failed.
+    """
+    try:
+        return document_output(state.backend.fetch(url))
+    except Exception as e:
+        raise tool_failure(e) from e
+
+
+def engine(state: MCPState) -> str:
+    """The ``drgym://engine`` resource: JSON of the backend's identity and the limits."""
+    info = {"service": "drgym", "version": __version__, "identity": state.backend.identity(), "max_k": state.max_k,
+            "default_k": state.default_k, "collapse": state.settings.collapse if state.collapses else None,
+            "deterministic": bool(getattr(state.backend, "deterministic", True))}
+    return json.dumps(info, sort_keys=True, default=str)
+
+
+def bind_state(fn, state: MCPState, **params: tuple[Any, Any]):
+    """``fn`` (a tool or resource function above) with ``state`` bound: a function of its
+    other parameters, which the SDK reads (name, schema) from its signature.
+
+    Args:
+        fn: a function whose first parameter is ``state``.
+        state: the server's :class:`MCPState`.
+        **params: ``name=(annotation, default)`` replacing a parameter's annotation and
+            default (a server's own limits in the schema).
+
+    Raises:
+        TypeError: a name in ``params`` that is not a parameter of ``fn``.
+    """
+    sig = inspect.signature(fn)
+    unknown = set(params) - set(sig.parameters)
+    if unknown:
+        raise TypeError(f"{fn.__name__} has no parameter {', '.join(sorted(unknown))}.")
+    rest = [p.replace(annotation=params[p.name][0], default=params[p.name][1]) if p.name in params else p
+            for p in list(sig.parameters.values())[1:]]
+
+    @functools.wraps(fn)
+    def bound(*args, **kwargs):
+        return fn(state, *args, **kwargs)
+
+    bound.__signature__ = sig.replace(parameters=rest)  # type: ignore[attr-defined]
+    bound.__annotations__ = {**{p.name: p.annotation for p in rest}, "return": sig.return_annotation}
+    del bound.__wrapped__  # the SDK must see the bound signature only
+    return bound
+
+
 def create_mcp_server(backend: SearchBackend, settings: ServerSettings | None = None, *, name: str = SERVER_NAME):
-    """Build the MCP server around ``backend``.
+    """Build the MCP server around ``backend``: its :class:`MCPState`, and the tools
+    :func:`search`, :func:`get_document`, :func:`fetch` and the resource :func:`engine`
+    bound to it.
 
     Args:
         backend: any thread-safe :class:`SearchBackend` (usually a ``LocalSearchEngine``).
@@ -126,21 +284,8 @@ def create_mcp_server(backend: SearchBackend, settings: ServerSettings | None = 
         An :class:`mcp.server.mcpserver.MCPServer`; ``.run("stdio")``, or serve
         ``.streamable_http_app()`` with uvicorn (what ``drgym mcp`` does).
     """
-    from mcp.server.mcpserver import MCPServer
-    from mcp.server.mcpserver.exceptions import ToolError
-    from mcp.types import ToolAnnotations
-
-    from drgym import __version__
-
-    settings = settings or ServerSettings()
-    max_k = min(settings.max_k, getattr(backend, "max_k", settings.max_k))
-    default_k = min(settings.default_k, max_k)
-    try:
-        collapses = "collapse" in inspect.signature(backend.search_batch).parameters
-    except (TypeError, ValueError):
-        collapses = False
-    getter = getattr(backend, "get", None)
-
+    state = MCPState.build(backend, settings or ServerSettings())
+    max_k, default_k = state.max_k, state.default_k
     server = MCPServer(
         name=name, version=__version__, title="drgym search",
         instructions=("Search a fixed local document collection. `search` returns the top passages with their "
@@ -148,74 +293,21 @@ def create_mcp_server(backend: SearchBackend, settings: ServerSettings | None = 
         log_level="WARNING",
     )
     read_only = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
-
-    def fail(exc: BaseException) -> ToolError:
-        if not isinstance(exc, DrgymError):
-            log.error("MCP tool call failed", exc_info=exc)
-        elif not isinstance(exc, (BadQueryError, DocumentNotFoundError)):
-            log.warning("MCP tool call failed: %s", exc)
-        return ToolError(tool_error_text(exc))
-
-    @server.tool(name="search", annotations=read_only,
-                 description=(f"Search the collection. Returns up to k results (default {default_k}, at most "
-                              f"{max_k}), best first, each with doc_id, title, url, the matching passage (text) "
-                              "and score."))
-    def search(
-        query: Annotated[str, Field(description="free-text query; must contain a non-space character")],
-        k: Annotated[JsonInt, Field(description=f"number of results, 1..{max_k}",
-                                    json_schema_extra={"minimum": 1, "maximum": max_k})] = default_k,
-    ) -> SearchOutput:
-        try:
-            if isinstance(k, bool) or not 1 <= k <= max_k:
-                raise BadQueryError(f"k must be between 1 and {max_k}, got {k}.")
-            if not query.strip():
-                raise BadQueryError(EMPTY_QUERY_MESSAGE)
-            q = query[: settings.max_query_chars]
-            if collapses:
-                hits = backend.search_batch([q], k, collapse=settings.collapse)[0]
-            else:
-                hits = backend.search_batch([q], k)[0]
-        except Exception as e:
-            raise fail(e) from e
-        partial = None
-        if getattr(hits, "partial", False):
-            partial = {"missing_shards": list(hits.missing_shards), "shards": hits.n_shards}
-        return SearchOutput(query=q, k=k, results=[hit_record(r) for r in hits], partial=partial)
-
-    @server.tool(name="get_document", annotations=read_only,
-                 description="Return the whole document with this doc_id (a doc_id from search results).")
-    def get_document(
-        docid: Annotated[str, Field(description="a doc_id from search results")],
-    ) -> DocumentOutput:
-        try:
-            if not callable(getter):
-                raise SearchError(f"this server's backend ({type(backend).__name__}) cannot look documents up by "
-                                  "id; use fetch(url).")
-            if not docid.strip():
-                raise DocumentNotFoundError(f"No document with doc_id {docid!r} (empty doc_id).")
-            return document_output(getter(docid))
-        except Exception as e:
-            raise fail(e) from e
-
-    @server.tool(name="fetch", annotations=read_only,
-                 description="Return the whole document at this URL (a url from search results).")
-    def fetch(
-        url: Annotated[str, Field(description="a url from search results; looked up in the collection, "
-                                              "never downloaded")],
-    ) -> DocumentOutput:
-        try:
-            return document_output(backend.fetch(url))
-        except Exception as e:
-            raise fail(e) from e
-
-    @server.resource(ENGINE_RESOURCE, name="engine", mime_type="application/json",
-                     description="The engine behind the tools: its identity and limits (JSON).")
-    def engine() -> str:
-        info = {"service": "drgym", "version": __version__, "identity": backend.identity(), "max_k": max_k,
-                "default_k": default_k, "collapse": settings.collapse if collapses else None,
-                "deterministic": bool(getattr(backend, "deterministic", True))}
-        return json.dumps(info, sort_keys=True, default=str)
-
+    k_param = Annotated[JsonInt, Field(description=f"number of results, 1..{max_k}",
+                                       json_schema_extra={"minimum": 1, "maximum": max_k})]
+    server.tool(name="search", annotations=read_only,
+                description=(f"Search the collection. Returns up to k results (default {default_k}, at most "
+                             f"{max_k}), best first, each with doc_id, title, url, the matching passage (text) "
+                             "and score."))(bind_state(search, state, k=(k_param, default_k)))
+    server.tool(name="get_document", annotations=read_only,
+                description="Return the whole document with this doc_id (a doc_id from search results)."
+                )(bind_state(get_document, state))
+    server.tool(name="fetch", annotations=read_only,
+                description="Return the whole document at this URL (a url from search results)."
+                )(bind_state(fetch, state))
+    server.resource(ENGINE_RESOURCE, name="engine", mime_type="application/json",
+                    description="The engine behind the tools: its identity and limits (JSON)."
+                    )(bind_state(engine, state))
     return server
 
 
