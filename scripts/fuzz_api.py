@@ -8,7 +8,7 @@ with the real CLI on a free loopback port, twice: without keys, then with ``--ap
 operation of ``/openapi.json`` (``/search``, ``/fineweb/search``, ``/fetch``,
 ``/retrieve``, ``/health``) gets schema-valid and schema-violating cases from every
 schemathesis phase, and every answer is checked: no 5xx, status, body, content type and
-headers as declared (see :mod:`drgym.server.fuzz`). A share of the cases
+headers as declared (see ``tests/fuzz_helpers.py``). A share of the cases
 (``--non-finite-share``) is rewritten to hold ``NaN``, ``Infinity``, ``-Infinity``, ``1e400``
 or ``-1e400`` (raw JSON text in a body field, nested or not, or a numeric query
 parameter); each must get a 422 with a strict JSON body and leave the connection usable.
@@ -26,6 +26,7 @@ import argparse
 import os
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -46,7 +47,8 @@ def main() -> None:
 
     from drgym.atomic import atomic_write_json
     from drgym.search.local import LocalSearchEngine
-    from drgym.server.fuzz import fuzz_cli_server, summarize
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the fuzzing harness is a test helper
+    from fuzz_helpers import fuzz_cli_server, summarize
 
     engine = LocalSearchEngine.from_corpus(args.corpus, method="hybrid")  # build once, outside the servers
     folder = str(engine.folder)

@@ -245,7 +245,7 @@ def test_config_errors_and_names():
 @pytest.fixture(scope="module")
 def served_engine(hotpotqa_engine):
     """(engine, base_url): a real index served from a uvicorn thread."""
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     with running_server(hotpotqa_engine) as srv:
         yield hotpotqa_engine, srv.url

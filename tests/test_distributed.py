@@ -84,7 +84,7 @@ def test_ray_serve_router_with_two_shards(tmp_path, encoder, ray_cluster):
     from ray import serve
 
     from drgym.distributed.serve import deploy, load_config, shard_app_names
-    from drgym.server.testing import free_port, running_server
+    from server_helpers import free_port, running_server
 
     res = build_index(IndexSpec(corpus="hotpotqa", shard_size=600), root=tmp_path, encoder=encoder)
     assert len(res.manifest.shards) == 2

@@ -25,7 +25,7 @@ from drgym.errors import DocumentNotFoundError
 from drgym.search.base import SearchBackend
 from drgym.search.wire import ServerSettings
 from drgym.server.batching import LRUCache, MicroBatcher, entry_nbytes
-from drgym.server.testing import running_server
+from server_helpers import running_server
 from drgym.types import SearchResult
 
 N_DOCS = 500

@@ -24,7 +24,7 @@ from drgym.cli import app
 from drgym.errors import ServiceUnavailableError
 from drgym.evaluation.runner import RolloutConfig, run_rollout
 from drgym.search.base import SearchBackend
-from drgym.server.testing import free_port
+from server_helpers import free_port
 
 TESTS = Path(__file__).resolve().parent
 JUDGE_SERVER = TESTS / "_judge_server.py"
@@ -194,7 +194,7 @@ def test_options_are_checked_before_anything_loads(monkeypatch, tmp_path):
 
 # -- slow: a real drgym serve killed mid-rollout -----------------------------------------
 def _start_server(port: int, log: Path) -> subprocess.Popen:
-    from drgym.server.testing import _wait_healthy
+    from server_helpers import _wait_healthy
 
     with open(log, "ab") as f:
         proc = subprocess.Popen([sys.executable, "-m", "drgym", "serve", "--corpus", "hotpotqa", "--port", str(port),

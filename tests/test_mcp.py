@@ -22,7 +22,7 @@ from pydantic import Field  # module level: the SDK evaluates the test tools' an
 from drgym.errors import BadQueryError, ConfigError, DocumentNotFoundError, SearchError, ServiceUnavailableError
 from drgym.search.mcp import MCPSearchBackend, parse_spec, record_fields
 from drgym.search.registry import check_spec, make_backend, record_name
-from drgym.server.testing import free_port
+from server_helpers import free_port
 
 QUERIES = ["Demon Dice collectible dice game by Lester Smith", "Who wrote the novel Dracula?", "Ångström",
            "capital of Norway"]

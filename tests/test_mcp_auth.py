@@ -22,7 +22,7 @@ from drgym.search.base import SearchBackend
 from drgym.search.mcp import MCPSearchBackend
 from drgym.server.app import BAD_KEY_DETAIL
 from drgym.server.mcp import create_mcp_server, is_loopback, streamable_http_app, transport_security
-from drgym.server.testing import free_port
+from server_helpers import free_port
 from drgym.types import Document, SearchResult
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",

@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from drgym.cli import app
-from drgym.server.testing import free_port
+from server_helpers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 HEAVY = ("torch", "sentence_transformers", "faiss", "onnxruntime", "bm25s", "vllm", "trl")

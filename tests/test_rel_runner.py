@@ -3,7 +3,7 @@ done, damaged lines are moved aside, a full disk leaves no torn line, one writer
 
 Each test drives the real runner (``run_rollout`` or ``drgym rollout`` in process) with
 the scripted policy on the first few hotpotqa-dev questions; servers are loopback
-threads (:func:`drgym.server.testing.running_server`).
+threads (:func:`server_helpers.running_server`).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def _rollout_args(backend: str, out: Path, n: int) -> list[str]:
 # -- 1. a run is bound to its engine ----------------------------------------------------
 def test_resuming_against_a_server_with_another_method_is_refused(hotpotqa_engine, monkeypatch, tmp_path):
     from drgym.search.wire import ServerSettings
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     served = _Swappable(hotpotqa_engine)  # hybrid
     out = tmp_path / "run"
@@ -120,7 +120,7 @@ def test_resuming_against_a_rebuilt_index_of_the_same_name_is_refused(hotpotqa_e
     index (same name, method, encoder and size: only the manifest fingerprint differs) is
     another engine."""
     from drgym.search.wire import ServerSettings
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     served = _Swappable(hotpotqa_engine)
     real = hotpotqa_engine.identity()
@@ -181,7 +181,7 @@ def test_web_and_recorded_backends_name_their_provider_and_recording(tmp_path):
 # -- 2. failed is not done ----------------------------------------------------------------
 def test_episodes_whose_searches_were_refused_are_redone(hotpotqa_engine, monkeypatch, tmp_path):
     from drgym.search.wire import ServerSettings
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     out = tmp_path / "run"
     with running_server(hotpotqa_engine, settings=ServerSettings(api_keys="right-key-123")) as srv:

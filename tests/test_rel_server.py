@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from drgym.errors import DocumentNotFoundError
 from drgym.search.base import SearchBackend
 from drgym.server import app as server_app
-from drgym.server.testing import running_server
+from server_helpers import running_server
 from drgym.types import Document, SearchResult
 
 

@@ -79,7 +79,7 @@ def test_import_keeps_the_corpus_ids_in_retrieve_and_search(tmp_path, fake_encod
     """Search-R1 passage ids ("0", "17", ...) come back unchanged from /retrieve and
     /search; --id-prefix namespaces them. (Before: every id became "wiki18-<id>".)"""
     from drgym.search.wire import ServerSettings, decode_b64_json
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     ids = [str(i) for i in (0, 17, 3, 250, 9, 42)]
     write_corpus(tmp_path / "wiki-18.jsonl", ids)
@@ -529,7 +529,7 @@ def test_serve_ray_default_config_starts_on_two_cpus(tmp_path):
 
     from drgym.distributed.serve import deploy
     from drgym.index.build import IndexSpec, build_index, get_encoder
-    from drgym.server.testing import free_port
+    from server_helpers import free_port
 
     res = build_index(IndexSpec(corpus="hotpotqa", shard_size=600), root=tmp_path,
                       encoder=get_encoder("all-MiniLM-L6-v2", "cpu"))

@@ -19,7 +19,7 @@ import pytest
 from drgym.search.base import SearchBackend
 from drgym.search.client import HTTPSearchClient
 from drgym.search.wire import ServerSettings
-from drgym.server.testing import free_port, running_server
+from server_helpers import free_port, running_server
 
 GOOD_QUERY = "Demon Dice collectible dice game by Lester Smith"
 GOOD_TITLE = "Demon Dice"  # hand-checked: the HotpotQA paragraph of that title is the answer

@@ -1,4 +1,4 @@
-"""schemathesis against drgym serve's own /openapi.json (drgym.server.fuzz): every operation,
+"""schemathesis against drgym serve's own /openapi.json (tests/fuzz_helpers.py): every operation,
 schema-valid and schema-violating input, non-finite numbers (NaN, Infinity, 1e400) sent as raw
 JSON text or query text, no 5xx, and every answer as declared."""
 
@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from drgym.server.app import _non_finite_path
-from drgym.server.fuzz import (
+from fuzz_helpers import (
     NON_FINITE_TOKENS,
     OPERATIONS,
     fuzz_cli_server,
@@ -25,7 +25,7 @@ from drgym.server.fuzz import (
     non_finite_sent,
     summarize,
 )
-from drgym.server.testing import running_server
+from server_helpers import running_server
 
 
 def _assert_clean(report) -> None:

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from drgym.search.wire import ServerSettings
-from drgym.server.testing import running_server
+from server_helpers import running_server
 
 GOOD_QUERY = "Demon Dice collectible dice game by Lester Smith"
 

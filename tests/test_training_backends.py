@@ -130,7 +130,7 @@ def _one_step(tmp_path, monkeypatch, search: dict):
 def test_grpo_config_with_an_http_backend_runs_one_step(tmp_path, monkeypatch, bm25_backend):
     """The server is drgym's FastAPI app on a free loopback port (uvicorn in a thread)."""
     from drgym.search.client import HTTPSearchClient
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     with running_server(bm25_backend) as srv:
         assert srv.url.startswith("http://127.0.0.1:")
@@ -142,7 +142,7 @@ def test_grpo_config_with_an_http_backend_runs_one_step(tmp_path, monkeypatch, b
 def test_grpo_config_with_a_drgym_serve_subprocess_runs_one_step(tmp_path, monkeypatch, hotpotqa_engine):
     """The same with ``drgym serve`` in its own process (about 1.5 min on a loaded 2-core machine)."""
     from drgym.search.client import HTTPSearchClient
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     with running_server(cli_args=["--corpus", "hotpotqa", "--method", "bm25"]) as srv:
         backend, _ = _one_step(tmp_path, monkeypatch, {"backend": srv.url})

@@ -1,6 +1,6 @@
 """Fuzz a running drgym server from its own OpenAPI schema with schemathesis.
 
-    from drgym.server.fuzz import fuzz_server
+    from fuzz_helpers import fuzz_server
 
     report = fuzz_server("http://127.0.0.1:8000", max_examples=250, seed=0)
     assert report.server_errors == 0 and not report.failures
@@ -25,7 +25,8 @@ strict JSON, and for the connection to stay usable (the same request again, then
 ``GET /health`` on that one kept-alive connection).
 
 schemathesis is a test dependency (``pip install -e .[test]``); it is imported here
-only when :func:`fuzz_server` runs.
+only when :func:`fuzz_server` runs. A test helper, not part of the installed package:
+tests import it as ``fuzz_helpers``; ``scripts/fuzz_api.py`` puts ``tests/`` on ``sys.path`` first.
 """
 
 from __future__ import annotations
@@ -476,9 +477,9 @@ def fuzz_cli_server(cli_args: list[str], *, max_examples: int = 250, seed: int =
 
     Raises:
         RuntimeError, TimeoutError: the server did not start (see
-            :func:`drgym.server.testing.running_server`).
+            :func:`server_helpers.running_server`).
     """
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     args = list(cli_args) + (["--api-keys", api_key] if api_key else [])
     with running_server(cli_args=args, env=env) as srv:

@@ -1,8 +1,11 @@
 """Start and stop a drgym search server on a free loopback port (tests, benchmarks).
 
+A test helper, not part of the installed package: tests import it as ``server_helpers``;
+a script under ``scripts/`` puts ``tests/`` on ``sys.path`` first.
+
 Two ways, one context manager::
 
-    from drgym.server.testing import running_server
+    from server_helpers import running_server
 
     with running_server(engine) as srv:                 # uvicorn in a thread of this process
         httpx.get(f"{srv.url}/search", params={"query": "x"})
