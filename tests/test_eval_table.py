@@ -100,3 +100,16 @@ def test_the_committed_table_is_what_score_table_makes_of_its_per_question_score
     for name in ("F1: start + GRPO - start", "EM: start + GRPO - start", "F1: start + GRPO - retrieve-then-read"):
         assert t["paired"][name] == pytest.approx(old["paired"][name], abs=1e-12), name
     assert t["n_questions"] == 400
+
+
+def test_per_question_scores_and_whether_the_gold_was_in_view():
+    """``saw_gold`` reads the observations' visible text (a tag glued to the alias does not hide it);
+    a yes/no gold is never "seen"."""
+    steps = [{"action": "<search>x</search>", "tool_calls": [{"name": "search"}],
+              "observation": "<information>Doc 1 The Iliad is attributed to Homer.</information>"},
+             {"action": "<answer>Homer</answer>", "tool_calls": [{"name": "answer"}], "observation": ""}]
+    trajs = [{"task_id": "a", "terminated": True, "reward_components": {"em": 1.0, "f1": 1.0}, "steps": steps},
+             {"task_id": "b", "terminated": False, "reward_components": {"em": None}, "steps": steps}]
+    pq = pt.per_question(trajs, {"a": ["Homer"], "b": ["yes"]})
+    assert pq == {"a": {"em": 1.0, "f1": 1.0, "answered": 1.0, "searches": 1.0, "saw_gold": 1.0},
+                  "b": {"em": 0.0, "f1": 0.0, "answered": 0.0, "searches": 1.0, "saw_gold": 0.0}}
