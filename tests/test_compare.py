@@ -149,6 +149,7 @@ def test_compare_local_vs_replayed_recording(hotpot_web, hotpotqa_engine, tmp_pa
         ci = r["cis"]["f1"]
         assert ci["mean"] == pytest.approx(r["metrics"]["scores"]["f1"], abs=1e-12) and ci["lo"] <= ci["mean"] <= ci["hi"]
         assert f"| {ci['mean']:.3f} [{ci['lo']:.3f}, {ci['hi']:.3f}] |" in md
+    assert "mean [95% bootstrap interval over the run's episodes]" in md
     assert "When the web was seen" in md and "serper: answers recorded between" in md
     assert "median live search latency then" in md
     assert (out / "compare.png").read_bytes()[:4] == b"\x89PNG" and (out / "compare.html").exists()

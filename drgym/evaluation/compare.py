@@ -226,6 +226,8 @@ def render_markdown(rows: list[CompareRow], taus: list[dict[str, Any]], metric: 
     prov = _provenance(rows)
     if prov:
         out += ["## When the web was seen", ""] + [f"- {p}" for p in prov] + [""]
+    if any(r.cis for r in rows):
+        out.append("Scores and answer rate: mean [95% bootstrap interval over the run's episodes].\n")
     out.append("Cost USD = search calls x list price per call; billed USD counts only calls sent to the provider "
                "(replayed calls cost nothing). Latency is wall time per search query as seen by the env "
                "(for a replayed backend: the lookup in the recording; its live latency is under \"When the web was seen\").")
