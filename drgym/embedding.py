@@ -543,6 +543,7 @@ class OnnxQueryEncoder:
             from onnxruntime.quantization import QuantType, quantize_dynamic
         except ImportError as e:  # the quantiser reads and writes the model with onnx
             raise DependencyNotInstalled(_ONNX_MISSING) from e
+        import shutil
         import tempfile
 
         from drgym.atomic import atomic_write_bytes
@@ -558,8 +559,12 @@ class OnnxQueryEncoder:
         logging.getLogger().addFilter(quiet)
         try:
             with tempfile.TemporaryDirectory(prefix=".int8-", dir=path.parent) as tmp:
-                out = Path(tmp) / path.name
-                quantize_dynamic(str(fp32), str(out), weight_type=QuantType.QInt8, per_channel=True)
+                # quantize_dynamic writes a shape-inferred copy beside its input under a fixed
+                # name: its input is a private copy, so processes quantising at once do not
+                # read each other's half-written copy
+                src, out = Path(tmp) / "float32.onnx", Path(tmp) / path.name
+                shutil.copyfile(fp32, src)
+                quantize_dynamic(str(src), str(out), weight_type=QuantType.QInt8, per_channel=True)
                 atomic_write_bytes(path, out.read_bytes())
         finally:
             logging.getLogger().removeFilter(quiet)
