@@ -1,8 +1,10 @@
 """Run the main job's policies with `drgym rollout` and keep their figures for the README.
 
-Each policy runs as the README shows it (`drgym rollout`, `--policy rag:smollm2`,
-`--policy scripted`: the first 20 `hotpotqa-dev` questions over wiki-default; and the
-first again with torch held to AVX2 kernels) into a fresh `runs/main_job/NAME/`. Its `metrics.json` and `config.json` are copied to
+Each policy runs as the README shows it, on two slices of 20 questions over wiki-default:
+`synth-demo` (the default: `drgym rollout` runs the trained agent `hf:smollm2-drgym`; and
+`--policy hf:smollm2`, `rag:smollm2`, `scripted`), and the multi-hop `hotpotqa-dev`
+(`--tasks hotpotqa-dev`, the same policies, and `hf:smollm2` again with torch held to AVX2
+kernels), into a fresh `runs/main_job/NAME/`. Its `metrics.json` and `config.json` are copied to
 `scripts/results/main_job/NAME/`, with a `per_question.jsonl` (each question's answer and
 scores) and a `run.json` with the command, its wall time,
 the load average before and after, and the CPU (model, cores, torch's CPU capability:
@@ -34,15 +36,22 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "scripts" / "results" / "main_job"
 
 # NAME: (the arguments after `drgym rollout`, extra environment variables).
+HOTPOTQA = ["--tasks", "hotpotqa-dev"]
 POLICIES: dict[str, tuple[list[str], dict[str, str]]] = {
-    "hf_smollm2": ([], {}),
-    "rag_smollm2": (["--policy", "rag:smollm2"], {}),
-    "scripted": (["--policy", "scripted"], {}),
-    # the bundled agent trained in drgym (issue 2.5); the main job's questions are not in its train slice
-    "hf_smollm2_drgym": (["--policy", "hf:smollm2-drgym"], {}),
-    # The main job as a CPU without AVX-512 runs it: torch and oneDNN held to AVX2 kernels.
+    # the main job as the README runs it: the trained agent on synth-demo (the defaults)
+    "demo_hf_smollm2_drgym": ([], {}),
+    "demo_hf_smollm2": (["--policy", "hf:smollm2"], {}),
+    "demo_rag_smollm2": (["--policy", "rag:smollm2"], {}),
+    "demo_scripted": (["--policy", "scripted"], {}),
+    # the multi-hop slice, one option away: the first 20 hotpotqa-dev questions
+    "hf_smollm2": ([*HOTPOTQA, "--policy", "hf:smollm2"], {}),
+    "rag_smollm2": ([*HOTPOTQA, "--policy", "rag:smollm2"], {}),
+    "scripted": ([*HOTPOTQA, "--policy", "scripted"], {}),
+    # the bundled agent trained in drgym; these questions are not in its train slice
+    "hf_smollm2_drgym": ([*HOTPOTQA, "--policy", "hf:smollm2-drgym"], {}),
+    # hf:smollm2 as a CPU without AVX-512 runs it: torch and oneDNN held to AVX2 kernels.
     # In float32 (the CPU default) every answer must be the one of hf_smollm2.
-    "hf_smollm2_avx2": ([], {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
+    "hf_smollm2_avx2": ([*HOTPOTQA, "--policy", "hf:smollm2"], {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}),
 }
 
 
