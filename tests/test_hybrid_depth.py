@@ -65,3 +65,23 @@ def test_fusion_depth_is_fixed_by_the_engine_not_by_the_call(default_engine, que
         assert [_key(r) for r in e.search_batch(questions[:4], k)] == [_key(r[:k]) for r in top200]
     ident = e.identity()
     assert (ident["max_k"], ident["rrf_depth"]) == (200, 100)
+
+
+def test_served_hybrid_top_10_is_the_first_10_of_top_100(default_engine, questions):
+    """What an agent sees through ``drgym serve``'s /search and /retrieve: the same prefix."""
+    import httpx
+    from server_helpers import running_server
+
+    from drgym.search.wire import ServerSettings, decode_b64_json
+
+    e = default_engine.with_method("hybrid")
+    with running_server(e, settings=ServerSettings(cache_mb=0)) as srv:
+        for q in questions[:3]:
+            got = {k: [decode_b64_json(s)["id"] for s in httpx.get(f"{srv.url}/search", params={"query": q, "k": k},
+                                                                     timeout=120).json()["results"]]
+                   for k in (10, 100)}
+            assert len(got[100]) == 100 and got[10] == got[100][:10], q
+        r = {k: httpx.post(f"{srv.url}/retrieve", json={"queries": questions[:3], "topk": k, "return_scores": True},
+                           timeout=120).json()["result"] for k in (10, 100)}
+        assert [[(h["document"]["id"], h["score"]) for h in hs] for hs in r[10]] == \
+               [[(h["document"]["id"], h["score"]) for h in hs[:10]] for hs in r[100]]
