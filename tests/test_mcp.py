@@ -251,13 +251,19 @@ def test_backend_over_stdio_ranks_as_local(hotpotqa_engine):
             b.get("nope")
 
 
-def test_unreachable_server_is_service_unavailable_after_retries():
+def test_unreachable_server_is_service_unavailable_after_retries(monkeypatch):
+    import types
+
+    import tenacity
+
     url = f"http://127.0.0.1:{free_port()}/mcp"
+    waits: list[float] = []
+    monkeypatch.setattr(tenacity.nap, "time", types.SimpleNamespace(sleep=waits.append))  # the retry's pauses, recorded
     with MCPSearchBackend(url, retry={"attempts": 2, "backoff_s": 0.01}) as b:
-        t0 = time.monotonic()
         with pytest.raises(ServiceUnavailableError, match=r"could not connect .*after 2 attempt\(s\)"):
             b.search(GOOD_QUERY, 3)
-        assert time.monotonic() - t0 < 20
+    # one pause between the two attempts: the backoff plus its jitter (up to one backoff), nothing longer
+    assert len(waits) == 1 and 0.01 <= waits[0] <= 0.02, waits
 
 
 def test_restarted_server_is_reconnected(hotpotqa_engine):
