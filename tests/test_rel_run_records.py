@@ -249,7 +249,8 @@ def test_an_episode_whose_reward_is_nan_is_not_written(bm25_backend, tmp_path):
         def score(self, episodes):
             return RewardOutput(scores=[float("nan")] * len(episodes))
 
-    cfg = RolloutConfig(policy="scripted", n=2, out=str(tmp_path / "run"), batch_size=2, plots=False)
+    cfg = RolloutConfig(tasks="hotpotqa-dev", policy="scripted", n=2, out=str(tmp_path / "run"), batch_size=2,
+                        plots=False)
     with pytest.raises(InvalidEpisodeError, match=r"task hotpotqa-\w+\) was not written .*reward: Input should be a finite number"):
         run_rollout(cfg, backend=bm25_backend, progress=False, reward=NaNReward())
     path = tmp_path / "run" / "trajectories.jsonl"

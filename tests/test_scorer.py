@@ -106,7 +106,7 @@ def test_rollout_records_the_qa_metrics_and_extra_rewards_as_before(default_engi
     from drgym.rewards.length import LengthGuard
 
     monkeypatch.setattr(rollout_loop, "_reward_objects", lambda cfg, kind, backend=None: [LengthGuard(max_tokens=1), Broken()])
-    cfg = runner.RolloutConfig(policy="scripted", n=3, out=str(tmp_path / "run"), batch_size=3)
+    cfg = runner.RolloutConfig(tasks="hotpotqa-dev", policy="scripted", n=3, out=str(tmp_path / "run"), batch_size=3)
     res = runner.run_rollout(cfg, backend=default_engine, progress=False)
     tasks = load_tasks("hotpotqa-dev")[:3]
     assert [d["task_id"] for d in res.trajectories] == [t.task_id for t in tasks]
