@@ -79,7 +79,7 @@ def test_a_judged_reward_needs_a_judge(tmp_path):
 @pytest.fixture(scope="module")
 def scripted_run(default_engine, tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "scripted"
-    cfg = RolloutConfig(policy="scripted", n=8, out=str(out), batch_size=4)
+    cfg = RolloutConfig(tasks="hotpotqa-dev", policy="scripted", n=8, out=str(out), batch_size=4)
     return run_rollout(cfg, backend=default_engine, progress=False)
 
 
@@ -127,12 +127,12 @@ def test_scripted_rollout_on_real_hotpotqa_questions(scripted_run):
 def test_rerun_resumes_and_refuses_a_different_run(scripted_run, default_engine):
     out = scripted_run.out_dir
     before = (out / "trajectories.jsonl").read_bytes()
-    res = run_rollout(RolloutConfig(policy="scripted", n=10, out=str(out), batch_size=4), backend=default_engine, progress=False)
+    res = run_rollout(RolloutConfig(tasks="hotpotqa-dev", policy="scripted", n=10, out=str(out), batch_size=4), backend=default_engine, progress=False)
     assert res.skipped == 8 and res.new_episodes == 2
     after = (out / "trajectories.jsonl").read_bytes()
     assert after.startswith(before) and len(read_jsonl(out / "trajectories.jsonl")) == 10
     with pytest.raises(ConfigError, match="differs in: policy"):
-        run_rollout(RolloutConfig(policy="rag:smollm2", n=10, out=str(out)), backend=default_engine, progress=False)
+        run_rollout(RolloutConfig(tasks="hotpotqa-dev", policy="rag:smollm2", n=10, out=str(out)), backend=default_engine, progress=False)
 
 
 def test_a_flagged_judge_is_recorded_in_metrics(default_engine, tmp_path):

@@ -38,7 +38,7 @@ def _unescape(cell: str) -> str:
 def test_answers_md_has_one_row_per_question_and_is_regenerated_on_resume(bm25_backend, tmp_path):
     out = tmp_path / "run"
     tasks = load_tasks("hotpotqa-dev")[:6]
-    res = run_rollout(RolloutConfig(policy="scripted", n=4, out=str(out), batch_size=2, plots=False),
+    res = run_rollout(RolloutConfig(tasks="hotpotqa-dev", policy="scripted", n=4, out=str(out), batch_size=2, plots=False),
                       backend=bm25_backend, progress=False)
     assert [p.name for p in res.files] == ["config.json", "trajectories.jsonl", "metrics.json", "answers.md"]
     text = (out / "answers.md").read_text(encoding="utf-8")
@@ -61,7 +61,7 @@ def test_answers_md_has_one_row_per_question_and_is_regenerated_on_resume(bm25_b
     assert f"4 of 4 questions answered by an episode; {right} of 4 correct (exact match)" in text
 
     # a resume rewrites the file whole: every task of the run, the new ones' lines after the old
-    res2 = run_rollout(RolloutConfig(policy="scripted", n=6, out=str(out), batch_size=2, plots=False),
+    res2 = run_rollout(RolloutConfig(tasks="hotpotqa-dev", policy="scripted", n=6, out=str(out), batch_size=2, plots=False),
                        backend=bm25_backend, progress=False)
     assert res2.skipped == 4 and res2.new_episodes == 2
     rows2 = _rows(out / "answers.md")
@@ -74,7 +74,7 @@ def test_answers_md_has_one_row_per_question_and_is_regenerated_on_resume(bm25_b
 
     # a rerun with nothing to do gives the same wall-time shares as the run it read (one source: the records)
     m_before = json.loads((out / "metrics.json").read_text())
-    res3 = run_rollout(RolloutConfig(policy="scripted", n=6, out=str(out), batch_size=2, plots=False),
+    res3 = run_rollout(RolloutConfig(tasks="hotpotqa-dev", policy="scripted", n=6, out=str(out), batch_size=2, plots=False),
                        backend=bm25_backend, progress=False)
     assert res3.new_episodes == 0 and [p.name for p in res3.files] == ["metrics.json", "answers.md"]
     m_after = json.loads((out / "metrics.json").read_text())
