@@ -65,7 +65,10 @@ def test_quantised_file_is_cached_and_reused(int8_engine, session_drgym_home):
     from drgym.embedding import Encoder
 
     enc = int8_engine.encoder
-    folder = session_drgym_home / "onnx"
+    # the encoder is shared per process: it may have been exported under the home of the
+    # first test that made it (the session's, or $DRGYM_HOME's as CI sets it)
+    folder = enc._onnx.path.parent
+    assert folder.name == "onnx"
     path = folder / f"{enc.revision}-{enc.max_length}-int8.onnx"
     fp32 = folder / f"{enc.revision}-{enc.max_length}.onnx"
     assert enc._onnx.path == path and path.is_file() and fp32.is_file()

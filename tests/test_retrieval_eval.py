@@ -171,7 +171,7 @@ def test_rollout_metrics_report_gold_evidence(bm25_backend, tmp_path):
     from drgym.envs.task_loaders import load_tasks
     from drgym.evaluation.runner import RolloutConfig, run_rollout
 
-    cfg = RolloutConfig(policy="scripted", n=3, out=str(tmp_path / "r"), rewards=["cover_em"])
+    cfg = RolloutConfig(tasks="hotpotqa-dev", policy="scripted", n=3, out=str(tmp_path / "r"), rewards=["cover_em"])
     res = run_rollout(cfg, backend=bm25_backend, progress=False)
     ev = json.loads((res.out_dir / "metrics.json").read_text())["gold_evidence"]
     tasks = {t.task_id: t for t in load_tasks("hotpotqa-dev")[:3]}

@@ -89,7 +89,7 @@ def test_accelerate_launch_config_parses():
     ({"grpo": {"learning_rte": 1e-5}}, "Did you mean 'learning_rate'"),
     ({"rollout": {"max_turn": 2}}, "Did you mean 'max_turns'"),
     ({"rollout": {"temperature": 0.7}}, "differs from grpo.temperature"),
-    ({"tasks": {"test": "hotpotqa-dev"}}, r"tasks\.test: unknown tasks key\. Known: eval, train"),
+    ({"tasks": {"final": "hotpotqa-dev"}}, r"tasks\.final: unknown tasks key\. Known: eval, test, train"),
     ({"protocol": "xml"}, "Unknown protocol"),
     ({"trainable_layers": -1}, "trainable_layers"),
 ])
