@@ -2,7 +2,7 @@
 
 For each policy (default ``scripted``, ``rag:smollm2``, ``hf:smollm2``) this runs
 :func:`drgym.evaluation.runner.run_rollout` on the same first ``--n`` questions of
-``hotpotqa-dev`` over the local ``wiki-default`` backend (shared, loaded once) and
+``--tasks`` (default the main job's, ``synth-demo``) over the local ``wiki-default`` backend (shared, loaded once) and
 writes JSON with:
 
 - ``episodes_per_min``: episodes / wall seconds of the episode loop (setup excluded;
@@ -20,7 +20,7 @@ CPU default). Usage::
     python scripts/bench_rollout.py --n 8 --out bench_rollout.json
 
 **The main job under load** (``--background-load N``): runs the main job itself, the
-``drgym rollout`` command (default policy ``hf:smollm2``, ``--n 20`` tasks, each run a
+``drgym rollout`` command (default the main job's policy ``hf:smollm2-drgym``, ``--n 20`` tasks, each run a
 fresh process into a fresh run folder), alternately on the machine as it is ("idle")
 and with ``N`` busy processes (``python -c 'while True: pass'``, or with
 ``--background-kind torch`` 2-thread torch matmul loops, OpenMP jobs like the main job)
@@ -50,6 +50,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from drgym.config import DEFAULT_POLICY, DEFAULT_QA_TASKS
+
 BUSY_LOOP = "while True: pass"
 TORCH_LOOP = "import torch; torch.set_num_threads(2); a = torch.randn(256, 256)\nwhile True: a @ a"
 """``--background-kind torch``: a busy process that is itself an OpenMP job (2 torch threads,
@@ -65,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--policies", default="scripted,rag:smollm2,hf:smollm2")
     ap.add_argument("--dtypes", default="", help="comma list of dtypes for extra hf:smollm2 rows, e.g. float32,bfloat16")
-    ap.add_argument("--tasks", default="hotpotqa-dev")
+    ap.add_argument("--tasks", default=DEFAULT_QA_TASKS, help=f"task set (default the main job's, {DEFAULT_QA_TASKS})")
     ap.add_argument("--n", type=int, default=None, help="tasks per run (default 8; 20 with --background-load)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--out", default="bench_rollout.json")
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="measure the main job (drgym rollout) idle and with N busy processes, in this one run")
     ap.add_argument("--background-kind", choices=("python", "torch"), default="python",
                     help="busy processes: a pure-Python loop, or 2-thread torch matmuls (an OpenMP job)")
-    ap.add_argument("--main-policy", default="hf:smollm2", help="policy of the main job (with --background-load)")
+    ap.add_argument("--main-policy", default=DEFAULT_POLICY,
+                    help=f"policy of the main job (with --background-load; default {DEFAULT_POLICY})")
     ap.add_argument("--reps", type=int, default=2, help="idle/loaded pairs (with --background-load)")
     ap.add_argument("--before-src", default=None, metavar="DIR",
                     help="also run the main job from this checkout (e.g. an export of an older commit) in the same "

@@ -59,7 +59,7 @@ def test_rankings_move_little(torch_engine, int8_engine):
         assert overlap >= bound, (method, overlap)
 
 
-def test_quantised_file_is_cached_and_reused(int8_engine, session_drgym_home):
+def test_quantised_file_is_cached_and_reused(int8_engine, session_drgym_home, monkeypatch):
     import onnx
 
     from drgym.embedding import Encoder
@@ -79,6 +79,7 @@ def test_quantised_file_is_cached_and_reused(int8_engine, session_drgym_home):
     assert "MatMulInteger" in ops and "DynamicQuantizeLinear" in ops, ops
     assert any(i.data_type == onnx.TensorProto.INT8 for i in model.graph.initializer)
     stamp = path.stat().st_mtime_ns
+    monkeypatch.setenv("DRGYM_HOME", str(folder.parent))  # the home that holds the export
     again = Encoder(backend="onnx-int8", device="cpu")  # loads the quantised file, no second quantisation
     assert again._onnx.path == path and path.stat().st_mtime_ns == stamp
     np.testing.assert_allclose(again.encode_queries(["who wrote the iliad"]),
