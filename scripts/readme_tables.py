@@ -223,6 +223,8 @@ def bench_train() -> str:
 
 # (result of python scripts/bench_rollout.py --background-load 2 ..., what the machine was doing)
 MAIN_JOB_LOAD_RUNS: list[tuple[str, str]] = [
+    ("scripts/results/bench_rollout_load_demo.json",
+     "the main job as it is now (hf:smollm2-drgym on synth-demo); a training run and a preflight paused"),
     ("scripts/results/bench_rollout_load_quiet.json",
      "a GRPO training run (1 thread) beside it, and a pip install during the first rep"),
     ("scripts/results/bench_rollout_load.json", "a shared machine, other users' jobs beside it"),
