@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from drgym.training.config import load_config
-from drgym.training.preflight import _group_stats, detectable_effect, preflight
+from drgym.training.preflight import _group_stats, detectable_effect, preflight, claim_slice_record
 from drgym.records import Task
 
 
@@ -14,6 +14,14 @@ def test_detectable_effect_formula():
     assert detectable_effect(0.4, 400) == pytest.approx(0.056)
     assert detectable_effect(0.4, 100) == pytest.approx(0.112)
     assert detectable_effect(0.4, 1) is None
+
+
+def test_a_sample_without_spread_does_not_claim_a_zero_detectable_lift():
+    """Every sampled episode scoring 0 says nothing about a test's noise: the assumed spread is used."""
+    t = claim_slice_record("hipporag-test", 60, 0.0)
+    assert t["detectable_effect_f1"] == pytest.approx(2.8 * 0.4 / 60 ** 0.5, abs=1e-4)
+    assert "no spread" in t["sd_source"]
+    assert claim_slice_record("answerable-test", 400, 0.27)["detectable_effect_f1"] == pytest.approx(0.0378, abs=1e-4)
 
 
 def test_data_checks_tell_a_run_that_fits_from_one_with_breadth(default_engine):

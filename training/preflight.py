@@ -76,6 +76,30 @@ def detectable_effect(sd: float, n: int, rho: float = RHO) -> float | None:
     return (Z_ALPHA + Z_POWER) * math.sqrt(2 * (1 - rho)) * sd / math.sqrt(n)
 
 
+ASSUMED_SD = 0.4
+"""The F1 spread assumed when the sample gives none (no policy run, or every episode scored alike)."""
+
+
+def claim_slice_record(test_name: str, n_test: int, sd: float | None) -> dict[str, Any]:
+    """The record's ``test`` part: the slice, its size and the detectable lift (:func:`detectable_effect`).
+
+    A sample without spread (``sd`` None or 0: no policy run, or every sampled episode
+    scored the same) says nothing about a test's noise, so :data:`ASSUMED_SD` is used and
+    the record says so.
+
+    >>> claim_slice_record("answerable-test", 400, 0.0)["sd_source"]
+    'assumed 0.4 (the sample has no spread)'
+    """
+    if sd:
+        used, source = sd, "F1 of one episode, over the sample's episodes"
+    else:
+        used = ASSUMED_SD
+        source = f"assumed {ASSUMED_SD} ({'no policy run' if sd is None else 'the sample has no spread'})"
+    mde = detectable_effect(used, n_test)
+    return {"set": test_name, "n": n_test, "sd_used": used, "sd_source": source, "rho_assumed": RHO,
+            "detectable_effect_f1": round(mde, 4) if mde is not None else None}
+
+
 def gold_in_view(cfg, tasks: list[Task], *, backend=None) -> list[bool]:
     """Per task: is a gold alias in the training env's observation for the question as query
     (:func:`drgym.rewards.evidence.gold_in_view` of :func:`drgym.envs.prompts.shown_text`)?"""
@@ -171,10 +195,8 @@ def preflight(cfg, *, n_tasks: int = 16, k: int | None = None, model_path: str |
         except (OSError, ImportError, RuntimeError, ValueError) as e:  # a model this machine cannot load
             rec["policy_skipped"] = f"the start policy could not run here: {type(e).__name__}: {str(e)[:300]}"
             log.warning("preflight: %s", rec["policy_skipped"])
-    mde = detectable_effect(sd if sd is not None else 0.4, n_test)
-    rec["test"] = {"set": test_name, "n": n_test, "sd_used": sd if sd is not None else 0.4,
-                   "sd_source": "F1 of one episode, over the sample's episodes" if sd is not None else "assumed 0.4 (no policy run)",
-                   "rho_assumed": RHO, "detectable_effect_f1": round(mde, 4) if mde is not None else None}
+    rec["test"] = claim_slice_record(test_name, n_test, sd)
+    mde = rec["test"]["detectable_effect_f1"]
     verdicts = []
     giv = rec["data"]["gold_in_view_frac"]
     if giv < 0.3:
