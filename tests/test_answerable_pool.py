@@ -65,7 +65,12 @@ def test_pool_record_matches_the_split():
 @pytest.mark.slow
 def test_filter_reproduces_on_a_sample():
     """Re-run the env filter on 12 pool questions and 12 rejected ones from the same sources:
-    the kept ones are still answerable in the training env, the others are not."""
+    the kept ones are still answerable in the training env, the others are not.
+
+    The pool was filtered with the torch (float32) query encoder, before ONNX int8 became the
+    default; int8 changes which passages come back for some questions, so the filter is
+    reproduced with the encoder it ran with (``settings.search.encoder_backend`` in the record,
+    pinned in the config)."""
     from drgym.envs.task_loaders import load_tasks
     from drgym.rewards.qa import cover_exact_match
     from drgym.training.config import load_config
@@ -74,6 +79,8 @@ def test_filter_reproduces_on_a_sample():
 
     script = _script()
     cfg = load_config("smollm2_answerable_cpu")
+    record = json.loads((ROOT / "training/results/answerable_pool/pool_record.json").read_text())
+    assert cfg.search["encoder_backend"] == record["settings"]["search"]["encoder_backend"] == "torch"
     kept = load_tasks("answerable-train")[:6] + load_tasks("answerable-test")[:6]
     kept_q = {t.question for t in load_tasks("answerable-train") + load_tasks("answerable-dev")
               + load_tasks("answerable-test")}
