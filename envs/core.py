@@ -10,6 +10,11 @@ returns a :class:`PendingStep` listing the queries and URLs it needs;
 :meth:`SearchAgentEnv.end_step` takes their results and returns the usual
 ``(observation, reward, terminated, truncated, info)``. :meth:`SearchAgentEnv.step`
 runs both with the env's own backend.
+
+An episode is scored when it ends, by :func:`score_finished`: the driver calls it once
+per turn for every env whose episode ended in that turn, so envs that share one reward
+object (a GRPO group's) are scored in one :meth:`~drgym.rewards.scorer.Scorer.score_batch`
+(one judge batch); :meth:`SearchAgentEnv.step` scores its own episode alone.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from drgym.errors import ConfigError, unknown_name
 from drgym.records import Episode, Reward, Step, Task, ToolCall, Trajectory
 from drgym.rewards.calibration import split_labelled_answer
 from drgym.rewards.registry import get_reward
-from drgym.rewards.scorer import Scorer
+from drgym.rewards.scorer import Scored, Scorer
 from drgym.search.base import SearchBackend
 from drgym.search.registry import get_backend
 
@@ -176,6 +181,7 @@ class SearchAgentEnv(gym.Env[str, str]):
         self._task: Task | None = None
         self._done = True
         self._traj: Trajectory | None = None
+        self._unscored = False  # the episode has ended and waits for score_finished
 
     # -- configuration ---------------------------------------------------------------
     @property
@@ -256,6 +262,7 @@ class SearchAgentEnv(gym.Env[str, str]):
         self._obs_tokens = 0
         self._final_answer: str | None = None
         self._done = False
+        self._unscored = False
         self._last_obs = render_messages(self._messages)
         self._on_reset(task)
         self._traj = Trajectory(
@@ -337,6 +344,8 @@ class SearchAgentEnv(gym.Env[str, str]):
         self,
         pending: PendingStep,
         results: dict[str, list[Any] | BaseException | None] | None = None,
+        *,
+        score: bool = True,
     ) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """Phase two: turn the tool results into the observation, reward and info.
 
@@ -345,6 +354,10 @@ class SearchAgentEnv(gym.Env[str, str]):
             results: tool name -> one result per ``pending.calls[name]`` entry (in
                 order; an entry may be the exception of that call), or the exception the
                 tool raised for the whole batch.
+            score: score an episode that ends here now; False leaves it to the caller's
+                :func:`score_finished` (the driver scores a turn's episodes together),
+                and the returned reward and ``info["reward_components"]`` are then not
+                yet the episode's.
 
         Returns:
             ``(observation, reward, terminated, truncated, info)``. ``reward`` is 0.0
@@ -428,7 +441,9 @@ class SearchAgentEnv(gym.Env[str, str]):
             traj.timings["search"] += latency
         reward = 0.0
         if self._done:
-            reward = self._finish(terminated, truncated)
+            self._close_episode(terminated, truncated)
+            if score:
+                [reward] = score_finished([self])
         traj.timings["env"] += time.perf_counter() - t_backend_done + (0.0 if ran else latency)
         info = self._info(parsed, step_results, "; ".join(errors) or None)
         if self._done:
@@ -437,11 +452,12 @@ class SearchAgentEnv(gym.Env[str, str]):
             info["trajectory"] = traj
         return obs, reward, terminated, truncated, info
 
-    def end_episode(self) -> tuple[str, float, bool, bool, dict[str, Any]]:
+    def end_episode(self, *, score: bool = True) -> tuple[str, float, bool, bool, dict[str, Any]]:
         """End the running episode as truncated without another agent turn.
 
         For a caller whose own budget ran out (the GRPO rollout's token caps): the
-        episode is finished and scored as if a budget of the env had truncated it.
+        episode is finished and scored as if a budget of the env had truncated it
+        (``score=False``: as in :meth:`end_step`, scored later by :func:`score_finished`).
 
         Returns:
             ``(observation, reward, False, True, info)`` as the last :meth:`step` would.
@@ -452,7 +468,8 @@ class SearchAgentEnv(gym.Env[str, str]):
         if self._done or self._task is None:
             raise ResetNeeded("The episode is over: call reset() before end_episode().")
         self._done = True
-        reward = self._finish(False, True)
+        self._close_episode(False, True)
+        reward = score_finished([self])[0] if score else 0.0
         traj = self._traj
         assert traj is not None
         info = self._info(None, [], None)
@@ -505,7 +522,8 @@ class SearchAgentEnv(gym.Env[str, str]):
             return text
         return f"{tool.label} {call.arguments[tool.argument]!r}:\n{text}"
 
-    def _finish(self, terminated: bool, truncated: bool) -> float:
+    def _close_episode(self, terminated: bool, truncated: bool) -> None:
+        """Record the episode's end in its trajectory; it waits for :func:`score_finished`."""
         traj = self._traj
         assert traj is not None and self._task is not None
         traj.final_answer = self._final_answer
@@ -516,30 +534,31 @@ class SearchAgentEnv(gym.Env[str, str]):
             "invalid_actions": self._invalid, "obs_tokens": self._obs_tokens,
         })
         self._finalize_trajectory(traj)
-        comps: dict[str, float | None] = {}
-        total = 0.0
-        scored = True
-        t0 = time.perf_counter()
-        if self.reward is not None:
-            # A failing reward is logged and recorded (score None), the rollout goes on; the env
-            # records a judge outage the same way (stop_on=()): the step ends with reward None.
-            scorer = Scorer(self.reward, stop_on=())
-            [res] = scorer.score([Episode(task=self._task, answer=self._answer_for_reward(), trajectory=traj)])
-            [name] = scorer.names
-            score = res.scores[name]
-            comps = dict(res.components)
-            comps.setdefault(name, score)  # a component named like the reward wins over its score
-            if name in res.errors:
-                traj.metadata["reward_error"] = res.errors[name]
+        self._unscored = True
+
+    def _episode(self) -> Episode:
+        """The finished episode as its reward scores it."""
+        assert self._task is not None and self._traj is not None
+        return Episode(task=self._task, answer=self._answer_for_reward(), trajectory=self._traj)
+
+    def _settle(self, label: str | None, res: Scored | None) -> float:
+        """The episode's total from its reward's result (None: no reward): the score (0.0
+        for a missing one, whose trajectory keeps reward None) minus the format penalty."""
+        traj = self._traj
+        assert traj is not None
+        total, scored = 0.0, True
+        if label is not None and res is not None:
+            score = res.scores[label]
+            if label in res.errors:
+                traj.metadata["reward_error"] = res.errors[label]
             scored = score is not None
             total = float(score) if score is not None else 0.0
         if self.format_penalty:
-            comps["format_penalty"] = -self.format_penalty * self._invalid
+            traj.reward_components["format_penalty"] = -self.format_penalty * self._invalid
             total -= self.format_penalty * self._invalid
-        traj.timings["reward"] = time.perf_counter() - t0
         # the trajectory keeps None for a missing score; the Gymnasium step reward must be a float (0.0)
         traj.reward = total if scored else None
-        traj.reward_components = comps
+        self._unscored = False
         return total
 
     def _answer_for_reward(self) -> str:
@@ -592,3 +611,45 @@ class SearchAgentEnv(gym.Env[str, str]):
 
     def close(self) -> None:
         """Nothing to free: the backend belongs to the caller (or is the shared default)."""
+
+
+def score_finished(envs: Sequence[SearchAgentEnv]) -> list[float]:
+    """Score the episodes that just ended in ``envs``; returns each one's step reward.
+
+    Envs that share one reward object are scored together: one
+    :meth:`~drgym.rewards.scorer.Scorer.score_batch` per reward object, so a judged
+    reward sees a whole GRPO group (whose envs share the run's reward) in one batch.
+    Results go into each trajectory by the Scorer's merge rule (a component named like
+    the reward wins over its score). A reward that fails, a judge outage included, is
+    logged and recorded: the trajectory's ``reward`` is None, ``reward_components``
+    holds None under the reward's name, ``metadata["reward_error"]`` the error; the step
+    reward is then 0.0 (Gymnasium's reward is a float). The format penalty
+    (``format_penalty`` per invalid action) is subtracted and recorded as the
+    ``format_penalty`` component.
+
+    Returns:
+        One float per env, in order: the score minus the format penalty.
+
+    Raises:
+        ValueError: an env has no finished episode waiting to be scored (never ended, or
+            already scored).
+    """
+    bad = [i for i, e in enumerate(envs) if not getattr(e, "_unscored", False)]
+    if bad:
+        raise ValueError(f"score_finished: env(s) {bad[:5]} have no finished, unscored episode.")
+    results: dict[int, tuple[str, Scored]] = {}
+    groups: dict[int, list[int]] = {}
+    for i, e in enumerate(envs):
+        if e.reward is not None:
+            groups.setdefault(id(e.reward), []).append(i)
+    for idx in groups.values():
+        # the env records a judge outage like any failure (stop_on=()): the step ends with reward None
+        scorer = Scorer(envs[idx[0]].reward, stop_on=())
+        [label] = scorer.names
+        for i, res in zip(idx, scorer.score_batch([envs[i]._episode() for i in idx])):
+            results[i] = (label, res)
+    out = []
+    for i, e in enumerate(envs):
+        label, res = results.get(i, (None, None))
+        out.append(e._settle(label, res))
+    return out

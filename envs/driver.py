@@ -17,7 +17,10 @@ stepped env, merges their queries into one ``backend.search_batch`` per (backend
 backends), runs the fetches on a thread pool, and hands each env its own results through
 :meth:`~drgym.envs.core.SearchAgentEnv.end_step`. If a merged batch fails, each env's
 queries are retried alone so that one bad query cannot fail the others; what still
-fails is shown to that env's agent and recorded in its trajectory.
+fails is shown to that env's agent and recorded in its trajectory. The episodes that end
+in a turn are then scored together (:func:`~drgym.envs.core.score_finished`: one
+:meth:`~drgym.rewards.scorer.Scorer.score_batch` per reward object the envs share, so a
+judge sees a GRPO group's episodes in one batch).
 
 The driver steps ``env.unwrapped`` (Gymnasium's wrappers added by ``make`` are bypassed
 for steps; resets go through them).
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 import gymnasium as gym
-from drgym.envs.core import PendingStep, SearchAgentEnv
+from drgym.envs.core import PendingStep, SearchAgentEnv, score_finished
 
 from drgym.atomic import append_jsonl, atomic_write_text, read_jsonl
 from drgym.errors import ConfigError
@@ -143,9 +146,27 @@ class BatchedDriver:
         """
         if not isinstance(actions, dict):
             actions = {i: a for i, a in enumerate(actions) if a is not None}
+        return self._score(self._step_unscored(actions))
+
+    def _step_unscored(self, actions: dict[int, Any]) -> dict[int, tuple[str, float, bool, bool, dict[str, Any]]]:
+        """:meth:`step` without scoring the episodes that end (see :meth:`_score`)."""
         self.stats["turns"] += 1
         pending: dict[int, PendingStep] = {i: self.raw[i].begin_step(a) for i, a in actions.items()}
         return self._finish_step(pending)
+
+    def _score(self, results: dict[int, tuple[str, float, bool, bool, dict[str, Any]]]
+               ) -> dict[int, tuple[str, float, bool, bool, dict[str, Any]]]:
+        """Score every episode of ``results`` that ended this turn, together
+        (:func:`~drgym.envs.core.score_finished`), and put the rewards and
+        ``reward_components`` into ``results`` (returned)."""
+        done = [i for i, (_, _, term, trunc, _) in results.items() if term or trunc]
+        if not done:
+            return results
+        for i, reward in zip(done, score_finished([self.raw[i] for i in done])):
+            obs, _, term, trunc, info = results[i]
+            info["reward_components"] = dict(info["trajectory"].reward_components)
+            results[i] = (obs, reward, term, trunc, info)
+        return results
 
     def _finish_step(self, pending: dict[int, PendingStep]) -> dict[int, tuple[str, float, bool, bool, dict[str, Any]]]:
         """Run each tool's calls of ``pending`` as one merged batch, then end each env's step.
@@ -187,7 +208,7 @@ class BatchedDriver:
                     except Exception as e:  # shown to that agent, recorded in its trajectory
                         out[i][name] = e
             self.stats[f"{name}_s"] = self.stats.get(f"{name}_s", 0.0) + time.perf_counter() - t0
-        return {i: self.raw[i].end_step(p, out[i]) for i, p in pending.items()}
+        return {i: self.raw[i].end_step(p, out[i], score=False) for i, p in pending.items()}
 
     # -- whole rollouts ----------------------------------------------------------------
     def run(
@@ -243,8 +264,9 @@ class BatchedDriver:
             if len(actions) != len(idx):
                 raise ConfigError(f"policy returned {len(actions)} actions for {len(idx)} conversations.")
             # None: the policy ends that episode (its own budget ran out); the env ends it truncated
-            results = self.step({i: a for i, a in zip(idx, actions) if a is not None})
-            results.update({i: self.raw[i].end_episode() for i, a in zip(idx, actions) if a is None})
+            results = self._step_unscored({i: a for i, a in zip(idx, actions) if a is not None})
+            results.update({i: self.raw[i].end_episode(score=False) for i, a in zip(idx, actions) if a is None})
+            self._score(results)  # this turn's finished episodes, scored together
             for i in idx:
                 gen_time[i] += dt
                 obs, _, term, trunc, info = results[i]

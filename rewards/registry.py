@@ -22,6 +22,7 @@ from drgym.errors import ConfigError, unknown_name
 from drgym.judges.factory import make_judge
 from drgym.records import Episode, Reward, RewardOutput
 from drgym.rewards import citation, evidence, fact, keypoints, length, qa, quality, race
+from drgym.rewards.scorer import weighted_total
 from drgym.search.registry import make_backend
 
 
@@ -52,9 +53,9 @@ def reward_names() -> list[str]:
 
 
 class WeightedReward(Reward):
-    """Weighted sum of rewards: ``score = sum_i w_i * s_i``.
+    """Weighted sum of rewards: ``score = sum_i w_i * s_i`` (:func:`~drgym.rewards.scorer.weighted_total`).
 
-    An episode is None when any part is None (judge failure or a metric that does not
+    An episode is None when any part is None or NaN (judge failure or a metric that does not
     apply); ``failures`` is the number of episodes any part failed on. Components hold
     every part's components plus each part's score under its name.
 
@@ -82,19 +83,19 @@ class WeightedReward(Reward):
         self.name = "+".join(r.name for r, _ in self.parts)
 
     def score(self, episodes: list[Episode]) -> RewardOutput:
-        total: list[float | None] = [0.0] * len(episodes)
+        cols: list[list[float | None]] = []
         comps: dict[str, list[float | None]] = {}
         failed = [False] * len(episodes)
-        for r, w in self.parts:
+        for r, _ in self.parts:
             out = r.score(episodes)
             comps.update(out.components)
             comps[r.name] = list(out.scores)
+            cols.append(list(out.scores))
             for i, s in enumerate(out.scores):
                 if s is None:
-                    total[i] = None
                     failed[i] = failed[i] or out.failures > 0
-                elif total[i] is not None:
-                    total[i] += w * s
+        weights = [w for _, w in self.parts]
+        total = [weighted_total([c[i] for c in cols], weights) for i in range(len(episodes))]
         return RewardOutput(scores=total, components=comps, failures=sum(failed))
 
 

@@ -198,7 +198,6 @@ def test_env_trl_adapter_and_grpo_wrapper_read_the_same_answer(bm25_backend):
     from drgym.records import Task
     from drgym.rewards.qa import ExactMatch
     from drgym.training.trl_adapter import TRLReward
-    from drgym.training.rewards import DrgymRewardFunc
 
     completion = "<answer>Paris</answer> no wait <answer>Rome</answer>"
     task = Task(task_id="t", question="Capital of France?", answers=["Paris"])
@@ -208,7 +207,7 @@ def test_env_trl_adapter_and_grpo_wrapper_read_the_same_answer(bm25_backend):
     assert term and info["final_answer"] == "Paris" and reward == 1.0
     trl = TRLReward(ExactMatch())
     assert trl([[{"role": "user", "content": "Q"}]], [completion], answers=[["Paris"]]) == [1.0]
-    wrapped = DrgymRewardFunc(trl, {"t": task})
+    wrapped = TRLReward(ExactMatch(), tasks_by_id={"t": task}, env_scored=True)  # as GRPO builds it
     assert wrapped(["Q"], [completion], task_id=["t"]) == [1.0]
 
 
@@ -315,11 +314,10 @@ def test_the_answer_rule_reads_no_reasoning_for_strings_and_message_lists(text, 
 def test_env_trl_adapter_and_grpo_wrapper_read_template_opened_reasoning_alike(bm25_backend):
     from drgym.rewards.qa import F1
     from drgym.training.trl_adapter import TRLReward
-    from drgym.training.rewards import DrgymRewardFunc
 
     task = Task(task_id="de", question=GERMANY, answers=["Berlin"])
     trl = TRLReward(F1())
-    wrapped = DrgymRewardFunc(trl, {"de": task})
+    wrapped = TRLReward(F1(), tasks_by_id={"de": task}, env_scored=True)  # as GRPO builds it
     for completion in (ISSUE_FORMAT_ECHO, ISSUE_REHEARSED_SEARCH):
         env, _ = _germany_env(bm25_backend)
         _, reward, _, _, info = env.step(completion)

@@ -153,3 +153,124 @@ def test_evaluate_records_a_failing_metric_and_scores_the_others(tmp_path, monke
     assert row["failed"] == {"quality": False, "race": True}
     assert row["errors"] == {"race": "RuntimeError: judge down"}
     assert row["components"]["quality_depth"] == pytest.approx(0.4)
+
+
+class Counting(Reward):
+    """F1 that records the size of every batch it scores."""
+
+    name = "f1"
+
+    def __init__(self) -> None:
+        self.batches: list[int] = []
+
+    def score(self, episodes):
+        self.batches.append(len(episodes))
+        return F1().score(episodes)
+
+
+def test_the_merge_rule_is_one_and_score_batch_writes_it_into_trajectories():
+    from drgym.records import Trajectory
+
+    # scores under their labels, then components (a component named like a label wins over its score)
+    comps = {"f1": 1.0, "em": 1.0}
+    scored = Scorer([Fixed("kpr", [0.25], {"kpr": [0.5], "kpc": [0.25]}), Broken()]).score([Episode(PARIS, "x")])[0]
+    assert scored.merge_into(comps) == {"f1": 1.0, "em": 1.0, "kpr": 0.5, "kpc": 0.25, "broken": None}
+    # score_batch: the same rule into each trajectory, errors appended, time shared
+    trajs = [Trajectory(episode_id=f"e{i}", task_id=t.task_id, reward_components={"f1": 0.5}) for i, t in enumerate([PARIS, EIFFEL])]
+    out = Scorer([ExactMatch(), Broken()]).score_batch([Episode(t, a, tr) for t, a, tr in
+                                                        zip([PARIS, EIFFEL], ["paris.", "Eiffel"], trajs)])
+    assert [tr.reward_components for tr in trajs] == [{"f1": 0.5, "em": 1.0, "broken": None},
+                                                      {"f1": 0.5, "em": 0.0, "broken": None}]
+    assert [tr.metadata["reward_errors"] for tr in trajs] == [["broken: RuntimeError: judge down"]] * 2
+    assert all(tr.timings["reward"] >= 0.0 for tr in trajs) and out[0].scores["em"] == 1.0
+    with pytest.raises(ValueError, match="have none"):
+        Scorer(ExactMatch()).score_batch([Episode(PARIS, "paris")])
+
+
+def test_missing_only_scores_a_reward_only_where_the_trajectory_lacks_it():
+    from drgym.records import Trajectory
+
+    f1 = Counting()
+    trajs = [Trajectory(episode_id="a", task_id="q1", reward_components={"f1": 0.25}),
+             Trajectory(episode_id="b", task_id="q2")]
+    Scorer([ExactMatch(), f1]).score_batch([Episode(PARIS, "paris.", trajs[0]), Episode(EIFFEL, "Gustave Eiffel", trajs[1])],
+                                           missing_only=True)
+    assert f1.batches == [1]  # only the episode without an f1
+    assert trajs[0].reward_components == {"f1": 0.25, "em": 1.0}  # the recorded f1 is kept, not recomputed
+    assert trajs[1].reward_components == {"f1": 1.0, "em": 1.0}
+    f1.batches.clear()
+    Scorer(f1).score_batch([Episode(PARIS, "x", trajs[0]), Episode(EIFFEL, "y", trajs[1])], missing_only=True)
+    assert f1.batches == []  # every trajectory holds it: no call at all
+
+
+def test_the_driver_scores_a_turns_finished_episodes_in_one_batch(bm25_backend):
+    """Envs that share a reward object (a GRPO group's) are scored together, once per turn;
+    the step rewards and components are what each env alone would give."""
+    import gymnasium as gym
+
+    import drgym.envs  # noqa: F401
+    from drgym.envs.driver import BatchedDriver
+
+    class Answer:
+        name = "answer"
+
+        def act(self, conversations, infos=None):
+            return ["<answer>Gustave Eiffel</answer>" if "tower" in i["question"] else "<search>Paris</search>"
+                    for i in infos]
+
+    shared = Counting()
+    envs = [gym.make("drgym/SearchQA-v0", backend=bm25_backend, tasks=[PARIS, EIFFEL], reward=shared, max_turns=2)
+            for _ in range(4)]
+    driver = BatchedDriver(envs)
+    trajs = driver.run(Answer(), [{"task_id": "q2"}, {"task_id": "q1"}, {"task_id": "q2"}, {"task_id": "q1"}])
+    # turn 1: the two tower episodes end (one batch); turn 2: the two Paris episodes are truncated (one batch)
+    assert shared.batches == [2, 2]
+    assert [t.reward_components["f1"] for t in trajs] == [1.0, 0.0, 1.0, 0.0]
+    assert [t.reward for t in trajs] == [1.0, 0.0, 1.0, 0.0]
+    # one env alone gives the same
+    alone = gym.make("drgym/SearchQA-v0", backend=bm25_backend, tasks=[EIFFEL], reward=Counting())
+    alone.reset(options={"task_id": "q2"})
+    *_, r, _, _, info = alone.step("<answer>Gustave Eiffel</answer>")
+    assert r == 1.0 and info["reward_components"] == {"f1": 1.0} and info["trajectory"].timings["reward"] >= 0.0
+    # the driver's own step() scores too
+    driver = BatchedDriver(envs[:2])
+    driver.reset([{"task_id": "q2"}, {"task_id": "q2"}])
+    out = driver.step(["<answer>Gustave Eiffel</answer>", "<answer>Eiffel</answer>"])
+    assert [out[i][1] for i in (0, 1)] == [1.0, pytest.approx(2 / 3)]
+    assert out[1][4]["reward_components"] == {"f1": pytest.approx(2 / 3)} and shared.batches[-1] == 2
+
+
+def test_trl_reward_reads_the_env_score_and_falls_back_to_the_scorer(caplog):
+    from drgym.training.trl_adapter import TRLReward
+
+    f1 = Counting()
+    trajs = [{"episode_id": "a", "task_id": "q1", "reward_components": {"f1": 0.5}},
+             {"episode_id": "b", "task_id": "q2", "reward_components": {}}]
+    tasks = {"q1": PARIS, "q2": EIFFEL}
+    fn = TRLReward(f1, tasks_by_id=tasks, env_scored=True)
+    out = fn(["Q", "Q"], ["<answer>Paris</answer>", "<answer>x</answer>"], task_id=["q1", "q2"],
+             final_answer=["Paris", "Gustave Eiffel"], trajectory=trajs)
+    assert out == [0.5, 1.0] and f1.batches == [1]  # the env's score read; the other scored from final_answer
+    # without env_scored the recorded score is not trusted (the env's reward may differ): both are scored
+    assert TRLReward(f1, tasks_by_id=tasks)(["Q", "Q"], ["", ""], task_id=["q1", "q2"],
+                                            final_answer=["Paris", "Gustave Eiffel"], trajectory=trajs) == [1.0, 1.0]
+    # the Scorer's failure policy: a reward that raises gives None (logged), never 0
+    with caplog.at_level(logging.WARNING, logger="drgym.rewards.scorer"):
+        assert TRLReward(Broken())(["Q"], ["<answer>Paris</answer>"], answers=[["Paris"]]) == [None]
+    assert "reward broken failed" in caplog.text
+
+
+def test_one_weighted_total_and_one_degenerate_rule():
+    from drgym.rewards import degenerate_groups, weighted_total
+    from drgym.rewards.registry import WeightedReward
+
+    assert weighted_total([0.5, 1.0], [1.0, 0.2]) == pytest.approx(0.7)
+    assert weighted_total([0.5, float("nan")], [1.0, 0.2]) is None
+    assert weighted_total([None, None], [1.0, 0.2], skip_missing=True) is None
+    with pytest.raises(ValueError, match="2 scores for 1 weights"):
+        weighted_total([1.0, 1.0], [1.0])
+    out = WeightedReward([(F1(), 1.0), (Fixed("half", [None, 1.0], {}), 0.5)]).score(eps())
+    assert out.scores == [None, pytest.approx(0.8 + 0.5)]
+    assert degenerate_groups([0.2, 0.2, 0.0, 1.0, None, 1.0, 0.5], 2) == [True, False, True, True]
+    with pytest.raises(ValueError):
+        degenerate_groups([1.0], 0)

@@ -49,7 +49,7 @@ def make_evaluator(cfg, tasks: list, reward_funcs: list, weights: list[float], *
     Args:
         cfg: the run config.
         tasks: the held-out :class:`~drgym.records.Task` objects.
-        reward_funcs: the run's :class:`DrgymRewardFunc` list; ``weights`` their weights.
+        reward_funcs: the run's :class:`~drgym.training.trl_adapter.TRLReward` list; ``weights`` their weights.
         backend: the run's search backend (None: built from ``cfg.search`` on first use).
 
     Returns:

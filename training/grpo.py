@@ -32,6 +32,7 @@ from drgym.atomic import atomic_write_json
 from drgym.errors import ConfigError
 from drgym.models import load_model, load_tokenizer
 from drgym.rewards.registry import WeightedReward
+from drgym.rewards.scorer import degenerate_groups, weighted_total
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +95,10 @@ def degenerate_rows(trainer, n_local: int) -> list[bool]:
     Rebuilds the weighted total reward of every completion of the generation batch from
     the per-function rewards TRL logged for it (``trainer._logs["rewards"]``, gathered
     over processes, every reward function included) and ``trainer.reward_weights``,
-    exactly as TRL sums them (``nansum``; a row with no score is NaN), groups them by
-    ``num_generations`` and flags groups whose finite rewards are all equal (or that
-    have at most one).
+    exactly as TRL sums them (:func:`~drgym.rewards.scorer.weighted_total` with
+    ``skip_missing``, TRL's ``nansum``), groups them by ``num_generations`` and flags
+    the rows of :func:`~drgym.rewards.scorer.degenerate_groups` (finite rewards all
+    equal, or at most one).
 
     Returns:
         ``list[bool]`` of length ``n_local`` (this process's rows).
@@ -104,8 +106,6 @@ def degenerate_rows(trainer, n_local: int) -> list[bool]:
     Raises:
         ValueError: the logged rewards do not cover the batch.
     """
-    import math
-
     n_proc = trainer.accelerator.num_processes
     n = n_local * n_proc
     names = list(trainer.reward_func_names)
@@ -113,16 +113,9 @@ def degenerate_rows(trainer, n_local: int) -> list[bool]:
     if any(len(c) != n for c in cols):
         raise ValueError(f"zero-variance filter: TRL logged {[len(c) for c in cols]} rewards for a batch of {n}.")
     w = [float(x) for x in trainer.reward_weights.tolist()]
-    totals = []
-    for i in range(n):
-        vals = [(c[i], wk) for c, wk in zip(cols, w) if c[i] is not None and not math.isnan(c[i])]
-        totals.append(sum(v * wk for v, wk in vals) if vals else float("nan"))
+    totals = [weighted_total([c[i] for c in cols], w, skip_missing=True) for i in range(n)]
     G = trainer.num_generations
-    flags = [False] * n
-    for g in range(0, n, G):
-        finite = [x for x in totals[g:g + G] if not math.isnan(x)]
-        if len(finite) <= 1 or max(finite) - min(finite) < 1e-9:
-            flags[g:g + G] = [True] * len(totals[g:g + G])
+    flags = [flat for g, flat in zip(range(0, n, G), degenerate_groups(totals, G)) for _ in range(min(G, n - g))]
     r = trainer.accelerator.process_index
     return flags[r * n_local:(r + 1) * n_local]
 

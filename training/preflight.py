@@ -10,7 +10,9 @@ On a seeded sample of the config's training tasks it measures:
   pass@1 (mean exact match), pass@k (share of questions with an exact match in some
   episode), mean F1, answer rate;
 - **zero-variance groups**: the share of those k-episode groups whose weighted rewards are
-  all equal (no GRPO gradient; with ``zero_variance.filter_groups`` they are dropped);
+  all equal, unscored episodes left out (:func:`drgym.rewards.scorer.degenerate_groups`,
+  the GRPO guard's rule; no GRPO gradient; with ``zero_variance.filter_groups`` they are
+  dropped);
 - **rollout time per step**: the sampled episodes' wall time scaled to
   ``per_device_train_batch_size`` completions (generation + env + reward; the backward pass
   is not included);
@@ -45,6 +47,7 @@ from drgym.envs.task_loaders import load_tasks
 from drgym.records import Task
 from drgym.rewards.evidence import gold_in_view as gold_seen
 from drgym.rewards.qa import exact_match
+from drgym.rewards.scorer import degenerate_groups
 from drgym.synth.pipeline import env_search
 from drgym.training.data import load_task_slice, make_env_factory
 
@@ -122,7 +125,7 @@ def _group_stats(trajs: list[dict[str, Any]], by_task: dict[str, Task], k: int) 
         em_per_q.append(ems)
         f1_per_q.append(sum(f1s) / len(f1s) if f1s else 0.0)
         rewards = [e.get("reward") for e in eps]
-        if None not in rewards and max(rewards) - min(rewards) < 1e-9:
+        if degenerate_groups(rewards, len(rewards))[0]:  # the GRPO guard's rule: unscored episodes left out
             zero_var += 1
         answered += sum(bool((e.get("final_answer") or "").strip()) for e in eps)
     n_q = len(groups)

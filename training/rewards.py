@@ -1,77 +1,25 @@
-"""GRPO reward functions: drgym rewards as TRL reward functions, and the degenerate-group monitor."""
+"""GRPO reward functions: drgym rewards as TRL reward functions
+(:class:`~drgym.training.trl_adapter.TRLReward`), and the degenerate-group monitor."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
 from drgym.atomic import append_jsonl
-from drgym.records import Trajectory
+from drgym.rewards.scorer import degenerate_groups, weighted_total
 from drgym.training.ranks import gather_rows, is_main
-from drgym.training.trl_adapter import trl_reward_funcs, trl_reward_weights
-
-
-class DrgymRewardFunc:
-    """A drgym reward (through :class:`drgym.training.trl_adapter.TRLReward`) fed with rollout fields.
-
-    TRL calls ``f(prompts=, completions=, completion_ids=, **columns, **rollout_fields)``.
-    The adapter builds each :class:`~drgym.records.Episode` from the dataset
-    columns (``task_id``, ``question``, ``answers``); this wrapper then sets the answer
-    to the rollout's ``final_answer`` (the env's parsed ``<answer>``, '' when none) and
-    attaches the episode's ``trajectory``, so rewards that count invalid actions or
-    check termination (``format``) see the whole episode and nothing re-parses the
-    decoded completion (which includes the ``<information>`` text). When the env already
-    scored the episode (GRPO's env scores with the run's rewards), the score is read from
-    the trajectory's ``reward_components`` instead of computed again.
-
-    Returns ``list[float | None]``, one per completion. ``__name__`` is the reward
-    name TRL logs under (``rewards/<name>/mean`` and ``/std``).
-    """
-
-    def __init__(self, trl_reward, tasks_by_id: dict[str, Any], monitor: "GroupMonitor | None" = None):
-        self.inner = trl_reward
-        self.reward = trl_reward.reward
-        self.__name__ = trl_reward.__name__
-        self.tasks_by_id = tasks_by_id
-        self.monitor = monitor
-
-    def __call__(self, prompts, completions, final_answer=None, trajectory=None, **kw):
-        n = len(completions)
-        episodes = self.inner.episodes(list(prompts or []), list(completions), **kw)
-        for i, ep in enumerate(episodes):
-            tid = kw.get("task_id")[i] if kw.get("task_id") is not None else None
-            if tid in self.tasks_by_id:
-                ep.task = self.tasks_by_id[tid]
-            if final_answer is not None:
-                ep.answer = final_answer[i] or ""
-            d = trajectory[i] if trajectory is not None else None
-            if isinstance(d, dict) and d.get("episode_id"):
-                ep.trajectory = Trajectory.from_dict(d)
-        # one scorer: an episode the env already scored (its trajectory carries this reward's
-        # component) is read, not scored again; only completions without an env episode
-        # (a direct call) are scored here
-        comps = [((trajectory[i] or {}).get("reward_components") or {}) if trajectory is not None
-                 and isinstance(trajectory[i], dict) else {} for i in range(n)]
-        todo = [i for i in range(n) if self.__name__ not in comps[i]]
-        raw: list[Any] = [comps[i].get(self.__name__) for i in range(n)]
-        if todo:
-            out = self.reward.score([episodes[i] for i in todo])
-            for i, s in zip(todo, out.scores):
-                raw[i] = s
-        scores = [None if s is None or (isinstance(s, float) and math.isnan(s)) else float(s) for s in raw]
-        if self.monitor is not None:
-            self.monitor.record(self.__name__, scores, kw.get("task_id") or [""] * n,
-                                [e.answer for e in episodes])
-        return scores
+from drgym.training.trl_adapter import TRLReward, trl_reward_funcs, trl_reward_weights
 
 
 class GroupMonitor:
     """Collapse guard: detects degenerate GRPO groups and logs them.
 
     After the last reward function of a batch has run, the weighted total reward is
-    rebuilt per completion and split into groups of ``num_generations``. A group is
-    *degenerate* when all its rewards are equal (zero advantage, no gradient; DAPO,
+    rebuilt per completion as TRL sums it (:func:`~drgym.rewards.scorer.weighted_total`
+    with ``skip_missing``; NaN when no part scored) and split into groups of
+    ``num_generations``. A group is *degenerate* when all its rewards are equal
+    (:func:`~drgym.rewards.scorer.degenerate_groups`: zero advantage, no gradient; DAPO,
     Yu et al. 2025, §3.2 "dynamic sampling"), and an answer is *empty* when the episode
     ended with no ``<answer>`` text. Logged per batch (trainer metrics, so TensorBoard
     and ``metrics.jsonl``): ``guard/degenerate_group_frac``,
@@ -101,9 +49,10 @@ class GroupMonitor:
         if len(self._batch) < len(self.names):
             return
         local = []
+        weights = [self.weights[k] for k in self.names]
         for i in range(len(scores)):
-            vals = [(self._batch[k][i], self.weights[k]) for k in self.names if self._batch[k][i] is not None]
-            local.append((sum(v * w for v, w in vals) if vals else float("nan"), task_ids[i], answers[i]))
+            total = weighted_total([self._batch[k][i] for k in self.names], weights, skip_missing=True)
+            local.append((float("nan") if total is None else total, task_ids[i], answers[i]))
         self._batch = {}
         rows = gather_rows(self.trainer, local)
         totals = [r[0] for r in rows]
@@ -112,17 +61,17 @@ class GroupMonitor:
         n = len(rows)
         G = self.G if self.G and n % self.G == 0 else n
         groups = [list(range(g, g + G)) for g in range(0, n, G)]
+        flags = degenerate_groups(totals, G)
         degenerate = 0
         all_empty = 0
         step = getattr(getattr(self.trainer, "state", None), "global_step", None)
         main = is_main(self.trainer)
-        for idx in groups:
+        for idx, flat in zip(groups, flags):
             r = [totals[i] for i in idx]
             empty = [not (answers[i] or "").strip() for i in idx]
             if all(empty):
                 all_empty += 1
-            finite = [x for x in r if not math.isnan(x)]
-            if len(finite) <= 1 or max(finite) - min(finite) < 1e-9:
+            if flat:
                 degenerate += 1
                 if main:
                     append_jsonl(self.out_path, {"step": step, "task_id": task_ids[idx[0]], "rewards": r,
@@ -145,7 +94,10 @@ def build_reward_funcs(cfg, tasks_by_id: dict[str, Any], *, num_generations: int
 
     The ``rewards:`` list becomes the weighted spec of
     :func:`drgym.training.trl_adapter.trl_reward_funcs` (one TRL function per part, so
-    TRL logs each component), each wrapped in :class:`DrgymRewardFunc`.
+    TRL logs each component); each is a :class:`~drgym.training.trl_adapter.TRLReward`
+    that scores against the run's tasks, reads the score the env recorded
+    (``env_scored``: the run's envs score with these same reward objects) and reports
+    to the monitor.
 
     Raises:
         ConfigError: unknown reward name or bad kwargs (from the reward registry).
@@ -156,5 +108,6 @@ def build_reward_funcs(cfg, tasks_by_id: dict[str, Any], *, num_generations: int
     weights = trl_reward_weights(spec)
     names = [f.__name__ for f in inner]
     monitor = GroupMonitor(names, weights, num_generations, Path(output_dir) / "degenerate_groups.jsonl")
-    funcs = [DrgymRewardFunc(f, tasks_by_id, monitor) for f in inner]
+    funcs = [TRLReward(f.reward, parser=f.parser, name=f.__name__, tasks_by_id=tasks_by_id, monitor=monitor,
+                       env_scored=True) for f in inner]
     return funcs, weights, monitor

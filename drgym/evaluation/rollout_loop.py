@@ -208,7 +208,12 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
     # the envs search through a watch that remembers a service failure (faults.py); unknown
     # env options were refused by check_options before anything was loaded
     watch = ServiceWatch(be)
-    envs = [gym.make(config.env, backend=watch, tasks=tasks, **env_kw) for _ in range(n_envs)]
+    envs = [gym.make(config.env, backend=watch, tasks=tasks, **env_kw)]
+    # the other envs share the first one's reward object, so the driver scores the episodes
+    # that end in a turn in one batch (score_finished groups by reward object)
+    shared = envs[0].unwrapped.reward
+    envs += [gym.make(config.env, backend=watch, tasks=tasks, **{**env_kw, "reward": shared if shared is not None else False})
+             for _ in range(n_envs - 1)]
     raw0 = envs[0].unwrapped
     kind = getattr(raw0, "kind", "qa")
     extra_rewards = _reward_objects(config, kind, be)
@@ -538,9 +543,11 @@ def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _Re
 
     QA tasks with answers get ``em``, ``f1`` and ``cover_em`` (the default
     :class:`~drgym.rewards.qa.ExactMatch`, :class:`~drgym.rewards.qa.F1` and
-    :class:`~drgym.rewards.qa.CoverExactMatch`) unless the env's reward already recorded
-    them. Each extra reward then sets its score under its name and its other components,
-    replacing earlier values; one that raises is recorded (None, and
+    :class:`~drgym.rewards.qa.CoverExactMatch`) where the env's reward did not already
+    record them (an ``f1`` the env scored is not computed again). The extra rewards then
+    score every episode. Both go through :meth:`~drgym.rewards.scorer.Scorer.score_batch`
+    and its one merge rule: each score under the reward's name, then its components,
+    replacing earlier values; a reward that raises is recorded (None, and
     ``metadata["reward_errors"]``), and a :class:`~drgym.errors.ServiceUnavailableError`
     propagates (the run stops, these episodes are not written).
     """
@@ -557,34 +564,13 @@ def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _Re
         t.metadata["latency_s"] = (now - t0) if t0 is not None else None
         t.metadata["policy"] = config.policy
         t.metadata["answers"] = list(task.answers)
-    qa = [t for t in trajs if tasks_by_id[t.task_id].kind == "qa" and tasks_by_id[t.task_id].answers]
-    if qa:
-        t0r = time.perf_counter()
-        scored = Scorer([ExactMatch(), F1(), CoverExactMatch()]).score(
-            [Episode(task=tasks_by_id[t.task_id], answer=t.final_answer or "", trajectory=t) for t in qa])
-        dt = (time.perf_counter() - t0r) / len(qa)
-        for t, res in zip(qa, scored):
-            for name, value in res.scores.items():
-                t.reward_components.setdefault(name, value)  # the env's reward wins
-            for name, err in res.errors.items():
-                t.metadata.setdefault("reward_errors", []).append(f"{name}: {err}")
-            t.timings["reward"] = t.timings.get("reward", 0.0) + dt
     eps = [Episode(task=tasks_by_id[t.task_id], answer=t.final_answer or "", trajectory=t) for t in trajs]
-    for r in extra_rewards:
-        t0r = time.perf_counter()
-        scorer = Scorer(r)  # re-raises ServiceUnavailableError: the run stops, these episodes are not written
-        [name] = scorer.names
-        scored = scorer.score(eps)
-        dt = (time.perf_counter() - t0r) / len(trajs)
-        for t, res in zip(trajs, scored):
-            t.reward_components[name] = res.scores[name]
-            if name in res.errors:
-                t.metadata.setdefault("reward_errors", []).append(f"{name}: {res.errors[name]}")
-                continue
-            for cname, value in res.components.items():
-                if cname != name:
-                    t.reward_components[cname] = value
-            t.timings["reward"] = t.timings.get("reward", 0.0) + dt
+    qa = [ep for ep in eps if ep.task.kind == "qa" and ep.task.answers]
+    if qa:
+        Scorer([ExactMatch(), F1(), CoverExactMatch()]).score_batch(qa, missing_only=True)
+    if extra_rewards:
+        # re-raises ServiceUnavailableError: the run stops, these episodes are not written
+        Scorer(list(extra_rewards)).score_batch(eps)
 
 
 def compute_metrics_for_run(trajectories: list[dict[str, Any]]) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 OpenAI-compatible backend, a local transformers backend, and a SQLite verdict cache.
 
 Build one from a spec with :func:`make_judge` (``"hf:smollm2"``,
-``"openai:MODEL@BASE_URL"``). ``drgym evaluate`` lives in :mod:`drgym.cli.evaluate`.
+``"openai:MODEL@BASE_URL"``). ``drgym evaluate`` scores with them in :mod:`drgym.evaluation.judged`.
 """
 
 from drgym.judges.base import Judge, JudgeRequest, JudgeResult, PromptTemplate
