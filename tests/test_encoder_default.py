@@ -140,6 +140,44 @@ def test_int8_query_vectors_do_not_depend_on_the_batch(hotpotqa_engine):
     assert np.array_equal(enc.encode_queries(qs, threads=2), batch)
 
 
+def test_int8_batch_tokenised_once_feeds_each_pass_what_it_gets_alone(hotpotqa_engine, monkeypatch):
+    """A batch for the int8 encoder is tokenised in one call and each row cut to its own
+    tokens; every forward pass gets exactly the arrays its text gets tokenised alone (a
+    text past the encoder's window, spaces around a text, and texts of one token among
+    them), so the vectors are the same as one text a call."""
+    import numpy as np
+
+    from envs_helpers import nq_open_questions
+
+    onnx = hotpotqa_engine.encoder._onnx
+    assert onnx.int8 and onnx.model.tokenizer.padding_side == "right"
+    qs = nq_open_questions(12) + ["word " * 600, "   spaced   question  ", "x", "Ünïcödé ça va?"]
+    prefixed = [hotpotqa_engine.encoder.prefixes.query + q for q in qs]
+    feeds: list[dict] = []
+    calls: list[int] = []
+    for sess in {id(s): s for s in (onnx.session, onnx.small_session, onnx.session_for(1))}.values():
+        run = sess.run
+
+        def spy(names, feed, _run=run):
+            feeds.append({k: v.copy() for k, v in feed.items()})
+            return _run(names, feed)
+        monkeypatch.setattr(sess, "run", spy)
+    real_features = onnx._features
+    monkeypatch.setattr(onnx, "_features", lambda texts: (calls.append(len(texts)), real_features(texts))[1])
+    together = onnx.encode(prefixed, 16, threads=1)
+    assert calls == [len(qs)]  # one tokenizer call for the batch
+    batch_feeds = list(feeds)
+    feeds.clear()
+    alone = np.vstack([onnx.encode([t], 16, threads=1) for t in prefixed])
+    order = np.argsort([-len(t) for t in prefixed], kind="stable")
+    assert len(batch_feeds) == len(feeds) == len(qs)
+    for pos, i in enumerate(order):
+        assert batch_feeds[pos].keys() == feeds[i].keys()
+        for name in feeds[i]:
+            assert np.array_equal(batch_feeds[pos][name], feeds[i][name]), (qs[i][:40], name)
+    assert np.array_equal(together, alone)
+
+
 def test_an_unwritable_home_exports_for_the_process_only(monkeypatch, tmp_path, caplog):
     """Where ``$DRGYM_HOME/onnx`` cannot be written (a read-only home holding an index), the
     export goes to one temporary folder of the process instead of failing the search

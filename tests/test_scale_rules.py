@@ -768,10 +768,10 @@ def test_shards_searched_side_by_side_rank_as_in_turn(ivf_index):
 
 
 def test_flat_scores_are_bit_identical_alone_and_in_any_batch(flat_index):
-    """drgym sends exact inner products through FAISS's BLAS path at every batch size
-    (FLAT_BLAS_THRESHOLD), so a query scores exactly alike alone, in a small batch (one
-    thread) and in a large one; the micro-batcher's answers then never depend on what else
-    was in the batch."""
+    """drgym sends exact inner products of small batches through FAISS's per-query loop and
+    of larger ones through BLAS (FLAT_BLAS_THRESHOLD), and re-scores the candidates, so a
+    query scores exactly alike alone, in a small batch (one thread) and in a large one; the
+    micro-batcher's answers then never depend on what else was in the batch."""
     import faiss
 
     from drgym.index.dense import FLAT_BLAS_THRESHOLD, SMALL_BATCH, DenseIndex
@@ -779,12 +779,14 @@ def test_flat_scores_are_bit_identical_alone_and_in_any_batch(flat_index):
 
     m = IndexManifest.read(flat_index.folder)
     dense = DenseIndex(flat_index.folder, m.shards, m.dim, m.n_passages, device="cpu")
-    assert faiss.cvar.distance_compute_blas_threshold == FLAT_BLAS_THRESHOLD == 1
+    assert faiss.cvar.distance_compute_blas_threshold == FLAT_BLAS_THRESHOLD == 4 * 384
     q = unit_rows(64, seed=11)
     alone = [dense.search(q[i:i + 1], 10) for i in range(len(q))]
     S1 = np.vstack([s for s, _ in alone])
     R1 = np.vstack([r for _, r in alone])
-    for b, threads in ((3, None), (SMALL_BATCH - 1, None), (64, None), (64, 1)):
+    loop_max = (FLAT_BLAS_THRESHOLD - 1) // m.dim  # the largest batch of FAISS's per-query loop (queries x dim)
+    for b, threads in ((3, None), (min(loop_max, 64), None), (min(loop_max + 1, 64), None), (SMALL_BATCH - 1, None),
+                       (64, None), (64, 1)):
         parts = [dense.search(q[i:i + b], 10, threads=threads) for i in range(0, len(q), b)]
         np.testing.assert_array_equal(np.vstack([r for _, r in parts]), R1)
         np.testing.assert_array_equal(np.vstack([s for s, _ in parts]), S1)  # bit for bit

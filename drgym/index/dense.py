@@ -265,27 +265,34 @@ TRAIN_MAX = 1_048_576
 below 39 points per centroid; 64 per list follows its wiki's guideline of 30-256)."""
 
 
-FLAT_BLAS_THRESHOLD = 1
-"""``faiss.cvar.distance_compute_blas_threshold`` that drgym sets: exact (``Flat``) inner
-products go through BLAS for every batch size (an IVF shard with a flat inner-product
-quantizer is assigned its lists by drgym's :func:`coarse_assign`, not by FAISS). faiss 1.15's
-default (128,000) sends any smaller batch to a per-query loop that reads all the vectors
-once per query; through BLAS a batch reads them once. Measured on wiki-default (21,126
-vectors, one thread): 1.12 ms per query in batches of 16 by the loop, 0.31 ms through BLAS,
-the same for one query alone (about 3 ms). FAISS's scores through BLAS differ from the
-loop's by rounding (at most 3e-7 measured), and on some CPUs between batch sizes in the
-last bit (OpenBLAS picks its kernel by matrix size); drgym does not keep them: a Flat
-shard's candidates are re-scored by :func:`exact_scores`, so a query scores bit for bit
-alike alone and in a batch of any size (``tests/test_scale_rules.py``). The cost: in ``drgym
-serve`` with one client (every batch one query) a request cost 6.4-8.7 ms of CPU this way
-against 4.2-4.9 by the loop (int8 encoder, scripts/bench_search.py); with 16 and 64
-clients it cost 3.0 and 2.3 ms against 3.8 and 3.2. The reason is OpenBLAS's ``sgemm``
-with one query row: it packs the database block by block however few rows it multiplies,
-and with one row that packing is the work. On wiki-default, one thread, one query a call:
-3.8 ms of CPU a call back to back and 6.2 ms with 4 ms pauses between calls (the index
-leaves the cache) through FAISS's BLAS path, against 1.3 and 2.1 ms by its loop and 1.2
-and 2.5 ms for numpy's ``sgemv`` on the same rows; on another 2-core machine (AMD EPYC)
-both paths cost about 6.6 ms a call. Either way the scores a query gets come from
+FLAT_BLAS_THRESHOLD = 4 * 384
+"""``faiss.cvar.distance_compute_blas_threshold`` that drgym sets. faiss 1.15 compares it
+with queries x dimension: exact (``Flat``) inner products of fewer go through FAISS's
+per-query loop, the others through BLAS. 1,536 sends 1 to 3 queries of 384 dimensions
+(MiniLM), 1 of 768, through the loop and larger batches through BLAS (an IVF shard with a
+flat inner-product quantizer is assigned its lists by drgym's :func:`coarse_assign`, not by
+FAISS). faiss's default (128,000) sends any batch below 334 queries of 384 dimensions to the
+loop, which reads all the vectors once per query; through BLAS a batch reads them once, but
+OpenBLAS's ``sgemm`` packs the database block by block however few query rows it
+multiplies, so with one row that packing is the work. Measured on wiki-default (21,126
+vectors of 384 dimensions, top 116 as hybrid search asks, one thread, CPU ms a call;
+``python scripts/bench_search.py --profile-default 300``,
+``scripts/results/bench_search_profile_default.json``):
+
+=========  ====  ====  ====  ====  =====
+queries      1     2     4     8     16
+=========  ====  ====  ====  ====  =====
+loop       1.1   2.4   4.9   8.9   17.9
+BLAS       6.2   6.4   5.7   6.8    8.5
+=========  ====  ====  ====  ====  =====
+
+So a one-query request (``drgym serve`` with one client) pays about 1.1 ms for its exact
+search instead of 6.2, and the micro-batches of 16 and 64 clients keep BLAS. FAISS's scores
+differ between the two paths by rounding (at most 3e-7 measured), and on some CPUs
+between batch sizes in the last bit (OpenBLAS picks its kernel by matrix size); drgym does
+not keep them: a Flat shard's ``k +`` :data:`TIE_MARGIN` candidates are re-scored by
+:func:`exact_scores`, so a query scores bit for bit alike alone and in a batch of any size
+(``tests/test_scale_rules.py``). Either way the scores a query gets come from
 :func:`exact_scores`, so the path FAISS takes never changes them."""
 
 
