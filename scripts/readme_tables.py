@@ -18,6 +18,9 @@ Tables and their sources:
 - ``search_profile`` and ``search_encoders``: ``scripts/results/bench_search_profile*.json``
   (``python scripts/bench_search.py --profile 300``); ``search_encoders`` has one row per
   query encoder of SEARCH_ENCODER_ROWS.
+- ``search_profile_default`` and ``peer_default``: ``scripts/results/bench_search_profile_default.json``
+  and ``scripts/results/bench_search_peer_default.json`` (``python scripts/bench_search.py
+  --profile-default 300`` and ``--peer-default --search-r1 RETRIEVAL_SERVER_PY``).
 - ``calibration_source``: ``scripts/results/bench_calibration_source.json``
   (``python scripts/bench_calibration_source.py``).
 - ``encoder_choice``: ``scripts/results/bench_encoder_choice.json``
@@ -708,6 +711,85 @@ def search_profile() -> str:
     return text
 
 
+PEER_DEFAULT = "scripts/results/bench_search_peer_default.json"  # bench_search.py --peer-default --search-r1 ...
+PROFILE_DEFAULT = "scripts/results/bench_search_profile_default.json"  # bench_search.py --profile-default 300
+
+
+def peer_default() -> str:
+    """drgym serve at its default settings against Search-R1's retrieval_server.py, at 1, 16
+    and 64 clients, round by round (A B A B): server CPU per request, their ratio, req/s, and
+    the floor (the default query encoder's forward alone, per query)."""
+    r = _load(PEER_DEFAULT)
+    floor = r["floor_encoder_cpu_ms_per_query"]
+    rows = []
+    for clients, m in r["summary"].items():
+        rows.append([clients,
+                     " / ".join(f"{x:.2f}" for x in m["drgym_cpu_ms_per_request"]),
+                     " / ".join(f"{x:.1f}" for x in m["search_r1_cpu_ms_per_request"]),
+                     " / ".join(f"{x:.1f}x" for x in m["cpu_ratio_search_r1_over_drgym_by_round"]),
+                     " / ".join(f"{x:.1f}" for x in m["drgym_rps"]),
+                     " / ".join(f"{x:.1f}" for x in m["search_r1_rps"]),
+                     f"{floor['batched_64']['forward']:.2f} / {floor['one_query']['forward']:.2f}",
+                     "yes" if m["target_tenth_met_every_round"] else "no"])
+    head = ["clients", "drgym serve: CPU ms / request, round 1 / 2", "Search-R1: CPU ms / request, round 1 / 2",
+            "Search-R1 / drgym CPU", "drgym req/s", "Search-R1 req/s",
+            "floor: encoder forward CPU ms / query, 64 a call / 1 a call", "drgym <= 1/10 of Search-R1's CPU"]
+    errors = {"drgym": sum(m["errors"]["drgym"] for m in r["summary"].values()),
+              "Search-R1": sum(m["errors"]["search-r1"] for m in r["summary"].values())}
+    eng = r.get("drgym_engine") or {}
+    loads = [c["load_avg_1m_before"] for c in r["cells"]] + [c["load_avg_1m_after"] for c in r["cells"]]
+    commit = r["search_r1"].get("commit")
+    version = f" (Search-R1 commit `{commit[:12]}`)" if commit else ""
+    return _table(head, rows) + (
+        f"\n\n{r['request']}; drgym serve with its defaults ({eng.get('method')}, `{eng.get('encoder_backend')}` query "
+        f"encoder, one search thread) and the result cache off (`--cache-size 0`: the pool's questions repeat within a "
+        f"run); Search-R1's `retrieval_server.py`{version} over the same FAISS file and passages, MiniLM in torch float32. "
+        f"{r['pool']}; {r['generator']}; {r['seconds_per_cell']:.0f} s per cell, {r['rounds']} rounds, {r['order']}; "
+        f"errors: {errors['drgym']} (drgym), {errors['Search-R1']} (Search-R1). CPU: user + system time of each server's "
+        f"process (PIDs {r['drgym']['process']['pid']} and {r['search_r1']['process']['pid']}, both children of the "
+        f"benchmark, recorded with their command lines) per answered request. The floor: the default query encoder's "
+        f"forward pass alone, one thread, in the benchmark's process before the servers start. One run, "
+        f"{r['started'][:16].replace('T', ' ')} UTC, on {r['cpu_count']} cores shared with a training run; 1-minute load "
+        f"{min(loads):.1f}-{max(loads):.1f} over the cells. `{_command(r['command'])}` (`{PEER_DEFAULT}`).")
+
+
+def search_profile_default() -> str:
+    """Where drgym serve's CPU goes for a default POST /retrieve, stage by stage, at 1, 16
+    and 64 requests at a time."""
+    d = _load(PROFILE_DEFAULT)
+    by = d["by_clients"]
+    levels = list(by)
+    stages = list(by[levels[0]]["cpu_ms_per_request"])
+    rows = []
+    for k in stages:
+        row = [d["stages"][k]]
+        for c in levels:
+            v = by[c]["cpu_ms_per_request"][k]
+            row += [f"{v:.2f}", _pct(v / by[c]["total_with_http_parse"])]
+        rows.append(row)
+    rows.append(["**total**"] + [x for c in levels for x in (f"**{by[c]['total_with_http_parse']:.2f}**", "100 %")])
+    rows.append(["above the encoder (total less tokenisation and forward)"]
+                + [x for c in levels for x in (f"{by[c]['above_encoder']:.2f}", _pct(by[c]["above_encoder"] / by[c]["total_with_http_parse"]))])
+    fl = d["floor_encoder_cpu_ms_per_query"]
+    rows.append(["floor: the encoder's forward alone, per query (64 a call)"]
+                + [x for c in levels for x in (f"{fl['batched_64']['forward']:.2f}", "-")])
+    head = ["stage"] + [x for c in levels for x in (f"CPU ms / request, {c} at a time", "share")]
+    flat = d["flat_search_paths"]
+    frows = [[n, f"{v['loop_cpu_ms_per_call']:.2f}", f"{v['blas_cpu_ms_per_call']:.2f}", v["drgym_path"]]
+             for n, v in flat["sizes"].items()]
+    ident = d["engine"]["identity"] or {}
+    return _table(head, rows) + (
+        f"\n\n{d['request']}; {ident.get('method')}, `{ident.get('encoder_backend')}`; {d['requests_per_pass']} requests per "
+        f"pass, medians of {d['passes']} passes per level run in turns, on {d['cpus']} cores (1-minute load "
+        f"{d['load_avg_1_5_15_at_end'][0]:.1f} at the end). The app is driven in-process through its ASGI interface, "
+        f"1, 16 or 64 requests at a time (the micro-batcher groups them); HTTP parsing (h11) and the body checks are "
+        f"timed beside it on the same bodies. `{d['command']}` (`{PROFILE_DEFAULT}`).\n\n"
+        + _table(["queries a call", "FAISS loop: CPU ms / call", "FAISS BLAS: CPU ms / call", "drgym takes"], frows)
+        + f"\n\nFAISS's exact search on the {flat['index']} shard ({flat['vectors']:,} vectors of {flat['dim']} dimensions, "
+          f"top {flat['depth']}, one thread), by its per-query loop and through BLAS; drgym's threshold "
+          f"(queries x dimension) is {flat['drgym_threshold_queries_x_dim']:,}.")
+
+
 SEARCH_ENCODERS = "scripts/results/bench_search_profile_int8.json"
 # (encoder backend, label, key of its agreement with torch in the JSON, its recall key)
 SEARCH_ENCODER_ROWS: list[tuple[str, str, str | None, str]] = [
@@ -1154,6 +1236,8 @@ TABLES: dict[str, Callable[[], str]] = {
     "probe_groups": probe_groups,
     "probe_groups_cost": probe_groups_cost,
     "search_profile": search_profile,
+    "search_profile_default": search_profile_default,
+    "peer_default": peer_default,
     "search_encoders": search_encoders,
     "encoder_choice": encoder_choice,
 }
@@ -1188,6 +1272,8 @@ TABLE_PAGES: dict[str, str] = {
     "probe_groups": "docs/benchmarks/scale.md",
     "probe_groups_cost": "docs/benchmarks/scale.md",
     "search_profile": "docs/benchmarks/search.md",
+    "search_profile_default": "docs/benchmarks/search.md",
+    "peer_default": "docs/benchmarks/search.md",
     "search_encoders": "docs/benchmarks/search.md",
     "encoder_choice": "docs/benchmarks/search.md",
     "grpo_summary": "docs/training.md",
