@@ -33,6 +33,7 @@ of the wrong type names the field and the expected type
 from __future__ import annotations
 
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -233,6 +234,70 @@ def parse_section(model: type[_M], data: Any, *, where: str | None = None, sourc
         return model.model_validate({} if data is None else data)
     except ValidationError as e:
         raise config_error(e, model, where=where, source=source) from None
+
+
+def merge_layers(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``over`` merged over ``base``: mappings merge key by key at every depth, anything else
+    in ``over`` replaces (a list is replaced whole). Neither argument is changed.
+
+    This is how a run file and the command line's ``--set`` options combine.
+
+    >>> merge_layers({"env": {"id": "x", "kwargs": {"top_k": 3, "max_searches": 2}}},
+    ...              {"env": {"kwargs": {"top_k": 5}}})
+    {'env': {'id': 'x', 'kwargs': {'top_k': 5, 'max_searches': 2}}}
+    """
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = merge_layers(out[k], v)
+        else:
+            out[k] = v
+    return out
+
+
+_EXPONENT_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def dotted_overrides(pairs: Sequence[str], *, option: str = "--set") -> dict[str, Any]:
+    """``["rollout.max_turns=3", "grpo.learning_rate=1e-5"]`` as a nested mapping.
+
+    Each value is read as a YAML scalar or flow collection, as the same text in a config file
+    would be (``3`` an int, ``1e-5`` a float, ``true`` a bool, ``null`` None, ``[a, b]`` a list,
+    anything else a string; ``1e-5``, a string to PyYAML without a dot, is read as a float
+    here); the models then validate it where the file's value would be.
+
+    >>> dotted_overrides(["rollout.max_turns=3", "env.kwargs.top_k=5", "name=x"])
+    {'rollout': {'max_turns': 3}, 'env': {'kwargs': {'top_k': 5}}, 'name': 'x'}
+
+    Raises:
+        ConfigError: an item without ``=``, an empty key part, a value that is not valid YAML,
+            or two items that set a key and a key inside it.
+    """
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in pairs:
+        key, sep, text = item.partition("=")
+        parts = key.strip().split(".")
+        if not sep or not all(p.strip() for p in parts):
+            raise ConfigError(f"{option} {item!r}: expected KEY=VALUE with a dotted KEY (rollout.max_turns=3).")
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{option} {item!r}: the value is not valid YAML ({e}).") from None
+        if isinstance(value, str) and _EXPONENT_FLOAT.fullmatch(value.strip()):
+            value = float(value)  # YAML 1.1 (PyYAML) reads 1e-5 as a string; 1.0e-5 as a float
+        node = out
+        for depth, part in enumerate(parts[:-1]):
+            nxt = node.setdefault(part.strip(), {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"{option} {item!r}: {'.'.join(parts[:depth + 1])} was set to a value above.")
+            node = nxt
+        last = parts[-1].strip()
+        if isinstance(node.get(last), dict):
+            raise ConfigError(f"{option} {item!r}: {key.strip()} already has keys set inside it above.")
+        node[last] = value
+    return out
 
 
 class Section(BaseModel):

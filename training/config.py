@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from drgym.config import EvalSettings, RolloutSection, TaskSlice, TrainingConfig, parse_section
+from drgym.config import EvalSettings, RolloutSection, TaskSlice, TrainingConfig, merge_layers, parse_section
 from drgym.errors import ConfigError, unknown_name
 from drgym.training.rollout import RolloutSettings
 
@@ -190,8 +190,10 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
 
     Args:
         path: a YAML file, or a bundled config name from ``training/configs``.
-        overrides: top-level keys to replace (``{"output_dir": ...}``); nested sections
-            given as dicts are merged one level deep.
+        overrides: keys to replace (``{"output_dir": ...}``), merged over the file by
+            :func:`~drgym.config.merge_layers` (mappings key by key at every depth; the
+            command line's ``--set rollout.max_turns=3`` arrives here through
+            :func:`~drgym.config.dotted_overrides`).
 
     Raises:
         ConfigError: missing file, bad YAML, or invalid content.
@@ -207,13 +209,7 @@ def load_config(path: str | os.PathLike, overrides: dict[str, Any] | None = None
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a YAML mapping at the top level (name:, model:, ...), got {type(data).__name__}.")
-    data = dict(data)
-    for k, v in (overrides or {}).items():
-        if isinstance(v, dict) and isinstance(data.get(k), dict):
-            data[k] = {**data[k], **v}
-        else:
-            data[k] = v
-    return parse_config(data, source=str(p))
+    return parse_config(merge_layers(data, overrides or {}), source=str(p))
 
 
 def build_peft_config(cfg: RunConfig):

@@ -16,8 +16,15 @@ train_app = typer.Typer(help="GRPO and SFT training on TRL (configs in training/
                         rich_markup_mode=None)  # plain help: a "[...]" in it is not rich markup
 
 
-def _overrides(output_dir: Optional[str], model: Optional[str]) -> dict:
-    o = {}
+SET_HELP = ("Override a config key by its dotted path, as the YAML would write the value "
+            "(--set rollout.max_turns=3 --set grpo.learning_rate=1e-5 --set env.kwargs.top_k=5); repeatable.")
+
+
+def _overrides(output_dir: Optional[str], model: Optional[str], sets: Optional[list[str]] = None) -> dict:
+    """The config overrides of a command: its ``--set`` items, then ``--output-dir`` and ``--model``."""
+    from drgym.config import dotted_overrides
+
+    o = dotted_overrides(sets or [])
     if output_dir:
         o["output_dir"] = output_dir
     if model:
@@ -44,16 +51,18 @@ def grpo_cmd(
     launch: bool = typer.Option(False, "--launch", help="Start the run as the config's launch: section says "
                                 "(accelerate launch --config_file ... --num_processes N -m drgym train grpo ...)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="With --launch: print the command, start nothing."),
+    sets: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Train a search agent with GRPO (multi-turn rollouts of drgym/SearchQA-v0)."""
     try:
         from drgym.training.config import load_config
         from drgym.training.grpo import run_grpo
 
-        cfg = load_config(config, _overrides(output_dir, model))
+        cfg = load_config(config, _overrides(output_dir, model, sets))
         if launch or dry_run:
             extra = (["--resume"] if resume else []) + (["--max-steps", str(max_steps)] if max_steps else []) \
-                + (["--output-dir", output_dir] if output_dir else []) + (["--model", model] if model else [])
+                + (["--output-dir", output_dir] if output_dir else []) + (["--model", model] if model else []) \
+                + [a for item in sets for a in ("--set", item)]
             _launch(cfg, config, "grpo", extra, dry_run)
             return
         summary = run_grpo(cfg, resume=resume, max_steps=max_steps)
@@ -93,13 +102,14 @@ def sft_cmd(
     min_reward: Optional[float] = typer.Option(None, "--min-reward", help="Keep trajectories with reward >= this."),
     resume: bool = typer.Option(False, "--resume", help="Continue from the last checkpoint."),
     model: Optional[str] = typer.Option(None, "--model", help="Override model."),
+    sets: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Warm-start a policy on trajectories with TRL's SFTTrainer (observation tokens masked)."""
     try:
         from drgym.training.config import load_config
         from drgym.training.sft import run_sft
 
-        cfg = load_config(config, _overrides(None, model))
+        cfg = load_config(config, _overrides(None, model, sets))
         if scripted:
             from drgym.training.sft import make_scripted_trajectories
 
@@ -151,10 +161,11 @@ def check_cmd(
                    f"use_vllm={g.use_vllm}; tasks train={split['train']} eval={split['eval']} (disjoint)")
             if launch.get("launch"):
                 gr = launch.get("grpo") or {}
-                msg += (f"; launch: {launch['num_processes']} processes, {launch['distributed_type']} "
-                        f"gradient_accumulation_steps={gr.get('gradient_accumulation_steps')} "
-                        f"train_batch_size={gr.get('train_batch_size')}"
-                        + ("" if launch.get("deepspeed", True) else " (checked without deepspeed installed)"))
+                msg += f"; launch: {launch['num_processes']} processes, {launch['distributed_type']}"
+                if launch["distributed_type"] == "DEEPSPEED":
+                    msg += (f" gradient_accumulation_steps={gr.get('gradient_accumulation_steps')} "
+                            f"train_batch_size={gr.get('train_batch_size')}"
+                            + ("" if launch.get("deepspeed", True) else " (checked without deepspeed installed)"))
             typer.echo(msg + (f" (checked without GPU: {adj})" if adj else ""))
         except Exception as e:  # noqa: BLE001
             ok = False
@@ -169,13 +180,14 @@ def eval_cmd(
     model: Optional[str] = typer.Option(None, "--model", help="Model folder (default the config's model)."),
     num_tasks: Optional[int] = typer.Option(None, "--num-tasks", "-n", help="First N held-out tasks (default eval.num_tasks)."),
     out: Optional[str] = typer.Option(None, "--out", help="Write the metrics JSON here (the rollout run directory goes beside it, as <out>.rollout/; default <output_dir>/eval/<model folder>)."),
+    sets: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Held-out evaluation of a model, exactly as the training-time eval callback (drgym rollout's runner, training token layout)."""
     try:
         from drgym.training.config import load_config
         from drgym.training.evaluation import evaluate_model
 
-        res = evaluate_model(load_config(config), model_path=model, num_tasks=num_tasks, out_path=out)
+        res = evaluate_model(load_config(config, _overrides(None, None, sets)), model_path=model, num_tasks=num_tasks, out_path=out)
     except Exception as e:  # noqa: BLE001
         _fail(e)
     typer.echo(json.dumps(res, indent=2))
@@ -206,6 +218,7 @@ def preflight_cmd(
                                            "(default tasks.test, else answerable-test)."),
     data_only: bool = typer.Option(False, "--data-only", help="Only the data checks: load no model."),
     out: Optional[Path] = typer.Option(None, "--out", help="Also write the record to this JSON file."),
+    sets: list[str] = typer.Option([], "--set", help=SET_HELP),
 ) -> None:
     """Before training: gold in view, the start policy's pass@1/pass@k at the training temperature,
     zero-variance groups, rollout time per step, and the smallest lift the test slice can detect.
@@ -218,7 +231,7 @@ def preflight_cmd(
         from drgym.training.config import load_config
         from drgym.training.preflight import preflight
 
-        cfg = load_config(config)
+        cfg = load_config(config, _overrides(None, None, sets))
         rec = preflight(cfg, n_tasks=n_tasks, k=k, model_path=model, test_set=test_set, skip_policy=data_only)
         if out is not None:
             atomic_write_json(out, rec, indent=1)
