@@ -178,21 +178,33 @@ class BatchLogCallback(TrainerCallback):
     against an uninterrupted one: same questions, same order, from the step after the
     checkpoint on.
 
+    With several processes each rank's rollout holds its own rows; the ids are gathered
+    in rank order (:func:`drgym.training.ranks.gather_rows`, a collective every rank enters
+    at every step end), so the record is the whole generation batch, and rank 0 writes it.
+
     Args:
         rollout: the :class:`~drgym.training.rollout.SearchRolloutFunc` (its ``history``).
         path: the JSONL file (appended atomically; a resumed run continues it).
+        trainer: the trainer (its accelerator); set after the trainer is built. None: this
+            process's ids only.
     """
 
-    def __init__(self, rollout, path: str | Path):
+    def __init__(self, rollout, path: str | Path, trainer=None):
         self.rollout = rollout
         self.path = Path(path)
+        self.trainer = trainer
         self._logged = 0
 
     def on_step_end(self, args, state, control, **kwargs):
+        from drgym.training.ranks import gather_rows
+
         history = self.rollout.history
         new, self._logged = history[self._logged:], len(history)
-        if new and state.is_world_process_zero:
-            append_jsonl(self.path, {"step": state.global_step, "task_ids": [t for call in new for t in call]})
+        ids = [t for call in new for t in call]
+        if self.trainer is not None:
+            ids = gather_rows(self.trainer, ids)
+        if ids and state.is_world_process_zero:
+            append_jsonl(self.path, {"step": state.global_step, "task_ids": ids})
 
 
 def last_complete_checkpoint(out: str | Path) -> str | None:

@@ -76,11 +76,17 @@ def _trainer_class():
             keep = inputs.pop(INFORMATIVE, None)
             if keep is None:
                 return super()._compute_loss(model, inputs)
-            if not bool(keep.any()):
-                # every group of this batch is zero-variance: no forward pass, and a loss that reaches no
-                # parameter, so their grads stay None and AdamW leaves them (and its moments) as they are
+            rows = keep.sum().reshape(1)
+            # with several processes every rank must pass the same number of rows: TRL gathers
+            # per-row tensors in _compute_loss (the clip-ratio minimum and maximum), and the
+            # gradient all-reduce needs every rank's backward pass (a collective, every call)
+            most = int(self.accelerator.gather(rows).max()) if self.accelerator.num_processes > 1 else int(rows)
+            if most == 0:
+                # every group of the batch (on every rank) is zero-variance: no forward pass, and a loss
+                # that reaches no parameter, so their grads stay None and AdamW leaves them (and its
+                # moments) as they are
                 return torch.zeros((), device=keep.device, requires_grad=True)
-            return super()._compute_loss(model, select_rows(inputs, keep))
+            return super()._compute_loss(model, select_rows(inputs, keep, pad_to=most))
 
     return DrgymGRPOTrainer
 
@@ -134,7 +140,13 @@ def mark_informative(batch: dict[str, Any], degenerate_rows: list[bool], trainer
     informative rows only. The ``grpo``/``bnpo``/``dr_grpo`` losses then average over
     informative rows as well. A batch with no informative group skips the forward and
     backward pass and leaves the weights and the optimizer's moments unchanged (its
-    parameters get no gradient). Logged: ``zero_variance/filtered_frac`` (share of rows dropped).
+    parameters get no gradient). With several processes every rank passes the same number
+    of rows to the loss (TRL gathers per-row tensors there, and the gradient all-reduce
+    needs every rank's backward pass): a rank with fewer informative rows than the most of
+    any rank adds some of its dropped rows with their loss mask zeroed (they add nothing
+    to the loss, its normaliser or TRL's masked metrics), and the skip happens only when
+    no rank has an informative row. Logged: ``zero_variance/filtered_frac`` (share of the
+    rows of every rank dropped).
 
     Args:
         batch: the output of ``GRPOTrainer._generate_and_score_completions`` (modified in place).
@@ -157,29 +169,48 @@ def mark_informative(batch: dict[str, Any], degenerate_rows: list[bool], trainer
     loss_mask = batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
     batch[INFORMATIVE] = keep
     batch["num_items_in_batch"] = trainer.accelerator.gather((loss_mask * keep.unsqueeze(1)).sum()).sum()
-    trainer._metrics["train"]["zero_variance/filtered_frac"].append(1.0 - keep.float().mean().item())
+    # over every rank's rows (TRL logs rank 0's metrics only); a collective like the gather above
+    kept = trainer.accelerator.gather(keep.float()) if trainer.accelerator.num_processes > 1 else keep.float()
+    trainer._metrics["train"]["zero_variance/filtered_frac"].append(1.0 - kept.mean().item())
     return batch
 
 
-def select_rows(inputs: dict[str, Any], keep) -> dict[str, Any]:
+def select_rows(inputs: dict[str, Any], keep, pad_to: int | None = None) -> dict[str, Any]:
     """The rows ``keep`` of a GRPO loss batch, with all-padding columns cut off.
 
     Tensors whose first dimension is the batch are indexed; scalars (``num_items_in_batch``)
     and other values pass through. Prompt columns that are padding in every kept row
     (left padding) and completion columns past every kept row's end (right padding) are
     cut, so the forward pass covers only what the kept rows need.
+
+    Args:
+        inputs: the loss batch (``prompt_mask`` and ``completion_mask`` of shape
+            ``(rows, columns)``, other per-row tensors and lists).
+        keep: ``bool`` tensor of shape ``(rows,)``.
+        pad_to: at least this many rows out (several processes: every rank passes the same
+            count): the first rows not kept are added, with their ``completion_mask`` (and
+            ``tool_mask``) zeroed, so they add nothing to the loss, its normaliser or TRL's
+            masked metrics. At most ``rows``.
     """
     import torch
 
     n = keep.size(0)
+    take = keep.clone()
+    if pad_to is not None and pad_to > int(keep.sum()):
+        take[(~keep).nonzero().flatten()[: pad_to - int(keep.sum())]] = True
+    filler = (~keep)[take]  # per selected row: a zero-weight row added to reach pad_to
     out: dict[str, Any] = {}
     for k, v in inputs.items():
         if isinstance(v, torch.Tensor) and v.dim() >= 1 and v.size(0) == n:
-            out[k] = v[keep]
+            out[k] = v[take]
         elif isinstance(v, list) and len(v) == n:
-            out[k] = [x for x, m in zip(v, keep.tolist()) if m]
+            out[k] = [x for x, m in zip(v, take.tolist()) if m]
         else:
             out[k] = v
+    if bool(filler.any()):
+        for k in ("completion_mask", "tool_mask"):
+            if k in out:
+                out[k] = out[k] * (~filler).unsqueeze(1).to(out[k].dtype)
     pm = out["prompt_mask"]
     first = int(pm.any(0).nonzero()[0]) if pm.any() else 0
     cm = out["completion_mask"]
@@ -273,7 +304,8 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
 
     dataset, table = build_dataset(train_tasks, env_factory, tok, enable_thinking=cfg.enable_thinking)
     rollout = SearchRolloutFunc(env_factory, table, cfg.rollout_settings())
-    callbacks.append(BatchLogCallback(rollout, Path(args.output_dir) / "batches.jsonl"))
+    batch_log = BatchLogCallback(rollout, Path(args.output_dir) / "batches.jsonl")
+    callbacks.append(batch_log)
     trainer = GRPOTrainer(model=model, reward_funcs=funcs + extra, args=args, train_dataset=dataset,
                           processing_class=tok, callbacks=callbacks, rollout_func=rollout,
                           peft_config=peft_config)
@@ -285,6 +317,7 @@ def build_trainer(cfg, *, max_steps: int | None = None, model=None, extra_callba
     trainable, total = count_parameters(trainer.model)
     log.info("GRPO: %d / %d parameters trainable", trainable, total)
     monitor.trainer = trainer
+    batch_log.trainer = trainer  # gathers every rank's task ids
     if eval_cb is not None:
         eval_cb.attach(trainer)
     return trainer, {"rollout": rollout, "monitor": monitor, "reward_funcs": funcs, "dataset": dataset,
@@ -338,14 +371,17 @@ def run_grpo(cfg, *, resume: bool = False, max_steps: int | None = None, backend
     t0 = time.perf_counter()
     result = trainer.train(resume_from_checkpoint=ckpt)
     wall = time.perf_counter() - t0
-    trainer.save_model(str(out / "final"))
-    parts["tokenizer"].save_pretrained(str(out / "final"))
-    from drgym.training.callbacks import write_training_record
-
-    write_training_record(out / "final", cfg, "grpo")
+    trainer.save_model(str(out / "final"))  # every rank calls it; the Trainer writes on rank 0
     summary = {"run": cfg.name, "config": cfg.source, "global_step": trainer.state.global_step,
                "train_seconds": round(wall, 1), "resumed_from": ckpt, "train_loss": result.training_loss,
                "trainable_params": parts["trainable_params"], "total_params": parts["total_params"],
                "guard_history": parts["monitor"].history}
-    atomic_write_json(out / "summary.json", summary)
+    from drgym.training.ranks import is_main
+
+    if is_main(trainer):  # one writer per file under accelerate launch
+        parts["tokenizer"].save_pretrained(str(out / "final"))
+        from drgym.training.callbacks import write_training_record
+
+        write_training_record(out / "final", cfg, "grpo")
+        atomic_write_json(out / "summary.json", summary)
     return summary

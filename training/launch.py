@@ -88,12 +88,20 @@ def check_accelerate_file(path: str | os.PathLike) -> dict[str, Any]:
     Raises:
         ConfigError: accelerate refuses the file.
     """
-    p = Path(path) if Path(path).is_file() else CONFIG_DIR / Path(path).name
+    p = Path(path)
+    if not p.is_file():  # a bundled name, with or without .yaml (as is_accelerate_file takes it)
+        p = CONFIG_DIR / (p.name if p.suffix else p.name + ".yaml")
     try:
         args, _ = _launch_env(p.resolve(), None)
     except (ValueError, TypeError, KeyError, FileNotFoundError) as e:
         raise ConfigError(f"{p}: accelerate launch refuses it: {e}") from e
-    return {"num_processes": int(args.num_processes or 1), "distributed_type": "DEEPSPEED" if args.use_deepspeed else "other"}
+    return {"num_processes": int(args.num_processes or 1), "distributed_type": _distributed_type(args)}
+
+
+def _distributed_type(args) -> str:
+    """What accelerate launches: ``DEEPSPEED``, ``MULTI_GPU`` (torchrun; on a machine without a
+    GPU each process joins a gloo group when the trainer runs on CPU), or ``other``."""
+    return "DEEPSPEED" if args.use_deepspeed else "MULTI_GPU" if getattr(args, "multi_gpu", False) else "other"
 
 
 def launch_command(cfg, config_arg: str, command: str = "grpo", extra: list[str] | None = None) -> list[str]:
@@ -232,7 +240,7 @@ def check_launch(cfg) -> dict[str, Any]:
     world_size = int(args.num_processes or 1)
     report: dict[str, Any] = {"launch": format_command(launch_command(cfg, cfg.source)),
                               "accelerate_config": str(acc_path), "num_processes": world_size,
-                              "distributed_type": "DEEPSPEED" if args.use_deepspeed else "other"}
+                              "distributed_type": _distributed_type(args)}
     if not args.use_deepspeed:
         return report
     sections = [("grpo", build_grpo_args)] + ([("sft", build_sft_args)] if cfg.sft else [])
