@@ -169,11 +169,11 @@ def test_progress_lines_when_the_output_is_not_a_terminal(bm25_backend, tmp_path
 
 
 def test_cli_summary_lists_the_files_and_progress_reaches_a_pipe(bm25_backend, tmp_path, monkeypatch):
-    import drgym.search.registry as registry
+    import drgym.evaluation.rollout_loop as rollout_loop
 
     monkeypatch.delenv("FORCE_COLOR", raising=False)
     monkeypatch.delenv("TTY_COMPATIBLE", raising=False)
-    monkeypatch.setattr(registry, "get_backend", lambda spec: bm25_backend)
+    monkeypatch.setattr(rollout_loop, "get_backend", lambda spec: bm25_backend)
     out = tmp_path / "run"
     res = CliRunner().invoke(app, ["rollout", "--policy", "scripted", "--n", "6", "--batch-size", "2",
                                    "--out", str(out), "--no-plots"])

@@ -37,11 +37,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import gymnasium as gym
+
+import drgym.envs  # noqa: F401  (registers the ids)
 from drgym.atomic import atomic_write_json, atomic_write_text
 from drgym.errors import ConfigError
 from drgym.evaluation.metrics import CI_METRICS, episode_scores
 from drgym.evaluation.run_directory import read_run_episodes
+from drgym.evaluation.runner import RolloutConfig, run_rollout
 from drgym.evaluation.stats import mean_ci
+from drgym.policies.factory import make_policy, parse_options
+from drgym.search.accounting import MeteredBackend, default_price
+from drgym.search.record import RecordStore
+from drgym.search.registry import make_backend, record_name
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +74,6 @@ def parse_policy_entry(entry: str) -> tuple[str, dict[str, Any]]:
     Raises:
         ConfigError: empty entry or an option without ``=``.
     """
-    from drgym.policies.factory import parse_options
 
     parts = shlex.split(entry)
     if not parts:
@@ -416,7 +423,6 @@ def run_compare(
     prices = prices or {}
     rows: list[CompareRow] = []
     t_start = time.perf_counter()
-    from drgym.policies.factory import make_policy
 
     built: dict[str, Any] = {}  # each policy is built once and reused on every backend
     try:
@@ -437,10 +443,6 @@ def run_compare(
 
 def _run_all(rows, policies, built, tasks, backends, out, n, replay, record, prices, backend_options, run_options,
              run_fn) -> None:
-    from drgym.search.accounting import MeteredBackend, default_price
-    from drgym.search.record import RecordStore
-    from drgym.search.registry import make_backend, record_name
-
     for spec in backends:
         mode = backend_mode(spec, replay=replay, record=record)
         store = replay if mode == "replay" else record if mode == "record" else None
@@ -477,9 +479,6 @@ def _run_all(rows, policies, built, tasks, backends, out, n, replay, record, pri
 def web_env_id(env: str) -> str:
     """The ``-Web`` variant of a drgym env id (registered as nondeterministic, for live web
     backends), when it is registered: ``drgym/SearchQA-v0`` -> ``drgym/SearchQA-Web-v0``."""
-    import gymnasium as gym
-
-    import drgym.envs  # noqa: F401  (registers the ids)
 
     if "-Web-" in env:
         return env
@@ -516,7 +515,6 @@ def rollout_run(
     Returns:
         The run's metrics (also in ``out/metrics.json``).
     """
-    from drgym.evaluation.runner import RolloutConfig, run_rollout
 
     env = web_env_id(env) if not getattr(backend, "deterministic", True) else env
     spec, opts = parse_policy_entry(policy)

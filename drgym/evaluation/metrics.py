@@ -65,6 +65,12 @@ import re
 import statistics
 from typing import Any
 
+from rich.table import Table
+from rich.text import Text
+
+from drgym.corpus.urls import normalize_url
+from drgym.rewards.calibration import expected_calibration_error
+
 PHASES = ("generation", "search", "env", "reward")
 HEADLINE = ("em", "f1", "judge", "answer_rate", "invalid_action_rate", "turns", "searches", "fetches",
             "completion_tokens", "wall_s_per_episode")
@@ -277,8 +283,6 @@ def compute_metrics(trajectories: list[dict[str, Any]], *, wall_s: float | None 
 def _evidence_key(kind: str, value: str) -> str:
     """The comparable form of a gold document or a retrieved one's field, by ``gold_docs_kind``."""
     if kind == "url":
-        from drgym.corpus.urls import normalize_url
-
         return normalize_url(value)
     if kind == "title":
         return " ".join(value.split()).casefold()
@@ -358,7 +362,6 @@ def calibration(trajectories: list[dict[str, Any]]) -> dict[str, Any] | None:
         "unscored"}``; ``unscored`` counts episodes whose correctness score is None (a
         failed judge), left out of both figures (None when all are).
     """
-    from drgym.rewards.calibration import expected_calibration_error
 
     rows = [t for t in trajectories if "answer_confidence" in (t.get("metadata") or {})]
     if not rows:
@@ -414,8 +417,6 @@ def rich_table(metrics: dict[str, Any], title: str = "rollout"):
     reads in full on an 80-column terminal. Names and the title are plain text: a
     ``[...]`` in them is printed as is, not read as rich markup.
     """
-    from rich.table import Table
-    from rich.text import Text
 
     table = Table(title=Text(title), show_header=True, header_style="bold")
     table.add_column("metric", overflow="fold")
@@ -472,8 +473,6 @@ def terminal_tables(headers: list[str], rows: list[list[str]], *, width: int, te
     Returns:
         The tables, to print one after the other (one when everything fits).
     """
-    from rich.table import Table
-    from rich.text import Text
 
     def col_width(i: int) -> int:
         cells = [len(r[i]) for r in rows] or [0]

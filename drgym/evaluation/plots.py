@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +24,6 @@ def main_score_name(trajectories: list[dict[str, Any]]) -> str | None:
 
 
 def _save(fig, path: Path) -> None:
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
     atomic_write_bytes(path, buf.getvalue())

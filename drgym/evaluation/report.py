@@ -17,6 +17,7 @@ from typing import Any
 from drgym.atomic import atomic_write_text
 from drgym.errors import ConfigError
 from drgym.evaluation.metrics import CI_METRICS, LABELS, episode_scores, format_value
+from drgym.evaluation.runner import compute_metrics_for_run, read_run_episodes
 from drgym.evaluation.stats import mean_ci
 
 COLUMNS = ("em", "f1", "judge", "answer_rate", "invalid_action_rate", "turns", "searches", "fetches",
@@ -75,7 +76,6 @@ def load_run(path: str | Path) -> RunSummary:
     Raises:
         ConfigError: ``path`` holds no ``trajectories.jsonl``.
     """
-    from drgym.evaluation.runner import compute_metrics_for_run, read_run_episodes
 
     p = Path(path)
     tp = p / "trajectories.jsonl"

@@ -33,9 +33,11 @@ import math
 from pathlib import Path
 from typing import Any, Iterable
 
+import ir_measures
+
 from drgym.atomic import atomic_write_json, atomic_write_text
 from drgym.corpus.qrels import Qrels, check_trec_id, nonblank_lines, read_qrels, write_qrels
-from drgym.errors import ConfigError, CorpusError
+from drgym.errors import ConfigError, CorpusError, DocumentNotFoundError
 
 __all__ = ["MEASURES", "METRIC_NAMES", "RUN_DEPTH", "Qrels", "Run", "check_qrels_ids", "evaluate_engine", "read_qrels", "read_queries",
            "read_run", "run_engine", "score_run", "write_qrels", "write_run"]
@@ -77,7 +79,6 @@ def check_qrels_ids(engine: Any, qrels: Qrels, queries: dict[str, str] | None = 
     Raises:
         ConfigError: no relevant document of the qrels is a doc_id of the index.
     """
-    from drgym.errors import DocumentNotFoundError
 
     ids = sorted({d for docs in qrels.values() for d, r in docs.items() if r > 0})
     missing = []
@@ -204,7 +205,6 @@ def score_run(qrels: Qrels, run: Run, measures: Iterable[str] = MEASURES) -> dic
     Raises:
         ConfigError: no query of the qrels has a relevant document, or an unknown measure.
     """
-    import ir_measures
 
     try:
         ms = [ir_measures.parse_measure(m) for m in measures]

@@ -20,9 +20,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import gymnasium as gym
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+import drgym.envs  # noqa: F401
 from drgym.atomic import atomic_write_json
 from drgym.cpu import thread_record
+from drgym.envs.driver import BatchedDriver
+from drgym.envs.task_loaders import load_tasks
 from drgym.errors import ConfigError, ServiceUnavailableError
+from drgym.evaluation.answers import write_answers
+from drgym.evaluation.faults import ServiceWatch, stopped_message
+from drgym.evaluation.metrics import calibration, compute_metrics, evidence_recall
+from drgym.evaluation.plots import write_plots
 from drgym.evaluation.run_config import RolloutConfig, check_options
 from drgym.evaluation.run_directory import (
     RunDirectory,
@@ -31,7 +42,16 @@ from drgym.evaluation.run_directory import (
     resolved_policy_settings,
     versions,
 )
+from drgym.judges.base import judge_validity
+from drgym.judges.factory import make_judge
 from drgym.policies.base import Conversation, Policy
+from drgym.policies.factory import check_policy_reachable, describe_policy, make_policy
+from drgym.records import Episode
+from drgym.redact import redact
+from drgym.rewards import build_reward
+from drgym.rewards.qa import F1, CoverExactMatch, ExactMatch
+from drgym.rewards.scorer import Scorer
+from drgym.search.registry import get_backend
 
 # the runner's logger, named as before the split into run_config / run_directory / rollout_loop
 log = logging.getLogger("drgym.evaluation.runner")
@@ -134,12 +154,9 @@ def _reward_objects(cfg: RolloutConfig, kind: str, backend: Any = None) -> list[
     explicitly. Built with :func:`drgym.rewards.build_reward` (citation pages are fetched
     from ``backend``). Every judged reward shares one judge.
     """
-    from drgym.rewards import build_reward
 
     judge = None
     if cfg.judge:
-        from drgym.judges.factory import make_judge
-
         judge = make_judge(cfg.judge)  # one judge (one model copy) for every judged reward of the run
     names = list(cfg.rewards) if cfg.rewards is not None else None
     if kind == "qa":
@@ -174,13 +191,6 @@ def _build(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_tasks
     engine identity, which reaches a search server, checked against a resumed run's
     before the policy is loaded), the policy, the envs and the extra rewards; check a
     resumed run's resolved policy settings; write ``config.json``."""
-    import gymnasium as gym
-
-    import drgym.envs  # noqa: F401
-    from drgym.evaluation.faults import ServiceWatch
-    from drgym.policies.factory import check_policy_reachable, describe_policy, make_policy
-    from drgym.redact import redact
-    from drgym.search.registry import get_backend
 
     if policy is None:
         # an openai: server that is down is found before the index (or a reader model) loads
@@ -287,7 +297,6 @@ def _loop(config: RolloutConfig, run: RunDirectory, session: _Session, tasks: li
         :class:`~drgym.errors.ServiceUnavailableError` that ended the loop early, if any
         (no episode that saw it is written).
     """
-    from drgym.envs.driver import BatchedDriver
 
     index_of = {t.task_id: i for i, t in enumerate(tasks)}
     tasks_by_id = {t.task_id: t for t in tasks}
@@ -379,25 +388,18 @@ def _finish(config: RolloutConfig, run: RunDirectory, tasks: list[Any], *, sessi
     metrics["stopped"] = f"{type(stopped).__name__}: {stopped}" if stopped is not None else None
     metrics["tasks_total"] = len(tasks)
     metrics["last_session"] = session_phases
-    from drgym.evaluation.metrics import calibration, evidence_recall
 
     metrics["gold_evidence"] = evidence_recall(trajectories, {t.task_id: t for t in tasks})
     metrics["calibration"] = calibration(trajectories)
     if config.judge:
-        from drgym.judges.base import judge_validity
-
         valid, note = judge_validity(config.judge)
         metrics["judge_model"] = {"spec": config.judge, "valid": valid, **({"note": note} if note else {})}
     atomic_write_json(run.metrics, metrics)
     files.append(run.metrics)
     if run.trajectories.exists():
-        from drgym.evaluation.answers import write_answers
-
         files.append(write_answers(run.out, tasks, title=f"{config.policy} on {config.tasks} ({config.env})"))
     if config.plots and trajectories:
         try:
-            from drgym.evaluation.plots import write_plots
-
             files.extend(write_plots(trajectories, run.out))
         except Exception:  # plots are a convenience; never fail a run on them
             log.exception("could not write plots")
@@ -478,8 +480,6 @@ def run_rollout(
     config.validate()
     check_options(config, tasks, policy=policy is None, backend=backend is None)
 
-    from drgym.envs.task_loaders import load_tasks
-
     all_tasks = list(tasks) if tasks is not None else load_tasks(config.tasks)
     tasks = all_tasks[: config.n] if config.n is not None else all_tasks
     if not tasks:
@@ -526,8 +526,6 @@ def _run_locked(config: RolloutConfig, run: RunDirectory, tasks: list[Any], all_
     if interrupted:
         raise KeyboardInterrupt(result)
     if stopped is not None:
-        from drgym.evaluation.faults import stopped_message
-
         err = ServiceUnavailableError(stopped_message(stopped, saved=len(trajectories), total=len(tasks), new=new,
                                                       path=run.trajectories))
         err.result = result  # type: ignore[attr-defined]
@@ -551,9 +549,6 @@ def _finish_trajectories(trajs: list[Any], tasks_by_id: dict[str, Any], rec: _Re
     ``metadata["reward_errors"]``), and a :class:`~drgym.errors.ServiceUnavailableError`
     propagates (the run stops, these episodes are not written).
     """
-    from drgym.records import Episode
-    from drgym.rewards.qa import CoverExactMatch, ExactMatch, F1
-    from drgym.rewards.scorer import Scorer
 
     now = time.perf_counter()
     for t in trajs:
@@ -577,7 +572,6 @@ def compute_metrics_for_run(trajectories: list[dict[str, Any]]) -> dict[str, Any
     """:func:`~drgym.evaluation.metrics.compute_metrics` with the run's wall time and its
     phase shares summed from the episodes' records (``metadata["wall_share_s"]`` and
     ``metadata["wall_phases_s"]``), so a first run and its resume report the same figures."""
-    from drgym.evaluation.metrics import compute_metrics
 
     wall = sum(float((t.get("metadata") or {}).get("wall_share_s") or 0.0) for t in trajectories)
     return compute_metrics(trajectories, wall_s=wall if wall > 0 else None)
@@ -630,7 +624,6 @@ class _Progress:
     def start(self) -> None:
         if not self.enabled:
             return
-        from rich.console import Console
 
         self.console = self.console or Console(stderr=True, markup=False)
         if not self.console.is_terminal:
@@ -638,14 +631,6 @@ class _Progress:
             self._t0 = time.perf_counter()
             self._line("start")
             return
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeElapsedColumn,
-            TimeRemainingColumn,
-        )
 
         self._p = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                            TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(), TextColumn("{task.fields[info]}"),

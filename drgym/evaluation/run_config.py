@@ -8,13 +8,24 @@ Options are checked before the index, the model or the judge is loaded
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
 
+import gymnasium as gym
+import yaml
+
+import drgym.envs  # noqa: F401  (registers the ids)
 from drgym.config import DEFAULT_N, RolloutRun, parse_section  # noqa: F401 (DEFAULT_N: drgym.evaluation.runner's)
-from drgym.errors import ConfigError
+from drgym.errors import ConfigError, unknown_name
+from drgym.policies.factory import check_policy
+from drgym.records import Task
+from drgym.redact import redact
+from drgym.rewards.registry import JUDGED, reward_names
+from drgym.search.registry import check_spec
+
 
 class RolloutConfig(RolloutRun):
     """Everything that defines a rollout run: the fields of :class:`~drgym.config.RolloutRun`
@@ -31,7 +42,6 @@ class RolloutConfig(RolloutRun):
     def identity(self) -> dict[str, Any]:
         """The fields that must match for a rerun to resume a run directory (API keys in
         options are redacted: a key is never stored, and a new key resumes the run)."""
-        from drgym.redact import redact
 
         d = self.model_dump()
         for k in self.RESUMABLE:
@@ -50,15 +60,9 @@ class RolloutConfig(RolloutRun):
             raise ConfigError(f"batch_size must be a positive integer, got {self.batch_size!r}.")
         if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
             raise ConfigError(f"max_turns must be a positive integer, got {self.max_turns!r}.")
-        import gymnasium as gym
-
-        import drgym.envs  # noqa: F401  (registers the ids)
 
         if self.env not in gym.registry:
-            from drgym.errors import unknown_name
-
             raise unknown_name("environment", self.env, [k for k in gym.registry if k.startswith("drgym/")])
-        from drgym.rewards.registry import JUDGED
 
         judged = [r for r in (self.rewards or []) if isinstance(r, str) and r in JUDGED]
         if judged and not self.judge:
@@ -79,7 +83,6 @@ def read_run_file(path: str | Path) -> dict[str, Any]:
             that does not exist (with a "Did you mean" hint), or gives a value of the
             wrong type (naming the field).
     """
-    import yaml
 
     p = Path(path).expanduser()
     try:
@@ -113,12 +116,6 @@ def check_options(config: RolloutConfig, tasks: Sequence[Any] | None = None, *,
     Raises:
         ConfigError: the first bad option, named.
     """
-    import gymnasium as gym
-
-    import drgym.envs  # noqa: F401  (registers the ids)
-    from drgym.policies.factory import check_policy
-    from drgym.records import Task
-    from drgym.search.registry import check_spec
 
     if policy:
         check_policy(config.policy, dict(config.policy_options))
@@ -129,9 +126,6 @@ def check_options(config: RolloutConfig, tasks: Sequence[Any] | None = None, *,
         if kind not in ("hf", "openai"):
             raise ConfigError(f"Unknown judge backend {kind!r} in {config.judge!r}: use 'hf:NAME' or 'openai:MODEL@BASE_URL'.")
     if config.rewards:
-        from drgym.errors import unknown_name
-        from drgym.rewards.registry import reward_names
-
         known = reward_names()
         for r in config.rewards:
             if r not in known:
@@ -145,7 +139,6 @@ def check_options(config: RolloutConfig, tasks: Sequence[Any] | None = None, *,
     except TypeError as e:
         # An unknown env option (-e KEY=VALUE) reaches the env constructor; name it
         # and the valid ones instead of dumping the kwargs.
-        import inspect
 
         entry = gym.spec(config.env).entry_point
         cls = gym.envs.registration.load_env_creator(entry) if isinstance(entry, str) else entry

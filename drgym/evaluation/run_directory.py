@@ -51,18 +51,24 @@ What keeps a run directory right:
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import platform
 import time
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from drgym.atomic import DiskFullError, append_jsonl, atomic_write_bytes, atomic_write_json
 from drgym.errors import ConfigError, DrgymError
+from drgym.evaluation.metrics import episode_failures
 from drgym.evaluation.run_config import RolloutConfig
+from drgym.records import trajectory_record_error
+from drgym.redact import redact
 
 # the runner's logger, named as before the split into run_config / run_directory / rollout_loop
 log = logging.getLogger("drgym.evaluation.runner")
@@ -156,7 +162,6 @@ def resolved_policy_settings(record: dict[str, Any], prefix: str = "") -> dict[s
 # -- what config.json records -----------------------------------------------------------
 def versions() -> dict[str, str]:
     """Versions of Python, drgym and the libraries that shape results."""
-    from importlib import metadata
 
     out = {"python": platform.python_version(), "platform": platform.platform()}
     for pkg in ("drgym", "torch", "transformers", "gymnasium", "faiss-cpu", "bm25s", "sentence-transformers", "vllm", "trl"):
@@ -193,7 +198,6 @@ def engine_identity(backend: Any) -> dict[str, Any]:
     Raises:
         ServiceUnavailableError: a remote backend's server cannot be reached.
     """
-    from drgym.redact import redact
 
     fn = getattr(backend, "identity", None)
     ident = fn() if callable(fn) else {"kind": "other", "name": getattr(backend, "name", type(backend).__name__),
@@ -285,16 +289,12 @@ class RunDirectory:
 
     # -- one writer ----------------------------------------------------------------------
     def _acquire(self) -> None:
-        import fcntl
-
         self.out.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as e:
-                import errno
-
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     os.close(fd)
                     raise
@@ -329,8 +329,6 @@ class RunDirectory:
         between (:meth:`_acquire` checks that the file it locked is still the path's).
         """
         if self._lock_fd is not None:
-            import fcntl
-
             fd, self._lock_fd = self._lock_fd, None
             try:
                 try:
@@ -355,7 +353,6 @@ class RunDirectory:
         episode records in file order and their lines as written (newline included), the
         rejected lines (``{"line", "reason", "raw"}``), and whether the file needs no
         rewrite (every line valid and newline-terminated, no blank line)."""
-        from drgym.records import trajectory_record_error
 
         records: list[dict[str, Any]] = []
         raw_lines: list[bytes] = []
@@ -473,7 +470,6 @@ class RunDirectory:
         """Task ids with a complete episode in ``trajectories.jsonl`` when the directory was
         opened (an episode with a backend or policy failure,
         :func:`drgym.evaluation.metrics.episode_failures`, is not complete: it is run again)."""
-        from drgym.evaluation.metrics import episode_failures
 
         return {d["task_id"] for d in self._opened_records if not episode_failures(d)}
 
@@ -552,8 +548,6 @@ class RunDirectory:
                 (a reward of ``NaN``...): nothing is written.
             RunDiskFullError: the disk is full (nothing of the line was written).
         """
-        from drgym.evaluation.metrics import episode_failures
-        from drgym.records import trajectory_record_error
 
         if traj.task_id in self._task_hashes:
             traj.metadata["task_sha256"] = self._task_hashes[traj.task_id]
@@ -588,7 +582,6 @@ def select_episodes(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     Returns:
         ``{task_id: record}`` in the order task ids first appear.
     """
-    from drgym.evaluation.metrics import episode_failures
 
     chosen: dict[str, dict[str, Any]] = {}
     complete: set[str] = set()
@@ -614,7 +607,6 @@ def read_run_episodes(path: str | os.PathLike) -> list[dict[str, Any]]:
     Raises:
         FileNotFoundError: no file at ``path``.
     """
-    from drgym.records import trajectory_record_error
 
     records = []
     skipped: list[tuple[int, str]] = []
