@@ -880,7 +880,7 @@ class ServeSettings(BaseModel):
             request (the event loop's HTTP and JSON work runs beside it on another core);
             0: the process's thread count for large batches, one thread for small ones.
         search_params: changes to the dense search parameters
-            (:data:`drgym.index.dense.DEFAULT_SEARCH_PARAMS`: ``nprobe``, ``efSearch``,
+            (:data:`drgym.index.search_params.DEFAULT_SEARCH_PARAMS`: ``nprobe``, ``efSearch``,
             ``rerank``, ``probe_groups``; ``LocalSearchEngine(search_params=...)``), e.g.
             ``{"probe_groups": 1}``; None: the index's own.
 

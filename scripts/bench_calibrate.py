@@ -4,7 +4,7 @@ For one ``bench_scale.py`` work folder and FAISS layout (an ``alt-*`` folder its
 stage leaves with ``--keep``): runs :func:`drgym.index.calibrate.calibrate_nprobe` (the
 index's own rows as queries, the step a build runs), then times the work folder's 200
 held-out queries one at a time through :class:`drgym.index.dense.DenseIndex` at the
-calibrated ``nprobe`` and at :func:`drgym.index.dense.auto_nprobe`'s quarter of the lists,
+calibrated ``nprobe`` and at :func:`drgym.index.search_params.auto_nprobe`'s quarter of the lists,
 in turns query by query (the order alternating between passes), and measures recall@10
 of both against the queries' exact top 10. Writes JSON. Run it with
 ``OMP_NUM_THREADS=1``, as ``bench_scale.py``'s search stages::
@@ -25,7 +25,8 @@ def main() -> None:
                              time_in_turns, turn_stats)
 
     from drgym.index.calibrate import calibrate_nprobe
-    from drgym.index.dense import DenseIndex, auto_nprobe
+    from drgym.index.dense import DenseIndex
+    from drgym.index.search_params import auto_nprobe
     from drgym.index.manifest import IndexManifest
 
     ap = side_by_side_parser(__doc__)

@@ -2,7 +2,7 @@
 
 drgym's exact re-rank reads a few hundred scattered float16 rows a query from the
 memory-mapped embedding shards. Without ``madvise(MADV_RANDOM)``
-(:func:`drgym.index.dense.advise_random`), Linux reads the disk's read-ahead window around
+(:func:`drgym.index.rows.advise_random`), Linux reads the disk's read-ahead window around
 each faulting page. This script empties the page cache (``sync``, then
 ``/proc/sys/vm/drop_caches``: it needs root), loads one layout of a ``bench_scale.py``
 work folder in a fresh process through :class:`drgym.index.dense.DenseIndex` with the

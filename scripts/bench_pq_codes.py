@@ -49,7 +49,8 @@ def main() -> None:
 
     from drgym.atomic import atomic_write_json
     from drgym.index.build import ivfpq_factory
-    from drgym.index.dense import build_faiss, exact_scores
+    from drgym.index.faiss_build import build_faiss
+    from drgym.index.ranking import exact_scores
 
     started = time.strftime("%Y-%m-%dT%H:%M:%S")
     x, q = vectors(a.n)

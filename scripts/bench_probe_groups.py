@@ -3,7 +3,7 @@
 For one ``bench_scale.py`` work folder: loads FAISS layouts of the same rows (``alt-*``
 folders its dense stage leaves with ``--keep``; a label ``...+s<rows>`` has its own shard
 size, e.g. the whole of wiki-18 in one shard) through :class:`drgym.index.dense.DenseIndex`
-at each ``nprobe`` given, once per ``probe_groups`` value (:data:`drgym.index.dense.PROBE_GROUPS_KEY`),
+at each ``nprobe`` given, once per ``probe_groups`` value (:data:`drgym.index.search_params.PROBE_GROUPS_KEY`),
 and times the work folder's 200 held-out queries one at a time, every setting in turns
 query by query (the order alternating between passes), with wall and process CPU time
 per query, and recall@10 against the queries' exact top 10. ``--min-codes 0`` splits a
@@ -32,7 +32,8 @@ def main() -> None:
 
     import drgym.index.dense as dense_mod
     from drgym.index.calibrate import calibrate_nprobe
-    from drgym.index.dense import DEFAULT_SEARCH_PARAMS, PROBE_GROUPS_KEY, DenseIndex
+    from drgym.index.dense import DenseIndex
+    from drgym.index.search_params import DEFAULT_SEARCH_PARAMS, PROBE_GROUPS_KEY
     from drgym.index.manifest import IndexManifest
 
     ap = side_by_side_parser(__doc__)

@@ -383,7 +383,7 @@ def _stage_dense_reshard(work: Path, factory: str) -> dict:
 
     from drgym.atomic import atomic_write_json
     from drgym.index.build import ShardTask
-    from drgym.index.dense import TRAINED_FILE, write_trained
+    from drgym.index.faiss_build import TRAINED_FILE, write_trained
     from drgym.index.manifest import IndexManifest
 
     main = work / "indexes" / "bench"
@@ -537,7 +537,8 @@ def stage_text_search(work: Path, method: str, factory: str, params: dict, budge
     :func:`drgym.index.bm25.rrf_fuse`. Also reported: how many of the hybrid top 10 are
     in the exact dense top 10 (``dense_top10_in_hybrid``), a check that the fusion ran."""
     from drgym.index.bm25 import BM25Index, rrf_fuse
-    from drgym.index.dense import DenseIndex, load_tie_rank
+    from drgym.index.dense import DenseIndex
+    from drgym.index.ranking import load_tie_rank
     from drgym.index.manifest import IndexManifest
     from drgym.search.local import RRF_DEPTH
 
@@ -822,7 +823,7 @@ def main() -> None:
                   file=sys.stderr)
             continue
         from drgym.index.build import FLAT_MAX
-        from drgym.index.dense import DEFAULT_SEARCH_PARAMS
+        from drgym.index.search_params import DEFAULT_SEARCH_PARAMS
 
         ivf = a.ivf_factory or ivfpq(n, a.shard_size)
         families = {"Flat": "Flat", "IVF-PQ": ivf}

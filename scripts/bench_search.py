@@ -818,7 +818,7 @@ def _profile_engine(engine, queries: list[str], *, clients: int = 1, driver: str
     else:
         timed(st, "forward", "encoder_forward")
     if driver == "asgi":  # the dense search split: FAISS's own call, the exact re-scoring, the rest
-        from drgym.index import dense as dense_module
+        from drgym.index import dense as dense_module  # where the search looks the two up
 
         timed(sh.dense, "search", "_dense")
         timed(dense_module, "_search_on_threads", "faiss")
@@ -1139,7 +1139,7 @@ def flat_paths(engine, queries: list[str], sizes=(1, 2, 4, 8, 16), reps: int = 3
     (``fusion_depth`` + the tie margin); and which path drgym's threshold takes for each."""
     import faiss
 
-    from drgym.index import dense as dense_module
+    from drgym.index.faiss_build import FLAT_BLAS_THRESHOLD
 
     dense = engine._shared.dense
     index = dense._indexes[0]
@@ -1148,7 +1148,7 @@ def flat_paths(engine, queries: list[str], sizes=(1, 2, 4, 8, 16), reps: int = 3
     before_threads = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(1)
     out: dict = {"index": type(faiss.downcast_index(index)).__name__, "vectors": int(index.ntotal), "dim": int(index.d),
-                 "depth": int(depth), "drgym_threshold_queries_x_dim": dense_module.FLAT_BLAS_THRESHOLD, "sizes": {}}
+                 "depth": int(depth), "drgym_threshold_queries_x_dim": FLAT_BLAS_THRESHOLD, "sizes": {}}
     try:
         for n in sizes:
             row = {}
@@ -1160,10 +1160,10 @@ def flat_paths(engine, queries: list[str], sizes=(1, 2, 4, 8, 16), reps: int = 3
                     j = (r * n) % (len(qv) - n + 1)
                     index.search(qv[j:j + n], depth)
                 row[f"{name}_cpu_ms_per_call"] = round(1000 * (time.thread_time() - t) / reps, 3)
-            row["drgym_path"] = "loop" if n * index.d < dense_module.FLAT_BLAS_THRESHOLD else "blas"
+            row["drgym_path"] = "loop" if n * index.d < FLAT_BLAS_THRESHOLD else "blas"
             out["sizes"][str(n)] = row
     finally:
-        faiss.cvar.distance_compute_blas_threshold = dense_module.FLAT_BLAS_THRESHOLD
+        faiss.cvar.distance_compute_blas_threshold = FLAT_BLAS_THRESHOLD
         faiss.omp_set_num_threads(before_threads)
     return out
 

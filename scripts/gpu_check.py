@@ -326,7 +326,9 @@ def stage_index(device: str, tiny: bool, **_: Any) -> dict[str, Any]:
 def stage_sharded(device: str, tiny: bool, work: Path, **_: Any) -> dict[str, Any]:
     import numpy as np
 
-    from drgym.index.dense import DenseIndex, write_dense_shard, write_tie_rank
+    from drgym.index.dense import DenseIndex
+    from drgym.index.faiss_build import write_dense_shard
+    from drgym.index.ranking import write_tie_rank
 
     src = next((REPO / "drgym" / "data" / "embeddings").glob("all-MiniLM-L6-v2-*"))
     vecs = np.load(src / "vectors.npy").astype(np.float32)

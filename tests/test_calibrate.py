@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from drgym.errors import ConfigError, CorruptIndexError
 from drgym.index.calibrate import TARGET_RECALL, calibrate_nprobe, exact_neighbours, nprobe_grid
-from drgym.index.dense import DenseIndex, auto_nprobe
+from drgym.index.dense import DenseIndex
+from drgym.index.search_params import auto_nprobe
 from drgym.index.importer import import_index
 from drgym.index.manifest import IndexManifest
 from drgym.search.local import LocalSearchEngine

@@ -189,7 +189,7 @@ def _check_vllm() -> None:
 def _check_faiss_gpu() -> None:
     # faiss-gpu-cu12 replaces faiss-cpu's `faiss` module; without it the CPU build serves
     # every index, and drgym reports no GPU rather than failing.
-    from drgym.index.dense import gpus_available
+    from drgym.index.faiss_build import gpus_available
 
     assert gpus_available() == 0
 

@@ -164,7 +164,7 @@ def ray_router(folder, n_shards: int):
 
 def import_random(tmp_path, n: int, seed: int, factory: str, shard_size: int):
     """``n`` random unit vectors (ids ``"0"``...) imported as a wiki-18 corpus into ``tmp_path / "idx"``,
-    not calibrated (IVF shards probe :func:`~drgym.index.dense.auto_nprobe`'s quarter of the lists;
+    not calibrated (IVF shards probe :func:`~drgym.index.search_params.auto_nprobe`'s quarter of the lists;
     tests/test_calibrate.py covers calibrated indexes)."""
     write_corpus(tmp_path / "wiki-18.jsonl", [str(i) for i in range(n)])
     np.save(tmp_path / "emb.npy", unit_rows(n, seed=seed))
@@ -218,7 +218,8 @@ def test_rerank_is_split_between_shards_alike_in_library_and_ray_shards(tmp_path
     are searched in ceil(4 / 3) = 2 groups, each a share of ceil(100 / 6) = 17, raised to
     k + 16 = 26."""
     from drgym.distributed.serve import ShardedSearchEngine, ShardServer
-    from drgym.index.dense import DenseIndex, rerank_depth
+    from drgym.index.dense import DenseIndex
+    from drgym.index.search_params import rerank_depth
 
     res = import_random(tmp_path, 3000, 5, "IVF32,PQ8x4fs", shard_size=1000)
     folder, m = res.folder, res.manifest
@@ -255,7 +256,8 @@ def test_shards_of_an_ivf_index_share_one_trained_quantizer_and_one_coarse_searc
     ``drgym serve-ray`` shard server, which loads one shard, probes the same lists."""
     import faiss
 
-    from drgym.index.dense import TRAINED_FILE, DenseIndex
+    from drgym.index.dense import DenseIndex
+    from drgym.index.faiss_build import TRAINED_FILE
 
     res = import_random(tmp_path, 3000, 11, "IVF64,PQ8x4fs", shard_size=1000)
     folder, m = res.folder, res.manifest
@@ -292,7 +294,8 @@ def test_shards_trained_alone_are_assigned_one_by_one(tmp_path):
     shared a quantizer) loads and searches: one coarse search a shard, with the rows and
     scores FAISS gives when each shard assigns the queries itself."""
     from drgym.index.build import ShardTask
-    from drgym.index.dense import DenseIndex, write_tie_rank
+    from drgym.index.dense import DenseIndex
+    from drgym.index.ranking import write_tie_rank
 
     np.save(tmp_path / "emb.npy", unit_rows(3000, seed=17).astype(np.float16))
     parts = [(str(tmp_path / "emb.npy"), 0, 3000)]
@@ -317,7 +320,7 @@ def test_one_shard_or_an_untrained_factory_writes_no_trained_index(tmp_path):
     build left (the resume), and refuses one that is not an empty trained index."""
     from drgym.errors import CorruptIndexError
     from drgym.index.build import shard_tasks
-    from drgym.index.dense import TRAINED_FILE, build_faiss
+    from drgym.index.faiss_build import TRAINED_FILE, build_faiss
 
     np.save(tmp_path / "emb.npy", unit_rows(3000, seed=14).astype(np.float16))
     parts = [(str(tmp_path / "emb.npy"), 0, 3000)]
@@ -338,7 +341,7 @@ def test_training_sample_of_bad_parts_is_refused_by_name(tmp_path):
     """The shared training sample reads every part: a part of another shape than announced,
     or parts that do not cover the sample's rows, raise CorruptIndexError naming them."""
     from drgym.errors import CorruptIndexError
-    from drgym.index.dense import read_rows
+    from drgym.index.rows import read_rows
 
     np.save(tmp_path / "a.npy", unit_rows(100, seed=19).astype(np.float16))
     rows = np.array([3, 50, 99], dtype=np.int64)
@@ -356,7 +359,7 @@ def test_coarse_assign_probes_the_lists_faiss_probes():
     batch."""
     import faiss
 
-    from drgym.index.dense import coarse_assign
+    from drgym.index.ranking import coarse_assign
 
     c = unit_rows(500, seed=15)
     quantizer = faiss.IndexFlatIP(DIM)
@@ -375,7 +378,7 @@ def test_coarse_assign_probes_the_lists_faiss_probes():
 def test_search_params_for_fits_each_index_type():
     import faiss
 
-    from drgym.index.dense import search_params_for
+    from drgym.index.search_params import search_params_for
 
     ip = faiss.METRIC_INNER_PRODUCT
     assert search_params_for(faiss.index_factory(8, "IVF4096,Flat", ip)) == {"nprobe": 1024, "rerank": 100,
@@ -405,7 +408,8 @@ def test_probe_groups_scan_every_probed_list_once(tmp_path, split_small):
     """One IVF shard of exact codes (IVF64,Flat, nprobe 16): with 4 probe groups a query
     makes 4 FAISS calls whose lists are the 16 probed lists dealt round-robin, each once,
     and the top 10 is the one-group search's, rows and scores."""
-    from drgym.index.dense import DenseIndex, coarse_assign
+    from drgym.index.dense import DenseIndex
+    from drgym.index.ranking import coarse_assign
 
     res = import_random(tmp_path, 2000, 21, "IVF64,Flat", shard_size=2000)
     m = res.manifest
@@ -618,7 +622,7 @@ def test_fast_scan_shards_stay_on_cpu_with_a_gpu(tmp_path, fake_encoder, fake_gp
 def test_gpu_options_with_cpu_only_faiss_are_refused(monkeypatch):
     import faiss
 
-    from drgym.index.dense import gpu_cloner_options
+    from drgym.index.faiss_build import gpu_cloner_options
 
     monkeypatch.delattr(faiss, "GpuMultipleClonerOptions", raising=False)
     assert gpu_cloner_options(False, False) is None
@@ -667,7 +671,8 @@ def test_embedding_shards_are_advised_random_access(ivf_index, monkeypatch, tmp_
     import sys
 
     import drgym.index.dense as dense_mod
-    from drgym.index.dense import DenseIndex, advise_random
+    from drgym.index.dense import DenseIndex
+    from drgym.index.rows import advise_random
 
     seen = []
     monkeypatch.setattr(dense_mod, "advise_random", lambda arr: seen.append(arr) or advise_random(arr))
@@ -686,7 +691,8 @@ def test_fast_scan_ivfpq_shards_are_rescored_exactly_and_load_mapped(tmp_path, f
     index, so the candidates are re-scored from the float16 embeddings; the scores are
     then the exact inner products, the top 10 is mostly the exact top 10, and a
     memory-mapped load ranks alike."""
-    from drgym.index.dense import DenseIndex, is_lossy
+    from drgym.index.dense import DenseIndex
+    from drgym.index.faiss_build import is_lossy
 
     ids = [str(i) for i in range(3000)]
     write_corpus(tmp_path / "wiki-18.jsonl", ids)
@@ -774,7 +780,8 @@ def test_flat_scores_are_bit_identical_alone_and_in_any_batch(flat_index):
     micro-batcher's answers then never depend on what else was in the batch."""
     import faiss
 
-    from drgym.index.dense import FLAT_BLAS_THRESHOLD, SMALL_BATCH, DenseIndex
+    from drgym.index.dense import SMALL_BATCH, DenseIndex
+    from drgym.index.faiss_build import FLAT_BLAS_THRESHOLD
     from drgym.index.manifest import IndexManifest
 
     m = IndexManifest.read(flat_index.folder)

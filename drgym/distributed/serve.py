@@ -9,7 +9,7 @@ application (:class:`Router`) serving :func:`drgym.server.app.create_app` over a
 ``/fetch``, ``/retrieve``, ``/health``), wire models and micro-batching as the
 single-process server. The router encodes each query once, sends the vectors to every
 shard in parallel, and merges the shards' top-k with
-:func:`drgym.index.dense.merge_shard_results`, the merge the local engine uses (score,
+:func:`drgym.index.ranking.merge_shard_results`, the merge the local engine uses (score,
 then passage_id), so the rankings equal the single-process server's. The docstore, BM25
 and hybrid fusion stay in the router (they are per index, not per shard).
 
@@ -18,7 +18,7 @@ then holds the best hits of the other shards and a ``partial`` field naming the 
 shards (never a 500; only when no shard answers is it an error). Replicas and autoscaling
 come from a YAML config (:data:`DEFAULT_CONFIG`, documented inline).
 
-The shards search with :func:`drgym.index.dense.search_params_for`, the rule of the local
+The shards search with :func:`drgym.index.search_params.search_params_for`, the rule of the local
 engine and ``drgym serve`` (the config's ``search_params`` change its defaults as they do
 there). The default config asks half a CPU per replica, so the router and two shards start
 on a 2-core machine; :func:`check_fits` refuses, before deploying, a config whose minimum
@@ -144,8 +144,8 @@ class ShardServer:
     Args:
         folder: the index folder (on storage the replica's node can read).
         shard_id: which shard.
-        search_params: changes to :data:`~drgym.index.dense.DEFAULT_SEARCH_PARAMS`,
-            fitted to the shard by :func:`~drgym.index.dense.search_params_for` (as in
+        search_params: changes to :data:`~drgym.index.search_params.DEFAULT_SEARCH_PARAMS`,
+            fitted to the shard by :func:`~drgym.index.search_params.search_params_for` (as in
             the local engine).
         mmap: memory-map flat-coded FAISS files.
         gpu_shard, gpu_float16: GPU placement (as :class:`~drgym.index.dense.DenseIndex`);
@@ -207,7 +207,7 @@ class _RemoteDense:
     def search(self, queries: np.ndarray, k: int, *, threads: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """As :meth:`DenseIndex.search <drgym.index.dense.DenseIndex.search>`; ``threads``
         is ignored (each shard searches in its own process with its own threads)."""
-        from drgym.index.dense import merge_shard_results
+        from drgym.index.ranking import merge_shard_results
 
         q = np.ascontiguousarray(queries, dtype=np.float32)
         calls = [(i, h.search.remote(q, k)) for i, h in enumerate(self.handles)]

@@ -108,7 +108,7 @@ def ivfpq_factory(rows: int, dim: int) -> str:
     fast-scan layout (``x4fs``, SIMD look-up tables): ``m / 2`` bytes a vector, scanned
     several times faster than 8-bit PQ. Their coarser scores do not cost recall, because
     the top candidates are re-scored exactly from the memory-mapped float16 embeddings
-    (``rerank`` in :data:`drgym.index.dense.DEFAULT_SEARCH_PARAMS`), and recall is set
+    (``rerank`` in :data:`drgym.index.search_params.DEFAULT_SEARCH_PARAMS`), and recall is set
     by the share of lists probed (measured per index, :mod:`drgym.index.calibrate`). Measured side
     by side by ``scripts/bench_pq_codes.py`` (``scripts/results/bench_pq_codes.json``)
     on 10^6 synthetic MiniLM-like vectors, one thread, nprobe 256 of 1,024, re-rank 100:
@@ -154,7 +154,7 @@ class IndexSpec:
         target_recall: an IVF index records the smallest ``nprobe`` whose recall@10 on
             its own rows reaches this with 95% confidence (:mod:`drgym.index.calibrate`,
             which adds the measuring to the build's timings as ``calibrate``); None or 0 keeps
-            :func:`drgym.index.dense.auto_nprobe`'s quarter of the lists. Not part of
+            :func:`drgym.index.search_params.auto_nprobe`'s quarter of the lists. Not part of
             the index's identity.
         queries_file: the queries that calibration measures with
             (:func:`drgym.index.calibrate.calibration_queries`): a text file of one query a
@@ -391,7 +391,7 @@ class BuildResult:
 
 @dataclass
 class ShardTask:
-    """One dense shard to build: arguments of :func:`drgym.index.dense.write_dense_shard`."""
+    """One dense shard to build: arguments of :func:`drgym.index.faiss_build.write_dense_shard`."""
 
     folder: str
     shard_no: int
@@ -404,7 +404,7 @@ class ShardTask:
 
     def run(self) -> ShardInfo:
         """Build the shard (skipped when a previous run finished it)."""
-        from drgym.index.dense import write_dense_shard
+        from drgym.index.faiss_build import write_dense_shard
 
         return write_dense_shard(Path(self.folder), self.shard_no, self.start, self.count, self.parts, self.dim,
                                  self.factory, self.trained)
@@ -415,14 +415,14 @@ def shard_tasks(folder: str | Path, n: int, shard_size: int, parts: list[tuple[s
     """The shards of an ``n``-row dense index, ``shard_size`` rows each: the one place a
     build, an import and the benchmarks cut an index into shards. With more than one shard
     an IVF ``factory`` is trained once on a sample of all rows
-    (:func:`drgym.index.dense.write_trained`, which runs here) and every shard is a clone
+    (:func:`drgym.index.faiss_build.write_trained`, which runs here) and every shard is a clone
     of it, so that they share one coarse quantizer.
 
     Raises:
         ConfigError: bad factory or failed training.
         CorruptIndexError: a part is not as announced.
     """
-    from drgym.index.dense import write_trained
+    from drgym.index.faiss_build import write_trained
 
     starts = range(0, n, shard_size)
     trained = write_trained(folder, parts, n, dim, factory) if len(starts) > 1 else ""
@@ -590,7 +590,7 @@ def build_index(
         from dataclasses import replace
 
         spec = replace(spec, factory=choose_factory(_estimate_docs(units), encoder.dim, spec.shard_size))
-    from drgym.index.dense import new_faiss_index
+    from drgym.index.faiss_build import new_faiss_index
 
     new_faiss_index(encoder.dim, spec.factory)  # a bad factory string fails now, not after encoding
     planned = planned_manifest(spec, label, fingerprint, sources, encoder)
@@ -822,7 +822,7 @@ def finalize(build_dir: Path, m: IndexManifest, writer, runner, timings: dict, *
     """
     from drgym.corpus.named import fingerprint_rows
     from drgym.index.bm25 import write_bm25
-    from drgym.index.dense import write_tie_rank
+    from drgym.index.ranking import write_tie_rank
 
     n, n_docs = writer.next_row, writer.n_documents
     if n == 0:

@@ -3,7 +3,7 @@
 How many IVF lists a query must probe for a given recall depends on the vectors: well
 clustered embeddings reach recall@10 0.95 with a few percent of the lists, the
 topic-mixture vectors of ``scripts/bench_scale.py`` need about a fifth of them. A fixed
-share (:func:`drgym.index.dense.auto_nprobe`, a quarter) is therefore too slow on the
+share (:func:`drgym.index.search_params.auto_nprobe`, a quarter) is therefore too slow on the
 first and barely enough on the second. So a build measures, once, on its own rows:
 
 1. ``queries`` rows drawn at random (seed ``seed``) from the whole index are the queries,
@@ -269,7 +269,7 @@ def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_pa
         with :func:`calibration_queries`' record, one of :data:`SOURCES`), "seed", "z", "curve":
         [{"nprobe", "recall", "recall_low"}] (the values tried, ascending, up to the one
         chosen), "nlist", "rerank", "probe_groups" (the search's, see
-        :data:`~drgym.index.dense.PROBE_GROUPS_KEY`), "seconds"}``. When no ``nprobe`` reaches ``target``
+        :data:`~drgym.index.search_params.PROBE_GROUPS_KEY`), "seconds"}``. When no ``nprobe`` reaches ``target``
         (``recall_low`` below it even with every list probed: the codes' re-rank depth,
         not the lists, limits recall), ``reached`` is False and the recorded ``nprobe`` is
         the smallest whose mean recall is within :data:`PLATEAU` of the best the curve
@@ -281,7 +281,8 @@ def calibrate_nprobe(folder: str | Path, shards: list[ShardInfo], dim: int, n_pa
         CorruptIndexError: a shard file is unreadable (from
             :class:`~drgym.index.dense.DenseIndex`).
     """
-    from drgym.index.dense import PROBE_GROUPS_KEY, DenseIndex
+    from drgym.index.dense import DenseIndex
+    from drgym.index.search_params import PROBE_GROUPS_KEY
 
     if isinstance(target, bool) or not 0 < float(target) <= 1:
         raise ConfigError(f"target recall must be in (0, 1], got {target!r}.")

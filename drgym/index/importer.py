@@ -294,7 +294,7 @@ def import_index(
         n_vec, dim = sum(len(a) for a in arrays), dims.pop()
         if factory == "auto":
             factory = choose_factory(n_vec, dim, shard_size)
-        from drgym.index.dense import new_faiss_index
+        from drgym.index.faiss_build import new_faiss_index
 
         new_faiss_index(dim, factory)
         norms = _sample_norms(arrays=arrays)

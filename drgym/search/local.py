@@ -93,7 +93,7 @@ class _Shared:
     def __init__(self, folder: Path, encoder, device, search_params, verify: bool | str = False,
                  gpu: dict[str, bool] | None = None, encoder_backend: str | None = None) -> None:
         from drgym.docstore import DocStore
-        from drgym.index.dense import load_tie_rank
+        from drgym.index.ranking import load_tie_rank
         from drgym.index.manifest import FolderPin, IndexManifest
 
         self.folder = folder
@@ -231,8 +231,8 @@ class LocalSearchEngine(SearchBackend):
             the index was built with.
         device: ``"cpu"`` or ``"cuda"`` for the encoder and FAISS; None picks a GPU if any.
         search_params: FAISS search parameters to change from
-            :data:`drgym.index.dense.DEFAULT_SEARCH_PARAMS`; each shard is searched with
-            :func:`drgym.index.dense.search_params_for` of them (the rule ``drgym serve``
+            :data:`drgym.index.search_params.DEFAULT_SEARCH_PARAMS`; each shard is searched with
+            :func:`drgym.index.search_params.search_params_for` of them (the rule ``drgym serve``
             and ``drgym serve-ray`` use too).
         max_k: largest accepted ``k``.
         rrf_depth: least candidates per method fused by hybrid search; hybrid fuses the
@@ -243,7 +243,7 @@ class LocalSearchEngine(SearchBackend):
             (files up to 64 MiB whole); True: its full checksum (reads the whole index,
             about 1.2 s per GB); ``"size"``: sizes only.
         gpu_shard: on GPUs, split each dense shard's rows across all GPUs instead of a
-            whole copy per GPU (:func:`drgym.index.dense.gpu_cloner_options`).
+            whole copy per GPU (:func:`drgym.index.faiss_build.gpu_cloner_options`).
         gpu_float16: on GPUs, store the vectors in float16 (half the GPU memory).
         mmap: memory-map the dense shards' FAISS files instead of reading them into memory
             (:class:`drgym.index.dense.DenseIndex`; with faiss 1.15 this covers Flat and SQ
