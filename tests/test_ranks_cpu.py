@@ -85,3 +85,29 @@ def test_two_ranks_first_step_equals_one_rank_of_the_same_global_batch(tmp_path,
         assert r["update_max_abs"] >= 1e-5
     else:  # every group zero-variance: both runs skip the update
         assert r["update_max_abs"] == 0.0
+
+
+def test_select_rows_pads_a_rank_to_the_common_row_count_with_zero_weight_rows():
+    """With several processes every rank passes as many rows as the busiest (TRL gathers
+    per-row tensors in its loss); the added rows have their loss mask zeroed."""
+    import torch
+
+    from drgym.training.grpo import select_rows
+
+    inputs = {"prompt_ids": torch.arange(12).reshape(4, 3),
+              "prompt_mask": torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1], [0, 1, 1]]),
+              "completion_ids": torch.arange(16).reshape(4, 4),
+              "completion_mask": torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0], [1, 1, 1, 0]]),
+              "tool_mask": torch.ones(4, 4, dtype=torch.long),
+              "advantages": torch.tensor([0.5, 0.0, 0.0, -0.5]), "num_items_in_batch": torch.tensor(7.0)}
+    keep = torch.tensor([True, False, False, True])
+    out = select_rows(inputs, keep, pad_to=3)
+    # rows 0 and 3 kept, row 1 (the first not kept) added with no loss weight
+    assert out["prompt_ids"].tolist() == [[0, 1, 2], [3, 4, 5], [9, 10, 11]]
+    assert out["advantages"].tolist() == [0.5, 0.0, -0.5]
+    assert out["completion_mask"].tolist() == [[1, 1, 0], [0, 0, 0], [1, 1, 1]]  # cut after the kept rows' end
+    assert out["tool_mask"][1].sum() == 0 and out["num_items_in_batch"] == 7.0
+    assert select_rows(inputs, keep)["completion_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]  # one process: no filler
+    # a rank with no informative row passes filler rows only, which carry no loss tokens
+    none = select_rows(inputs, torch.zeros(4, dtype=torch.bool), pad_to=2)
+    assert none["prompt_ids"].size(0) == 2 and int(none["completion_mask"].sum()) == 0

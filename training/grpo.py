@@ -145,8 +145,11 @@ def mark_informative(batch: dict[str, Any], degenerate_rows: list[bool], trainer
     needs every rank's backward pass): a rank with fewer informative rows than the most of
     any rank adds some of its dropped rows with their loss mask zeroed (they add nothing
     to the loss, its normaliser or TRL's masked metrics), and the skip happens only when
-    no rank has an informative row. Logged: ``zero_variance/filtered_frac`` (share of the
-    rows of every rank dropped).
+    no rank has an informative row. The losses normalised by the batch's token count over
+    every rank (``dapo``, ``cispo``, ``vespo``) then equal a one-process run's on the same
+    rows; TRL's ``grpo``, ``bnpo`` and ``dr_grpo`` normalise on each rank (its rows or its
+    tokens), so a filler row counts in ``grpo``'s and ``dr_grpo``'s row count.
+    Logged: ``zero_variance/filtered_frac`` (share of the rows of every rank dropped).
 
     Args:
         batch: the output of ``GRPOTrainer._generate_and_score_completions`` (modified in place).
