@@ -17,6 +17,10 @@ The thread form reuses an already loaded backend (fast, but shares this process'
 with the caller); the subprocess form is the real CLI in its own process (what a
 throughput benchmark with many client threads should use). Both wait until
 ``GET /health`` answers and stop the server on exit, even on error.
+
+For any other server (an MCP app, ``drgym mcp --transport http``), :func:`serving_app`
+runs an ASGI app under uvicorn in a thread and :func:`running_command` a command that
+listens on a port; both wait until it is up and stop it on exit.
 """
 
 from __future__ import annotations
@@ -183,3 +187,82 @@ def _process_server(cli_args, host, startup_timeout, env) -> Iterator[RunningSer
             log_path.unlink()
         except FileNotFoundError:
             pass
+
+
+@contextmanager
+def serving_app(app, host: str = "127.0.0.1", port: int | None = None, *,
+                startup_timeout: float = 30.0, **config) -> Iterator[int]:
+    """uvicorn serving the ASGI ``app`` on ``host`` in a daemon thread of this process.
+
+    Args:
+        app: the ASGI application.
+        host: address to bind.
+        port: TCP port; None: a free one (:func:`free_port`).
+        startup_timeout: seconds to wait for uvicorn to report that it started.
+        config: further ``uvicorn.Config`` options (e.g. drgym's
+            :func:`~drgym.server.app.uvicorn_options`).
+
+    Yields:
+        The port. The server is asked to exit and its thread joined (15 s) on exit.
+
+    Raises:
+        RuntimeError: the server thread died or did not start within ``startup_timeout``.
+    """
+    import uvicorn
+
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                                           **config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"the test server on {host}:{port} did not start")
+        time.sleep(0.02)
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+@contextmanager
+def running_command(cmd: Sequence[str], port: int, log_path: Path, *, env: dict[str, str] | None = None,
+                    host: str = "127.0.0.1", startup_timeout: float = 120.0) -> Iterator[subprocess.Popen]:
+    """Run ``cmd`` (a server that listens on ``host:port``) for the duration of a ``with``
+    block, its stdout and stderr written to ``log_path``.
+
+    Args:
+        cmd: the command line.
+        port: the TCP port the command listens on.
+        log_path: file that collects the output (read into the assertion messages).
+        env: extra environment variables (over this process's).
+        host: where to connect to check that it listens.
+        startup_timeout: seconds to wait for a TCP connection to be accepted.
+
+    Yields:
+        The process, once ``host:port`` accepts a connection; it is terminated and waited
+        for (30 s) on exit.
+
+    Raises:
+        AssertionError: the process exited, or did not listen within ``startup_timeout``
+            (the message holds its output).
+    """
+    with open(log_path, "wb") as out:
+        proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, **env} if env else None)
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            assert proc.poll() is None, log_path.read_text()
+            try:
+                socket.create_connection((host, port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, log_path.read_text()
+                time.sleep(0.2)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(30)

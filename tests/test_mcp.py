@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -22,7 +20,7 @@ from pydantic import Field  # module level: the SDK evaluates the test tools' an
 from drgym.errors import BadQueryError, ConfigError, DocumentNotFoundError, SearchError, ServiceUnavailableError
 from drgym.search.mcp import MCPSearchBackend, parse_spec, record_fields
 from drgym.search.registry import check_spec, make_backend, record_name
-from server_helpers import free_port
+from server_helpers import free_port, running_command, serving_app
 
 QUERIES = ["Demon Dice collectible dice game by Lester Smith", "Who wrote the novel Dracula?", "Ångström",
            "capital of Norway"]
@@ -37,25 +35,10 @@ GOOD_TITLE = "Demon Dice"  # hand-checked: the HotpotQA paragraph of that title 
 def serve_app(app, port: int | None = None):
     """uvicorn serving ``app`` on 127.0.0.1 (a free port) in a thread, with drgym's
     options; yields the port and stops the server on exit."""
-    import uvicorn
-
     from drgym.server.app import uvicorn_options
 
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           access_log=False, **uvicorn_options()))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the MCP test server did not start")
-        time.sleep(0.02)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(15)
+    with serving_app(app, "127.0.0.1", port, **uvicorn_options()) as p:
+        yield p
 
 
 @contextmanager
@@ -164,19 +147,8 @@ def test_cli_http_transport_serves_and_stops(hotpotqa_engine, tmp_path):
 
     port = free_port()
     log = tmp_path / "server.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(drgym_mcp_command("--transport", "http", "--host", "127.0.0.1", "--port", str(port),
-                                                  "--max-k", "20"), stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.2)
+    cmd = drgym_mcp_command("--transport", "http", "--host", "127.0.0.1", "--port", str(port), "--max-k", "20")
+    with running_command(cmd, port, log):
 
         async def check() -> None:
             async with Client(f"http://127.0.0.1:{port}/mcp", cache=None) as client:
@@ -187,9 +159,6 @@ def test_cli_http_transport_serves_and_stops(hotpotqa_engine, tmp_path):
                 assert r.is_error and "k must be between 1 and 20, got 21." in texts(r)
 
         run(check())
-    finally:
-        proc.terminate()
-        proc.wait(30)
     assert "drgym mcp:" in log.read_text() and "Traceback" not in log.read_text()
 
 

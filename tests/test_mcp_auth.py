@@ -6,12 +6,7 @@ reached through 127.0.0.1; a foreign name is a spoofed ``Host`` header."""
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
 import sys
-import threading
-import time
 from contextlib import contextmanager
 
 import httpx
@@ -22,7 +17,7 @@ from drgym.search.base import SearchBackend
 from drgym.search.mcp import MCPSearchBackend
 from drgym.server.app import BAD_KEY_DETAIL
 from drgym.server.mcp import create_mcp_server, is_loopback, streamable_http_app, transport_security
-from server_helpers import free_port
+from server_helpers import free_port, running_command, serving_app
 from drgym.types import Document, SearchResult
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
@@ -51,33 +46,13 @@ class Three(SearchBackend):
         return {"kind": "three"}
 
 
-@contextmanager
-def serving(app, host: str):
-    """uvicorn serving ``app`` on ``host`` (a free port) in a thread; yields the port."""
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.02)
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(15)
-
-
 def initialize(port: int, **headers: str) -> httpx.Response:
     return httpx.post(f"http://127.0.0.1:{port}/mcp", json=INIT, headers={**JSON_RPC, **headers}, timeout=30)
 
 
 def test_api_keys_and_foreign_host_and_origin_on_a_wildcard_bind():
     app = streamable_http_app(create_mcp_server(Three()), host="0.0.0.0", api_keys=["k-one", "k-two"])
-    with serving(app, "0.0.0.0") as port:
+    with serving_app(app, "0.0.0.0") as port:
         for headers in ({}, {"x-api-key": "wrong"}, {"x-api-key": "K-ONE"}, {"x-api-key": "k-one-"},
                         {"Authorization": "Bearer k-one"}):
             r = initialize(port, **headers)
@@ -111,7 +86,7 @@ def test_api_keys_and_foreign_host_and_origin_on_a_wildcard_bind():
 
 def test_key_from_the_environment(monkeypatch):
     app = streamable_http_app(create_mcp_server(Three()), host="127.0.0.1", api_keys=["k-env"])
-    with serving(app, "127.0.0.1") as port:
+    with serving_app(app, "127.0.0.1") as port:
         url = f"http://127.0.0.1:{port}/mcp"
         monkeypatch.delenv("DRGYM_API_KEY", raising=False)
         with pytest.raises(AuthError):
@@ -126,7 +101,7 @@ def test_allow_lists():
     app = streamable_http_app(create_mcp_server(Three()), host="0.0.0.0",
                               allowed_hosts="search.example.org, api.example.org:8443",
                               allowed_origins=["https://app.example.org", "http://tool.example.org:3000"])
-    with serving(app, "0.0.0.0") as port:
+    with serving_app(app, "0.0.0.0") as port:
         for host, status in [("search.example.org", 200), ("search.example.org:9000", 200),
                              ("api.example.org:8443", 200), ("api.example.org:8444", 421), ("api.example.org", 421),
                              ("evil.example", 421), ("search.example.org.evil.example", 421)]:
@@ -163,22 +138,8 @@ def cli_server(log_path, *args: str, env: dict | None = None):
     port = free_port()
     cmd = [sys.executable, "-m", "drgym", "mcp", "--corpus", "hotpotqa", "--method", "bm25", "--transport", "http",
            "--port", str(port), *args]
-    with open(log_path, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, log_path.read_text()
-                time.sleep(0.2)
+    with running_command(cmd, port, log_path, env=env):
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(30)
 
 
 def test_cli_warns_on_an_open_bind_and_checks_host_and_origin(hotpotqa_engine, tmp_path, monkeypatch):
