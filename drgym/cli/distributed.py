@@ -24,7 +24,7 @@ def serve_ray(
     import time
 
     from drgym.distributed import require_ray
-    from drgym.distributed.serve import deploy, load_config
+    from drgym.distributed.serve import deploy, load_config, undeploy
     from drgym.errors import ConfigError, DrgymError
     from drgym.paths import indexes_dir
 
@@ -41,21 +41,31 @@ def serve_ray(
         cfg = load_config(config, {"router": {"method": method}} if method else None)
         init = {"num_cpus": num_cpus} if num_cpus is not None else {}
         ray.init(address=ray_address, include_dashboard=False, **init)
-        url = deploy(folder, cfg, host=host, port=port)
     except DrgymError as e:
         typer.echo(f"drgym serve-ray: error: {e}", err=True)
         if "ray" in locals() and ray.is_initialized():
             ray.shutdown()
         raise typer.Exit(2) from None
-    typer.echo(f"drgym serve-ray: {folder} on {url} (Ctrl-C stops)", err=True)
+    # From here on, every way out (Ctrl-C during the deployment included) removes the
+    # applications deployed so far: Ray Serve keeps them on the cluster after this process.
+    code = 0
     try:
+        url = deploy(folder, cfg, host=host, port=port)
+        typer.echo(f"drgym serve-ray: {folder} on {url} (Ctrl-C stops)", err=True)
         while True:
             time.sleep(3600)
+    except DrgymError as e:
+        typer.echo(f"drgym serve-ray: error: {e}", err=True)
+        code = 2
     except KeyboardInterrupt:
-        from ray import serve
-
-        serve.shutdown()
-        ray.shutdown()
+        typer.echo("drgym serve-ray: stopping: removing the deployed applications", err=True)
+    finally:
+        try:
+            undeploy(folder, cfg)
+        finally:
+            ray.shutdown()
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

@@ -21,7 +21,8 @@ driver, so the index folder is the one a local build writes:
 2. The driver takes the encoded units back in order (``preserve_order``) and commits each
    to the docstore and to its embedding part, exactly as the local build does; a killed
    Ray build resumes like a local one.
-3. Each dense shard (memory-mapped embeddings -> FAISS index) is a Ray task.
+3. Each dense shard (memory-mapped embeddings -> FAISS index) is a Ray task, the tasks
+   spread over the nodes.
 
 The corpus and the build folder must be on storage every node can read (and, for step 3,
 write): a shared filesystem (NFS, Lustre, a mounted bucket), as DeepResearchGym's shards
@@ -167,7 +168,9 @@ class RayRunner:
                                    "max_tokens": ctx.max_tokens, "overlap": ctx.overlap,
                                    "threads": self.encoder_threads},
             batch_size=1,
-            concurrency=n_actors,
+            # one unit in flight per actor: a unit is thousands of documents, so an actor that
+            # comes up late still gets its share instead of the first one queueing them all
+            compute=ray.data.ActorPoolStrategy(size=n_actors, max_tasks_in_flight_per_actor=1),
             num_gpus=1 if gpus else 0,
             num_cpus=1,
         )
@@ -179,7 +182,9 @@ class RayRunner:
             yield _decode(row, ctx.encoder.dim)
 
     def build_shards(self, tasks: list[ShardTask], progress: bool = False) -> list[ShardInfo]:
-        """One Ray task per shard (``shard_cpus`` CPUs each); results in shard order."""
+        """One Ray task per shard (``shard_cpus`` CPUs each), spread over the nodes (Ray's
+        ``SPREAD`` strategy: Ray's default packs tasks onto the driver's node first);
+        results in shard order."""
         ray = self._ray()
-        remote = ray.remote(num_cpus=self.shard_cpus)(_run_shard)
+        remote = ray.remote(num_cpus=self.shard_cpus, scheduling_strategy="SPREAD")(_run_shard)
         return ray.get([remote.remote(t) for t in tasks])

@@ -64,20 +64,23 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
             raise ConfigError(f"serving config {p} must be a YAML mapping.")
         return d
 
-    def merge(a: dict, b: dict) -> dict:
-        out = copy.deepcopy(a)
-        for k, v in b.items():
-            if k == "num_replicas" and "autoscaling_config" in out:
-                out.pop("autoscaling_config")
-            if k == "autoscaling_config" and "num_replicas" in out:
-                out.pop("num_replicas")
-            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-        return out
-
     cfg = read(DEFAULT_CONFIG)
     if path is not None:
-        cfg = merge(cfg, read(Path(path)))
-    return merge(cfg, overrides or {})
+        cfg = _merge(cfg, read(Path(path)))
+    return _merge(cfg, overrides or {})
+
+
+def _merge(a: dict, b: dict) -> dict:
+    """``b`` merged over ``a`` key by key (a copy); a ``num_replicas`` in ``b`` drops the
+    ``autoscaling_config`` of ``a`` and the other way round."""
+    out = copy.deepcopy(a)
+    for k, v in b.items():
+        if k == "num_replicas" and "autoscaling_config" in out:
+            out.pop("autoscaling_config")
+        if k == "autoscaling_config" and "num_replicas" in out:
+            out.pop("num_replicas")
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
 
 
 RAY_DEFAULT_REPLICA_CPUS = 1.0
@@ -91,24 +94,60 @@ def _min_replicas(deployment: dict) -> int:
     return int((deployment.get("autoscaling_config") or {}).get("min_replicas", 1))
 
 
+def shard_config(config: dict, shard_id: int) -> dict[str, Any]:
+    """The ``shard`` section of ``config`` for one shard: its ``per_shard`` entry for
+    ``shard_id`` (keyed by the shard number, an int or a string of one) merged over the
+    rest of the section, key by key, as :func:`load_config` merges layers.
+
+    Returns:
+        The section without ``per_shard``.
+    """
+    sc = dict(config.get("shard") or {})
+    per = sc.pop("per_shard", None) or {}
+    own = per.get(shard_id, per.get(str(shard_id)))
+    return _merge(sc, own) if own else sc
+
+
+def check_per_shard(config: dict, n_shards: int) -> None:
+    """Check that every key of ``shard.per_shard`` names a shard of the index.
+
+    Raises:
+        ConfigError: a key that is not a shard number below ``n_shards``, or an entry that
+            is not a mapping.
+    """
+    per = (config.get("shard") or {}).get("per_shard") or {}
+    if not isinstance(per, dict):
+        raise ConfigError(f"shard.per_shard must map shard numbers to settings, got {type(per).__name__}.")
+    for key, val in per.items():
+        if str(key).strip().isdigit() and int(key) < n_shards and isinstance(val, dict):
+            continue
+        raise ConfigError(f"shard.per_shard[{key!r}]: the index has {n_shards} shard(s), numbered 0 to "
+                          f"{n_shards - 1}, and each entry must be a mapping of shard settings.")
+
+
 def min_resources(config: dict, n_shards: int) -> dict[str, float]:
-    """CPUs and GPUs the minimum replicas of a serving config reserve: the router's plus
-    ``n_shards`` shard applications'.
+    """Resources the minimum replicas of a serving config reserve: the router's plus
+    ``n_shards`` shard applications' (each with its ``per_shard`` settings).
 
     Args:
         config: a config from :func:`load_config`.
         n_shards: dense shards of the index (one application each).
 
     Returns:
-        ``{"CPU": cpus, "GPU": gpus}`` (fractions allowed, as Ray counts them).
+        ``{"CPU": cpus, "GPU": gpus}`` plus each custom resource named in a
+        ``ray_actor_options.resources`` (e.g. ``{"node_a": 0.5}``); fractions allowed, as
+        Ray counts them.
     """
-    need = {"CPU": 0.0, "GPU": 0.0}
-    for part, copies in (("router", 1), ("shard", int(n_shards))):
-        dep = (config.get(part) or {}).get("deployment") or {}
+    need: dict[str, float] = {"CPU": 0.0, "GPU": 0.0}
+    parts = [config.get("router") or {}] + [shard_config(config, i) for i in range(int(n_shards))]
+    for part in parts:
+        dep = part.get("deployment") or {}
         opts = dep.get("ray_actor_options") or {}
-        n = _min_replicas(dep) * copies
+        n = _min_replicas(dep)
         need["CPU"] += n * float(opts.get("num_cpus", RAY_DEFAULT_REPLICA_CPUS))
         need["GPU"] += n * float(opts.get("num_gpus", 0))
+        for res, amount in (opts.get("resources") or {}).items():
+            need[res] = need.get(res, 0.0) + n * float(amount)
     return need
 
 
@@ -118,23 +157,32 @@ def check_fits(config: dict, n_shards: int, available: dict[str, float]) -> dict
     Args:
         config: a config from :func:`load_config`.
         n_shards: dense shards of the index.
-        available: the cluster's resources (``ray.cluster_resources()``: ``CPU``, ``GPU``).
+        available: the cluster's resources (``ray.cluster_resources()``: ``CPU``, ``GPU``
+            and the nodes' custom resources).
 
     Returns:
         What the minimum replicas reserve (:func:`min_resources`).
 
     Raises:
-        ConfigError: they ask more CPUs or GPUs than the cluster has (both numbers named).
+        ConfigError: they ask more of a resource than the cluster has (both numbers
+            named), or ``shard.per_shard`` names a shard the index lacks.
     """
+    check_per_shard(config, n_shards)
     need = min_resources(config, n_shards)
-    for res, opt in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
+    for res, amount in need.items():
         have = float(available.get(res, 0))
-        if need[res] > have + 1e-9:
+        if amount > have + 1e-9:
+            who = f"the serving config's minimum replicas (a router and {n_shards} shard(s))"
+            if res in ("CPU", "GPU"):
+                opt = "num_cpus" if res == "CPU" else "num_gpus"
+                raise ConfigError(
+                    f"{who} reserve {amount:g} {res}s, the Ray cluster has {have:g}: start it with more (drgym "
+                    f"serve-ray --num-cpus, or `ray start --num-cpus`/`--num-gpus` on each node) or lower "
+                    f"ray_actor_options.{opt} / replicas in --config.")
             raise ConfigError(
-                f"the serving config's minimum replicas (a router and {n_shards} shard(s)) reserve {need[res]:g} "
-                f"{res}s, the Ray cluster has {have:g}: start it with more (drgym serve-ray --num-cpus, or "
-                f"`ray start --num-cpus`/`--num-gpus` on each node) or lower ray_actor_options.{opt} / replicas "
-                "in --config.")
+                f"{who} reserve {amount:g} of the custom resource {res!r}, the Ray cluster has {have:g}: start a node "
+                f"that offers it (`ray start --resources '{{\"{res}\": 1}}'`) or change ray_actor_options.resources "
+                "(or shard.per_shard) in --config.")
     return need
 
 
@@ -301,7 +349,11 @@ class ShardedSearchEngine(LocalSearchEngine):
 
 class Router:
     """The router deployment: the drgym FastAPI app over a :class:`ShardedSearchEngine`
-    (built in the replica, after the constructor, by Ray Serve's late-bound ingress)."""
+    (built in the replica, after the constructor, by Ray Serve's late-bound ingress).
+
+    ``server`` holds :class:`~drgym.search.wire.ServerSettings` fields; the query encoder's
+    (``encoder``, ``encoder_backend``, ``search_threads``) are used as ``drgym serve`` uses
+    them, the dense search settings are the shards' (``shard.search_params``)."""
 
     def __init__(self, folder: str, shard_apps: list[str], method: str = "hybrid", server: dict | None = None,
                  shard_timeout_s: float = 10.0, expect: str | None = None) -> None:
@@ -311,8 +363,12 @@ class Router:
 
         self.settings = ServerSettings(**(server or {}))
         handles = [serve.get_deployment_handle("ShardServer", app_name=a) for a in shard_apps]
+        s = self.settings  # the query encoder's settings as `drgym serve` reads them (search_params go to the shards)
+        kw = {"encoder_backend": s.encoder_backend, "search_threads": s.search_threads or None}
+        if s.encoder:
+            kw["encoder"] = s.encoder
         self.engine = ShardedSearchEngine(folder, handles, shard_timeout_s=shard_timeout_s, method=method,
-                                          max_k=self.settings.max_k, expect=expect)
+                                          max_k=s.max_k, expect=expect, **kw)
         self.engine.encode_queries(["warm up"])  # load the encoder now, not on the first request
 
     def __serve_build_asgi_app__(self):
@@ -350,13 +406,13 @@ def deploy(folder: str | Path, config: dict | None = None, *, host: str = "127.0
     built = m.serving_fingerprint()  # every replica, started now or restarted later, serves this build or none
     need = check_fits(cfg, len(m.shards), ray.cluster_resources())
     log.info("serve-ray: %d shard(s); minimum replicas reserve %g CPUs, %g GPUs", len(m.shards), need["CPU"], need["GPU"])
-    serve.start(http_options={"host": host, "port": int(port)})
+    serve.start(http_options={"host": host, "port": int(port)}, proxy_location=cfg.get("proxy_location") or None)
     prefix = cfg.get("prefix", "drgym")
     shard_apps = []
     for i in range(len(m.shards)):
         name = f"{prefix}-shard-{i}"
-        dep = serve.deployment(ShardServer, name="ShardServer", **cfg["shard"].get("deployment", {}))
-        sc = cfg["shard"]
+        sc = shard_config(cfg, i)
+        dep = serve.deployment(ShardServer, name="ShardServer", **sc.get("deployment", {}))
         serve.run(dep.bind(folder, i, sc.get("search_params"), bool(sc.get("mmap", True)),
                            bool(sc.get("gpu_shard", False)), bool(sc.get("gpu_float16", False)), built),
                   name=name, route_prefix=None)
@@ -374,3 +430,33 @@ def shard_app_names(folder: str | Path, config: dict | None = None) -> list[str]
 
     prefix = (config or load_config()).get("prefix", "drgym")
     return [f"{prefix}-shard-{i}" for i in range(len(IndexManifest.read(folder).shards))]
+
+
+def undeploy(folder: str | Path, config: dict | None = None) -> list[str]:
+    """Remove what :func:`deploy` put on the connected Ray cluster for ``folder``: its
+    router and shard applications (the router first), then Ray Serve itself when no other
+    application is left on the cluster (another deployment's applications stay).
+
+    Args:
+        folder: the index folder given to :func:`deploy`.
+        config: the config given to :func:`deploy` (its ``prefix`` names the applications).
+
+    Returns:
+        The names of the applications deleted (empty when Serve is not running or none
+        of them was deployed).
+    """
+    from ray import serve
+    from ray.serve.exceptions import RayServeException
+
+    cfg = config or load_config()
+    ours = [f"{cfg.get('prefix', 'drgym')}-router", *shard_app_names(folder, cfg)]
+    try:
+        running = set(serve.status().applications)
+    except RayServeException:  # no Serve instance on the cluster: nothing of ours to remove
+        return []
+    deleted = [name for name in ours if name in running]
+    for name in deleted:
+        serve.delete(name)
+    if not running - set(deleted):
+        serve.shutdown()
+    return deleted
