@@ -4,6 +4,9 @@
         --bm25-max 5000000 --budget 30 --out scripts/results/bench_scale_fastscan.json
     python scripts/bench_scale.py --table scripts/results/bench_scale_fastscan.json    # the docs' tables
     python scripts/bench_scale.py --sizing scripts/results/bench_scale_fastscan.json
+    OMP_NUM_THREADS=1 python scripts/bench_scale.py --sizes 100000 1000000 --hnsw-max 0 --bm25-max 0 \
+        --budget 20 --keep --out scripts/results/bench_scale_questions.json   # with question-like queries
+    python scripts/bench_scale.py --validate-questions scripts/results/bench_scale_questions_validation.json
 
 For each size N, in this order, each stage in its own subprocess (so its peak RSS is its
 own, read from ``getrusage``):
@@ -18,7 +21,13 @@ own, read from ``getrusage``):
    passage = normalise(mean + centre + 0.8 * noise of the same covariance); queries are
    fresh draws from random topics. Its median nearest-neighbour cosine (~0.69) is near
    the real one on wiki-default (0.63); uniform random vectors would have none of that
-   structure and make every ANN index look worse than on real data.
+   structure and make every ANN index look worse than on real data. But a generated
+   query's neighbours are a tight cluster (top-1 / 10th cosine 0.69 / 0.64), and a real
+   question's are not (NQ-open dev on wiki-default: 0.50 / 0.36), so gen also makes 200
+   question-like queries (:func:`question_like`: answer passages of the corpus moved by
+   noise whose size :func:`fit_question_noise` fits to that profile at wiki-default's size)
+   with their exact top-10; ``--validate-questions`` checks them against real questions'
+   recall there.
 2. ``import``: ``drgym index import --embeddings`` with factory Flat and no BM25: the
    encoder is bypassed, the rest is the real streamed build (docstore filled unit by
    unit, fingerprint, tie ranks, float16 embedding shards). Shards of ``--shard-size``
@@ -29,7 +38,7 @@ own, read from ``getrusage``):
 4. ``search`` per factory and search setting: single queries and batches of 64 at
    k=10 through :class:`drgym.index.dense.DenseIndex` (shard merge and tie-break
    included; FAISS files memory-mapped for flat codes), p50/p99 latency, recall@10 vs
-   exact. drgym's defaults for an index without a measured nprobe (efSearch 64; nprobe
+   exact, for the generated queries and (``questions``) the question-like ones. drgym's defaults for an index without a measured nprobe (efSearch 64; nprobe
    ``max(16, nlist/4)``; exact re-rank of 100 IVF-PQ candidates; several shards searched
    side by side on ``shard_workers`` threads, one per shard up to the usable cores), and
    for IVF-PQ also nprobe 16, no re-rank and, with several shards, the shards searched in
@@ -164,7 +173,88 @@ def topic_mixture(n: int, rng: np.random.Generator):
         x = mu + centers[t] + 0.8 * (rng.standard_normal((m, DIM), dtype=np.float32) @ chol.T)
         return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
 
+    draw.mu, draw.chol = mu, chol  # for question_like
     return draw
+
+
+QUESTION_PROFILES = {"nq-open-dev": (0.499, 0.355), "hipporag": (0.598, 0.390)}
+"""Median top-1 and 10th-neighbour cosines of real questions over wiki-default's 21,123 MiniLM
+vectors (NQ-open dev and HippoRAG questions, encoded as drgym serves them). A generated query
+of the topic mixture sits at 0.69 / 0.64: a tight cluster, then a cliff; a question is farther
+from its neighbours and they decay smoothly, so they spread over more IVF lists."""
+QUESTION_PROFILE = "nq-open-dev"
+"""The profile the ``questions`` set of every size is generated to (the harder of the two)."""
+REAL_N = 21_123
+
+
+def question_like(anchors: np.ndarray, mu: np.ndarray, chol: np.ndarray, noise: float, shift: float,
+                  rng: np.random.Generator) -> np.ndarray:
+    """Question-like query vectors ``(m, 384)`` float32: each a passage of the corpus (``anchors``,
+    its answer passage) moved by ``noise`` times a unit vector of the corpus's covariance shape
+    and by ``shift`` along the mean direction, then normalised."""
+    u = rng.standard_normal((len(anchors), DIM), dtype=np.float32) @ chol.T
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    q = anchors.astype(np.float32) + noise * u + shift * (mu / np.linalg.norm(mu))
+    return q / np.linalg.norm(q, axis=1, keepdims=True)
+
+
+def fit_question_noise(profile: str = QUESTION_PROFILE) -> dict:
+    """``noise`` and ``shift`` of :func:`question_like` that give, on a topic-mixture corpus of
+    wiki-default's size (:data:`REAL_N`), the median top-1 / 10th cosines real questions have on
+    wiki-default (:data:`QUESTION_PROFILES`): a grid search, deterministic (own seed), a few
+    seconds. The same two numbers then make the questions at every size."""
+    rng = np.random.default_rng(SEED + 3)
+    draw = topic_mixture(REAL_N, rng)
+    x = draw(REAL_N).astype(np.float32)
+    mu, chol = draw.mu, draw.chol
+    want = QUESTION_PROFILES[profile]
+    best = None
+    for noise in np.arange(1.0, 2.21, 0.1):
+        for shift in np.arange(-0.6, 1.01, 0.2):
+            q = question_like(x[np.random.default_rng(SEED + 4).integers(0, REAL_N, N_QUERIES)], mu, chol,
+                              float(noise), float(shift), np.random.default_rng(SEED + 5))
+            top = -np.sort(np.partition(-(q @ x.T), K - 1, axis=1)[:, :K], axis=1)
+            got = (float(np.median(top[:, 0])), float(np.median(top[:, K - 1])))
+            err = (got[0] - want[0]) ** 2 + (got[1] - want[1]) ** 2
+            if best is None or err < best[0]:
+                best = (err, float(noise), float(shift), got)
+    return {"profile": profile, "target_top1_10th": list(want), "noise": round(best[1], 3), "shift": round(best[2], 3),
+            "fitted_top1_10th": [round(best[3][0], 4), round(best[3][1], 4)], "fitted_on_n": REAL_N}
+
+
+def validate_questions() -> dict:
+    """The question-like queries against what real questions do at wiki-default's size: on a
+    topic-mixture corpus of :data:`REAL_N` vectors, the IVF-PQ layout ``auto`` picks there, at
+    nprobe nlist/4, nlist/2 and nlist with drgym's exact re-rank of 100 candidates, recall@10 of
+    the generated queries and of the question-like ones, to set beside the recall real questions
+    get on wiki-default itself with the same layout and rule (NQ-open dev 0.853, generated 0.993)."""
+    import faiss
+
+    rng = np.random.default_rng(SEED + 3)
+    draw = topic_mixture(REAL_N, rng)
+    x = draw(REAL_N).astype(np.float32)
+    qfit = fit_question_noise()
+    qr = np.random.default_rng(SEED + 6)
+    sets = {"generated": draw(N_QUERIES).astype(np.float32),
+            "questions": question_like(x[qr.choice(REAL_N, N_QUERIES, replace=False)], draw.mu, draw.chol,
+                                       qfit["noise"], qfit["shift"], qr)}
+    factory = ivfpq(REAL_N, REAL_N)
+    idx = faiss.index_factory(DIM, factory, faiss.METRIC_INNER_PRODUCT)
+    idx.train(x)
+    idx.add(x)
+    ivf = faiss.extract_index_ivf(idx)
+    out = {"n": REAL_N, "factory": factory, "rerank": 100, "question_fit": qfit, "recall@10": {}}
+    for name, q in sets.items():
+        exact = q @ x.T
+        truth = np.argsort(-exact, axis=1)[:, :K]
+        for nprobe in (ivf.nlist // 4, ivf.nlist // 2, ivf.nlist):
+            ivf.nprobe = nprobe
+            _, cand = idx.search(q, 100)
+            order = np.argsort(-np.take_along_axis(exact, cand, 1), axis=1)[:, :K]
+            got = np.take_along_axis(cand, order, 1)
+            out["recall@10"][f"{name} nprobe {nprobe}"] = round(float(np.mean(
+                [len(set(got[i].tolist()) & set(truth[i].tolist())) / K for i in range(len(q))])), 4)
+    return out
 
 
 def corpus_file(work: Path) -> Path:
@@ -194,6 +284,12 @@ def stage_gen(n: int, work: Path, gz: bool = False) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     best_s = np.full((N_QUERIES, K), -np.inf, np.float32)
     best_i = np.full((N_QUERIES, K), -1, np.int64)
+    # question-like queries: own generators, so the passages and vectors are those of earlier runs
+    qfit = fit_question_noise()
+    qrng = np.random.default_rng(SEED + 2)
+    questions = None
+    qbest_s = np.full((N_QUERIES, K), -np.inf, np.float32)
+    qbest_i = np.full((N_QUERIES, K), -1, np.int64)
     t_text = t_vec = t_gt = 0.0
     chunk = 100_000
     vec_files = []
@@ -215,13 +311,11 @@ def stage_gen(n: int, work: Path, gz: bool = False) -> dict:
             v = draw(m)
             t_vec += time.perf_counter() - t
             t = time.perf_counter()
-            s = queries @ v.astype(np.float32).T
-            alls = np.concatenate([best_s, s], axis=1)
-            alli = np.concatenate([best_i, np.arange(start, start + m)[None, :].repeat(N_QUERIES, 0)], axis=1)
-            part = np.argpartition(-alls, K - 1, axis=1)[:, :K]
-            ps, pi = np.take_along_axis(alls, part, 1), np.take_along_axis(alli, part, 1)
-            order = np.argsort(-ps, axis=1, kind="stable")
-            best_s, best_i = np.take_along_axis(ps, order, 1), np.take_along_axis(pi, order, 1)
+            if questions is None:  # answer passages from the first chunk (its topics are a random draw)
+                questions = question_like(v[qrng.choice(m, N_QUERIES, replace=False)], draw.mu, draw.chol,
+                                          qfit["noise"], qfit["shift"], qrng)
+            best_s, best_i = _top_k_update(queries, v, start, best_s, best_i)
+            qbest_s, qbest_i = _top_k_update(questions, v, start, qbest_s, qbest_i)
             t_gt += time.perf_counter() - t
             buf.append(v)
             buf_rows += m
@@ -232,13 +326,30 @@ def stage_gen(n: int, work: Path, gz: bool = False) -> dict:
                 buf, buf_rows = [], 0
     np.save(work / "queries.npy", queries)
     np.save(work / "truth.npy", best_i)
+    np.save(work / "questions.npy", questions)
+    np.save(work / "questions_truth.npy", qbest_i)
     (work / "query_texts.json").write_text(json.dumps(query_texts(words, p)))
     nn_cos = float(np.median(best_s[:, 0]))
     return {"seconds": round(time.perf_counter() - t0, 1), "text_s": round(t_text, 1), "vectors_s": round(t_vec, 1),
             "exact_top10_s": round(t_gt, 1), "corpus_bytes": du(corpus), "corpus_file": corpus.name,
             "vector_bytes": sum(du(Path(p)) for p in vec_files), "vector_files": vec_files,
             "median_nn_cosine": round(nn_cos, 4), "median_10th_cosine": round(float(np.median(best_s[:, -1])), 4),
-            "topics": max(1, n // 32), "peak_rss_mb": round(peak_rss_mb(), 1)}
+            "topics": max(1, n // 32),
+            "questions": {**qfit, "median_nn_cosine": round(float(np.median(qbest_s[:, 0])), 4),
+                          "median_10th_cosine": round(float(np.median(qbest_s[:, -1])), 4)},
+            "peak_rss_mb": round(peak_rss_mb(), 1)}
+
+
+def _top_k_update(q: np.ndarray, v: np.ndarray, start: int, best_s: np.ndarray, best_i: np.ndarray):
+    """The exact top-:data:`K` of ``q`` over the rows seen so far, with chunk ``v`` (rows from ``start``)
+    added: ``(scores, ids)``, each ``(len(q), K)``, best first."""
+    s = q @ v.astype(np.float32).T
+    alls = np.concatenate([best_s, s], axis=1)
+    alli = np.concatenate([best_i, np.arange(start, start + len(v))[None, :].repeat(len(q), 0)], axis=1)
+    part = np.argpartition(-alls, K - 1, axis=1)[:, :K]
+    ps, pi = np.take_along_axis(alls, part, 1), np.take_along_axis(alli, part, 1)
+    order = np.argsort(-ps, axis=1, kind="stable")
+    return np.take_along_axis(ps, order, 1), np.take_along_axis(pi, order, 1)
 
 
 # -- stage: import ------------------------------------------------------------------------
@@ -424,6 +535,21 @@ def _stage_dense_reshard(work: Path, factory: str) -> dict:
 # -- stage: search ------------------------------------------------------------------------
 
 
+def _single_queries(idx, q: np.ndarray, budget_s: float) -> tuple[list[float], list[np.ndarray]]:
+    """One query a call, in order, for ``budget_s`` seconds (at least 20 queries, at most all):
+    the milliseconds of each call and the ids it returned."""
+    single, rows = [], []
+    t_end = time.perf_counter() + budget_s
+    for i in range(len(q)):
+        t = time.perf_counter()
+        _, r = idx.search(q[i : i + 1], K)
+        single.append((time.perf_counter() - t) * 1000)
+        rows.append(r[0])
+        if time.perf_counter() > t_end and len(single) >= 20:
+            break
+    return single, rows
+
+
 def stage_search(work: Path, factory: str, params: dict, budget_s: float) -> dict:
     from drgym.index.dense import DenseIndex
     from drgym.index.manifest import IndexManifest
@@ -440,15 +566,7 @@ def stage_search(work: Path, factory: str, params: dict, budget_s: float) -> dic
     load_s = time.perf_counter() - t
     after_load = rss_now()
     idx.search(q[:1], K)  # warm-up
-    single, rows = [], []
-    t_end = time.perf_counter() + budget_s
-    for i in range(N_QUERIES):
-        t = time.perf_counter()
-        _, r = idx.search(q[i : i + 1], K)
-        single.append((time.perf_counter() - t) * 1000)
-        rows.append(r[0])
-        if time.perf_counter() > t_end and len(single) >= 20:
-            break
+    single, rows = _single_queries(idx, q, budget_s)
     recall = float(np.mean([len(set(r.tolist()) & set(truth[i].tolist())) / K for i, r in enumerate(rows)]))
     batch = []
     t_end = time.perf_counter() + budget_s
@@ -459,8 +577,19 @@ def stage_search(work: Path, factory: str, params: dict, budget_s: float) -> dic
         batch.append((time.perf_counter() - t) * 1000)
         if time.perf_counter() > t_end and len(batch) >= 3:
             break
+    questions = {}
+    if (work / "questions.npy").exists():  # question-like queries (gen stages of this version)
+        qq, qtruth = np.load(work / "questions.npy"), np.load(work / "questions_truth.npy")
+        qsingle, qrows = _single_queries(idx, qq, budget_s)
+        if len(qrows) < N_QUERIES:  # recall over all of them; rankings do not depend on the batch
+            qrows += list(idx.search(qq[len(qrows):], K)[1])
+        questions = {"single_ms_p50": pct(qsingle, 50), "single_ms_p99": pct(qsingle, 99), "single_n": len(qsingle),
+                     "recall@10": round(float(np.mean([len(set(r.tolist()) & set(qtruth[i].tolist())) / K
+                                                       for i, r in enumerate(qrows)])), 4),
+                     "recall_queries": len(qrows)}
     idx.close()
     return {"factory": factory, "params": params, "shards": len(m.shards), "shard_workers": idx.shard_workers,
+            "questions": questions,
             "coarse_searches": idx.coarse_searches, "load_s": round(load_s, 2),
             "single_ms_p50": pct(single, 50), "single_ms_p99": pct(single, 99), "single_n": len(single),
             "batch64_ms_p50": pct(batch, 50), "batch64_ms_p99": pct(batch, 99), "batch64_n": len(batch),
@@ -767,10 +896,15 @@ def main() -> None:
                          "shard, e.g. IVF2048,PQ48x4fs); the import stage "
                          "still builds `auto`'s. A suffix +own trains each shard on its own rows instead of one "
                          "quantizer for all (the layout before shared quantizers), e.g. IVF2048,PQ48x4fs+own")
+    ap.add_argument("--validate-questions", type=Path, metavar="OUT",
+                    help="write validate_questions()'s JSON (question-like queries vs real questions at wiki-default's size) and exit")
     ap.add_argument("--table", type=Path, help="print the README table of a result JSON and exit")
     ap.add_argument("--paper", type=Path, help="print the README's extrapolation to wiki-18 and ClueWeb22-B and exit")
     ap.add_argument("--sizing", type=Path, help="print the sizing table (per 10^6 passages, and wiki-18) of a result JSON and exit")
     a = ap.parse_args()
+    if a.validate_questions:
+        a.validate_questions.write_text(json.dumps(validate_questions(), indent=1) + "\n", encoding="utf-8")
+        return
     if a.table:
         print(table(json.loads(a.table.read_text())))
         return

@@ -32,6 +32,11 @@ def test_bench_scale_tiny_run_has_dense_bm25_and_hybrid_rows(tmp_path):
     assert r["search"]["Flat"]["recall@10"] == 1.0
     assert r["search"]["IVF-PQ"]["recall@10"] >= 0.9  # the default nprobe (64 of 256) with the exact re-rank
     assert r["search"]["IVF-PQ rerank 0"]["recall@10"] < r["search"]["IVF-PQ"]["recall@10"]
+    # question-like queries: real questions' distance profile (NQ-open dev on wiki-default: 0.499 / 0.355)
+    qs = r["gen"]["questions"]
+    assert abs(qs["median_nn_cosine"] - 0.499) < 0.03 and abs(qs["median_10th_cosine"] - 0.355) < 0.03
+    assert r["search"]["Flat"]["questions"]["recall@10"] == 1.0 and r["search"]["Flat"]["questions"]["recall_queries"] == 200
+    assert r["search"]["IVF-PQ"]["questions"]["recall@10"] < r["search"]["IVF-PQ"]["recall@10"]  # farther, spread out
     assert r["bm25"]["pairs"] > 20000 and r["bm25"]["peak_private_mb"] > 0
     assert r["search"]["BM25"]["mean_hits"] == 10  # 4-word queries from the corpus vocabulary
     hyb = r["search"]["hybrid (IVF-PQ + BM25)"]
