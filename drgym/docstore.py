@@ -38,7 +38,14 @@ from pathlib import Path
 
 from drgym.corpus.chunking import Passage
 from drgym.corpus.urls import normalize_url
-from drgym.errors import CorruptIndexError, DocumentNotFoundError, IndexNotFoundError, IndexReplacedError, SearchError
+from drgym.errors import (
+    CorpusError,
+    CorruptIndexError,
+    DocumentNotFoundError,
+    IndexNotFoundError,
+    IndexReplacedError,
+    SearchError,
+)
 from drgym.types import Document
 
 log = logging.getLogger(__name__)
@@ -470,7 +477,6 @@ class DocStoreWriter:
         Raises:
             CorpusError: a doc_id or passage_id is already stored (named in the message).
         """
-        from drgym.errors import CorpusError
 
         first = self.next_row
         c = self.conn

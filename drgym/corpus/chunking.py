@@ -8,12 +8,12 @@ passages ``"<doc_id>#p0"``, ``"#p1"``, ... of ``max_tokens`` tokens that overlap
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from drgym.errors import ConfigError
 from drgym.types import Document
-
 
 TITLE_ROOM = 32
 """Tokens of the encoder window kept for the title and special tokens."""
@@ -95,8 +95,6 @@ def split_documents(
 
 def _token_spans(text: str, tokenizer) -> list[tuple[int, int]]:
     if tokenizer is None:
-        import re
-
         return [m.span() for m in re.finditer(r"\S+", text)]
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=False, verbose=False)
     return [tuple(o) for o in enc["offset_mapping"]]

@@ -31,16 +31,19 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import re
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from drgym.atomic import decode_line
 from drgym.corpus.urls import wikipedia_url
-from drgym.errors import CorpusError
+from drgym.errors import ConfigError, CorpusError
 from drgym.types import Document
 
 FORMATS = ("wiki18", "web", "clueweb22", "browsecomp-plus", "hipporag", "ovos", "drgym")
@@ -130,7 +133,6 @@ def _gz_keep(path: Path, f: gzip.GzipFile) -> None:
 def _iter_jsonl(path: Path, span: Span | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """Rows of a JSONL file, or of the byte range ``span`` (for a ``.gz`` file, a range of
     its decompressed bytes), with their 1-based line numbers."""
-    from drgym.atomic import decode_line
 
     gz = path.suffix == ".gz"
     if span is None:
@@ -246,7 +248,6 @@ def read_wiki18(path: str | os.PathLike, *, source: str = "wiki18", span: Span |
     Raises:
         CorpusError: a line is not JSON or lacks ``id``/``contents``.
     """
-    import logging
 
     log = logging.getLogger(__name__)
     path = Path(path)
@@ -556,11 +557,8 @@ def check_corpus_start(path: str | os.PathLike, format: str | None = None, *,
             malformed (the reader's own message, with the file and line).
         ConfigError: ``first_rows`` < 1.
     """
-    from itertools import islice
 
     if first_rows < 1:
-        from drgym.errors import ConfigError
-
         raise ConfigError(f"first_rows must be >= 1, got {first_rows}.")
     path = Path(path)
     if not path.exists():
@@ -569,7 +567,6 @@ def check_corpus_start(path: str | os.PathLike, format: str | None = None, *,
     if path.is_dir():
         return {"path": str(path), "format": fmt, "rows": 0, "whole": False}
     whole = path.stat().st_size < whole_bytes
-    import logging
 
     # the readers' warnings (a wiki18 row without a title line) are the build's to give,
     # once, when it reads the rows; errors are raised here as there
@@ -635,13 +632,9 @@ def read_corpus(path: str | os.PathLike, format: str | None = None, *, source: s
     if fmt not in readers and fmt != "drgym":
         raise CorpusError(f"Unknown corpus format {fmt!r}; expected one of {FORMATS}.")
     if id_prefix and fmt not in ID_PREFIX_FORMATS:
-        from drgym.errors import ConfigError
-
         raise ConfigError(f"an id prefix applies to {' and '.join(ID_PREFIX_FORMATS)} rows only; {path} is "
                           f"{fmt!r}, whose doc_ids are kept as the format defines them.")
     if wikipedia_urls and fmt not in WIKIPEDIA_URL_FORMATS:
-        from drgym.errors import ConfigError
-
         raise ConfigError(f"Wikipedia URLs from titles apply to {' and '.join(WIKIPEDIA_URL_FORMATS)} rows only; "
                           f"{path} is {fmt!r}, whose URLs are the corpus's own.")
     kw: dict[str, Any] = {}

@@ -41,7 +41,9 @@ import hashlib
 import json
 import logging
 import re
+import string
 import threading
+import typing
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -50,9 +52,10 @@ from pydantic import BaseModel, ValidationError
 
 from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.errors import ConfigError, JudgeError, ServiceUnavailableError
-from drgym.reasoning import strip_reasoning  # the one reasoning rule, shared with the action parser
 from drgym.judges.cache import VerdictCache
-from drgym.search.retry import retrying
+from drgym.models import SMOLLM2_ALIASES
+from drgym.reasoning import strip_reasoning  # the one reasoning rule, shared with the action parser
+from drgym.search.retry import retrying, with_reconnect
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +110,6 @@ class PromptTemplate:
     @property
     def fields(self) -> set[str]:
         """Placeholder names used by ``system`` and ``user``."""
-        import string
 
         out = set()
         for text in (self.system, self.user):
@@ -277,8 +279,6 @@ def parse_verdict(text: str, model: type[BaseModel]) -> BaseModel:
 
 
 def _is_list_field(model: type[BaseModel], name: str) -> bool:
-    import typing
-
     ann = model.model_fields[name].annotation
     return ann is list or typing.get_origin(ann) is list
 
@@ -350,7 +350,6 @@ class Judge(abc.ABC):
             self.cache = VerdictCache(cache)
         self.n_samples = int(n_samples)
         self.temperature = float(temperature)
-        from drgym.search.retry import with_reconnect
 
         self.retry = with_reconnect(resolve_retry(retry, self.DEFAULT_RETRY))
         self.max_concurrency = int(max_concurrency)
@@ -555,8 +554,6 @@ def judge_validity(judge: "Judge | str | None") -> tuple[bool, str]:
     spec = judge.model_id if isinstance(judge, Judge) else str(judge).strip()
     kind, _, rest = spec.partition(":")
     if kind.lower() == "hf":
-        from drgym.models import SMOLLM2_ALIASES
-
         if (rest or "smollm2").strip().lower() in SMOLLM2_ALIASES:
             return False, NOT_A_VALID_JUDGE
     return True, ""

@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from drgym.paths import drgym_home
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS verdicts (
     key TEXT PRIMARY KEY,
@@ -41,7 +43,6 @@ class VerdictCache:
 
     def __init__(self, path: str | os.PathLike | None = None) -> None:
         if path is None:
-
             path = default_cache_path()
         self.path = str(path)
         if self.path != ":memory:":
@@ -91,6 +92,5 @@ class VerdictCache:
 
 def default_cache_path() -> Path:
     """``$DRGYM_HOME/judge_cache.sqlite``."""
-    from drgym.paths import drgym_home
 
     return drgym_home() / "judge_cache.sqlite"

@@ -11,6 +11,8 @@ from typing import Any
 
 from drgym.errors import ConfigError
 from drgym.judges.base import Judge
+from drgym.judges.local import HFJudge
+from drgym.judges.openai import OpenAIJudge
 
 
 def make_judge(spec: str | Judge, **kwargs: Any) -> Judge:
@@ -38,12 +40,8 @@ def make_judge(spec: str | Judge, **kwargs: Any) -> Judge:
     kind, _, rest = spec.strip().partition(":")
     kind = kind.lower()
     if kind == "hf":
-        from drgym.judges.local import HFJudge
-
         return HFJudge(rest or "smollm2", **kwargs)
     if kind == "openai":
-        from drgym.judges.openai import OpenAIJudge
-
         model, _, base = rest.partition("@")
         return OpenAIJudge(model=model or None, base_url=base or None, **kwargs)
     raise ConfigError(f"Unknown judge backend {kind!r} in {spec!r}: use 'hf:NAME' or 'openai:MODEL@BASE_URL'.")

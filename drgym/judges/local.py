@@ -24,6 +24,7 @@ import threading
 from typing import Any
 
 from drgym.judges.base import Judge, JudgeTransportError, Messages
+from drgym.models import load_causal_lm
 
 
 class HFJudge(Judge):
@@ -77,8 +78,6 @@ class HFJudge(Judge):
 
     def _load(self) -> None:
         if self._model is None:
-            from drgym.models import load_causal_lm
-
             self._model, self._tok = load_causal_lm(self.model_name, dtype=self.dtype, device=self.device)
 
     def _prefill(self, template) -> str:

@@ -9,6 +9,7 @@ DeepResearchGym API), or a commercial web backend.
 from __future__ import annotations
 
 import abc
+from dataclasses import replace
 from typing import Any
 
 from drgym.errors import BadQueryError
@@ -48,7 +49,6 @@ def collapse_to_documents(results: list[SearchResult], k: int) -> list[SearchRes
     >>> [(h.doc_id, h.rank) for h in collapse_to_documents(hits, 2)]
     [('d1#p0', 1), ('d2#p0', 2)]
     """
-    from dataclasses import replace
 
     seen: set[str] = set()
     out: list[SearchResult] = []

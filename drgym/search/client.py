@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -41,6 +42,7 @@ from urllib.parse import urlparse
 
 import httpx
 
+from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.errors import (
     BackendUnavailableError,
     BadQueryError,
@@ -51,7 +53,6 @@ from drgym.errors import (
 )
 from drgym.redact import scrub
 from drgym.search.base import COLLAPSE_MODES, SearchBackend, check_collapse
-from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.search.retry import send_with_retries, with_reconnect
 from drgym.search.wire import decode_b64_json
 from drgym.types import Document, SearchResult
@@ -276,7 +277,6 @@ class HTTPSearchClient(SearchBackend):
         Raises:
             ServiceUnavailableError: the server cannot be reached.
         """
-        import re
 
         if not self.is_drgym():
             return {"kind": "http", "service": self.name, "route": self.route, "max_k": int(self.max_k)}

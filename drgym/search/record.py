@@ -48,6 +48,7 @@ from typing import Any, Literal
 from drgym import errors as _errors
 from drgym.errors import AuthError, BadQueryError, ConfigError, ReplayMissError, SearchError
 from drgym.redact import scrub, secret_values
+from drgym.search import pages, retry
 from drgym.search.base import SearchBackend
 from drgym.types import Document, SearchResult
 
@@ -93,7 +94,6 @@ def _utcnow() -> str:
 def _error_class(name: str | None) -> type[SearchError]:
     """The drgym error class named ``name`` (SearchError when unknown), so a replayed
     failure has the class name the env shows the agent."""
-    from drgym.search import pages, retry
 
     for module in (_errors, retry, pages):
         cls = getattr(module, name or "", None)

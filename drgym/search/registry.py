@@ -44,11 +44,17 @@ import os
 import threading
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from drgym.config import SearchSettings, parse_section
+from drgym.corpus.named import NAMED
 from drgym.errors import AuthError, ConfigError, unknown_name
+from drgym.paths import indexes_dir
 from drgym.search.base import SearchBackend
-from drgym.search.record import MODES, RecordReplayBackend
+from drgym.search.client import HTTPSearchClient
+from drgym.search.mcp import MCPSearchBackend, parse_spec, spec_record_name
+from drgym.search.record import MODES, RecordReplayBackend, RecordStore
+from drgym.search.web import WEB_BACKENDS
 
 #: Named specs (besides ``local:<name>``, ``http(s)://`` URLs and ``mcp:`` servers).
 NAMES: tuple[str, ...] = ("local", "serper", "tavily", "brave", "deepresearchgym")
@@ -109,8 +115,6 @@ def record_name(spec: str) -> str:
     if kind == "http":
         return s.rstrip("/")
     if kind == "mcp":
-        from drgym.search.mcp import spec_record_name
-
         return spec_record_name(s)
     if kind == "local":
         return "local" if s.lower() in ("local", "local:wiki-default") else "local:" + s.split(":", 1)[1]
@@ -119,24 +123,20 @@ def record_name(spec: str) -> str:
 
 def _build_live(spec: str, kind: str, kwargs: dict[str, Any]) -> SearchBackend:
     if kind == "local":
-        from drgym.search.local import LocalSearchEngine
+        # numpy and the index reader: 128 modules, about 0.1 s of CPU, which `drgym --help`
+        # would pay through the reward registry
+        from drgym.search.local import LocalSearchEngine  # noqa: PLC0415  (numpy: see above)
 
         target = spec.split(":", 1)[1] if ":" in spec else kwargs.pop("corpus", "wiki-default")
-        from drgym.paths import indexes_dir
 
         folder = Path(str(target)).expanduser()
         if (folder / "manifest.json").exists() or (indexes_dir() / str(target) / "manifest.json").exists():
             return LocalSearchEngine.open(target, **kwargs)
         return LocalSearchEngine.from_corpus(str(target), **kwargs)
     if kind in ("serper", "tavily", "brave"):
-        from drgym.search.web import WEB_BACKENDS
-
         return WEB_BACKENDS[kind](**kwargs)
     if kind == "mcp":
-        from drgym.search.mcp import MCPSearchBackend
-
         return MCPSearchBackend.from_spec(spec, **kwargs)
-    from drgym.search.client import HTTPSearchClient
 
     if kind == "deepresearchgym":
         key = kwargs.pop("api_key", None) or os.environ.get(DEEPRESEARCHGYM_ENV, "")
@@ -161,7 +161,6 @@ def check_spec(spec: str) -> None:
             ``replay:`` recording that does not exist, or a ``local:NAME`` that is no
             named corpus, index name or existing path.
     """
-    from urllib.parse import urlparse
 
     mode, store, inner = split_mode(spec)
     if mode == "replay" and not Path(str(store)).exists():
@@ -169,18 +168,12 @@ def check_spec(spec: str) -> None:
     if inner is None:
         return
     if _kind(inner) == "local" and ":" in inner:
-        from drgym.corpus.named import NAMED
-        from drgym.errors import unknown_name
-        from drgym.paths import indexes_dir
-
         target = inner.split(":", 1)[1]
         folder = Path(target).expanduser()
         if not (target in NAMED or folder.exists() or (indexes_dir() / target / "manifest.json").exists()):
             raise unknown_name("corpus or index for local:NAME (a named corpus, an index under "
                                f"{indexes_dir()}, or an existing path)", target, [*NAMED, *_index_names()])
     if _kind(inner) == "mcp":
-        from drgym.search.mcp import parse_spec
-
         parse_spec(inner)
     elif _kind(inner) == "http":
         u = urlparse(inner.strip())
@@ -190,7 +183,6 @@ def check_spec(spec: str) -> None:
 
 def _index_names() -> list[str]:
     """Index folders under ``$DRGYM_HOME/indexes`` (for a "Did you mean" hint)."""
-    from drgym.paths import indexes_dir
 
     root = indexes_dir()
     return sorted(p.name for p in root.iterdir() if (p / "manifest.json").exists()) if root.is_dir() else []
@@ -198,8 +190,6 @@ def _index_names() -> list[str]:
 
 def _replay_max_k(kind: str) -> int:
     if kind in ("serper", "tavily", "brave"):
-        from drgym.search.web import WEB_BACKENDS
-
         return WEB_BACKENDS[kind].max_k
     return 100
 
@@ -264,7 +254,6 @@ def make_backend(
 
 def _only_recorded_backend(store: str | Path) -> str:
     """The one backend name recorded in ``store`` (for ``replay:FILE`` without ``#SPEC``)."""
-    from drgym.search.record import RecordStore
 
     if not Path(store).exists():
         raise ConfigError(f"replay: no recording at {store}.")

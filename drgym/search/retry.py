@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import os
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable, Union
@@ -53,7 +54,6 @@ def default_reconnect_s() -> float:
     Raises:
         ConfigError: the variable is not a number >= 0.
     """
-    import os
 
     raw = os.environ.get(RECONNECT_ENV, "").strip()
     if not raw:

@@ -52,11 +52,13 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
+import h11
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Query, Request, Security
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import APIKeyHeader
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from drgym import __version__
 from drgym.config import ServeTimeouts
@@ -141,8 +143,6 @@ def timed_h11_protocol(header_timeout_s: float, body_timeout_s: float) -> type:
     Raises:
         ValueError: a timeout is not a positive number.
     """
-    import h11
-    from uvicorn.protocols.http.h11_impl import H11Protocol
 
     for name, value in (("header_timeout_s", header_timeout_s), ("body_timeout_s", body_timeout_s)):
         if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):

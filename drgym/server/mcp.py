@@ -49,8 +49,10 @@ import logging
 from dataclasses import dataclass
 from typing import Annotated, Any, Iterable
 
+from fastapi.responses import JSONResponse
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
 
@@ -365,8 +367,6 @@ def transport_security(host: str, allowed_hosts: Iterable[str] | str | None = No
         ConfigError: an entry with a scheme in ``allowed_hosts`` or without one in
             ``allowed_origins``, or one with a wildcard other than ``:*``.
     """
-    from mcp.server.transport_security import TransportSecuritySettings
-
     extra_hosts, extra_origins = _split_list(allowed_hosts), _split_list(allowed_origins)
     for h in extra_hosts:
         if "/" in h or "*" in h.replace(":*", ""):
@@ -415,8 +415,6 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
-            from fastapi.responses import JSONResponse
-
             name = API_KEY_HEADER.encode("latin-1")  # ASGI header names are lower-case bytes
             sent = next((v.decode("latin-1") for k, v in scope.get("headers") or () if k.lower() == name), None)
             if not api_key_accepted(self.keys, sent):

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
+import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -37,7 +39,7 @@ from drgym.errors import ConfigError
 from drgym.records import Task
 from drgym.rewards.evidence import gold_aliases, gold_in_view
 from drgym.rewards.qa import cover_exact_match, normalize_answer
-from drgym.synth.rules import Candidate
+from drgym.synth.rules import Candidate, rule_questions
 from drgym.types import Document
 
 logger = logging.getLogger(__name__)
@@ -297,7 +299,6 @@ def synthesize(
 
 def rules_generator(docs: Sequence[Document]) -> list[Candidate]:
     """The deterministic generator over many passages (:func:`drgym.synth.rules.rule_questions`)."""
-    from drgym.synth.rules import rule_questions
 
     return [c for d in docs for c in rule_questions(d)]
 
@@ -310,8 +311,6 @@ def question_profile(questions: Sequence[str], answers: Sequence[str]) -> dict[s
         "answer_kind": {"year/date": share, "number": share, "name or phrase": share},
         "answer_words_mean"}``.
     """
-    import re
-    import statistics
 
     n = len(questions)
     if not n:
