@@ -25,8 +25,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 import gymnasium as gym
+from gymnasium.error import ResetNeeded
+
 from drgym.envs.parsing import PROTOCOLS, ParsedAction, Parser
-from drgym.envs.tools import DEFAULT_TOOLS, Tool
 from drgym.envs.prompts import (
     build_messages,
     corrective_message,
@@ -37,8 +38,7 @@ from drgym.envs.prompts import (
 )
 from drgym.envs.task_loaders import load_tasks
 from drgym.envs.text import UnicodeText, count_tokens
-from gymnasium.error import ResetNeeded
-
+from drgym.envs.tools import DEFAULT_TOOLS, Tool
 from drgym.errors import ConfigError, unknown_name
 from drgym.records import Episode, Reward, Step, Task, ToolCall, Trajectory
 from drgym.rewards.calibration import split_labelled_answer
@@ -46,6 +46,7 @@ from drgym.rewards.registry import get_reward
 from drgym.rewards.scorer import Scored, Scorer
 from drgym.search.base import SearchBackend
 from drgym.search.registry import get_backend
+from drgym.search.web import url_key
 
 logger = logging.getLogger(__name__)
 
@@ -333,7 +334,6 @@ class SearchAgentEnv(gym.Env[str, str]):
             restricted = getattr(getattr(backend, "inner", None), "fetch_any_url", None)
         if restricted is not False:
             return True
-        from drgym.search.web import url_key
 
         key = url_key(url)
         traj = self._traj

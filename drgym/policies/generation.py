@@ -17,6 +17,7 @@ model to close ``</think>`` before acting; nothing in it is run). See
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -244,8 +245,6 @@ def resolve_thinking(tokenizer: Any, enable_thinking: bool | None, *, where: str
     default = template_thinking_default(tokenizer)
     if default is None:
         if enable_thinking is not None:
-            import logging
-
             logging.getLogger(__name__).warning("%senable_thinking=%s is ignored: this chat template has no thinking switch",
                                                 f"{where}: " if where else "", enable_thinking)
         return None

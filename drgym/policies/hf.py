@@ -10,10 +10,19 @@ holding a model with a chat template works the same way, e.g. a checkpoint writt
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from drgym.envs.prompts import tool_response_block
 from drgym.errors import ConfigError
+from drgym.models import (
+    SMOLLM2_ALIASES,
+    TRAINING_RECORD,
+    load_causal_lm,
+    resolve_dtype,
+    training_record,
+    weights_revision,
+)
 from drgym.policies.base import Conversation, Policy
 from drgym.policies.generation import (
     DEFAULT_STOPS,
@@ -25,6 +34,7 @@ from drgym.policies.generation import (
     render_chat,
     resolve_thinking,
 )
+from drgym.policies.rag import clean_answer
 
 log = logging.getLogger(__name__)
 
@@ -136,14 +146,11 @@ class HFPolicy(Policy):
             raise ConfigError(f"temperature must be >= 0, got {temperature}.")
         import torch
 
-        from drgym.models import load_causal_lm, resolve_dtype
-
         if threads:
             torch.set_num_threads(int(threads))
         if isinstance(model, (str, bytes)) or hasattr(model, "__fspath__"):
             model = str(model)
             self.model_name = model
-            from drgym.models import weights_revision
 
             self.weights = weights_revision(model)  # before loading: what the run config records
             device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -165,10 +172,6 @@ class HFPolicy(Policy):
                 tokenizer.pad_token = tokenizer.eos_token
         self.name = name or f"hf:{self.model_name}"
         if self.layout == "auto":
-            from pathlib import Path
-
-            from drgym.models import TRAINING_RECORD, training_record
-
             rec = training_record(self.model_name) or {}
             self.layout = rec.get("layout") if rec.get("layout") in ("chat", "continuation") else "chat"
             folder = Path(self.model_name)
@@ -181,8 +184,6 @@ class HFPolicy(Policy):
                 log.warning("%s: a Trainer output without %s (saved by an older drgym?); using layout=chat. "
                             "If drgym train made it, pass -p layout=continuation.", self.name, TRAINING_RECORD)
         if enable_thinking is None:
-            from drgym.models import training_record
-
             rec_thinking = (training_record(self.model_name) or {}).get("enable_thinking")
             enable_thinking = rec_thinking if isinstance(rec_thinking, bool) else None
         self.enable_thinking = resolve_thinking(self.tokenizer, enable_thinking, where=self.name)
@@ -197,7 +198,6 @@ class HFPolicy(Policy):
         self.prefill = prefill or ""
         if scaffold not in ("auto", "none", "search-answer"):
             raise ConfigError(f"scaffold must be 'auto', 'none' or 'search-answer', got {scaffold!r}.")
-        from drgym.models import SMOLLM2_ALIASES
 
         if scaffold == "auto":
             scaffold = "search-answer" if self.model_name.lower() in SMOLLM2_ALIASES else "none"
@@ -244,7 +244,6 @@ class HFPolicy(Policy):
 
     def _act_scaffolded(self, conversations: list[Conversation]) -> list[str]:
         """Search-then-answer scaffold: fix the tag, let the model write its argument."""
-        from drgym.policies.rag import clean_answer
 
         groups: dict[str, list[int]] = {"search": [], "answer": []}
         for i, c in enumerate(conversations):

