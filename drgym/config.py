@@ -33,12 +33,14 @@ of the wrong type names the field and the expected type
 from __future__ import annotations
 
 import math
+import os
 import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, ClassVar, Literal, TypeVar, Union
 
+import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -273,7 +275,6 @@ def dotted_overrides(pairs: Sequence[str], *, option: str = "--set") -> dict[str
         ConfigError: an item without ``=``, an empty key part, a value that is not valid YAML,
             or two items that set a key and a key inside it.
     """
-    import yaml
 
     out: dict[str, Any] = {}
     for item in pairs:
@@ -808,8 +809,6 @@ class RolloutRun(Section):
     @field_validator("tasks", "out", mode="before")
     @classmethod
     def _path_as_str(cls, v: Any) -> Any:
-        import os
-
         return os.fspath(v) if isinstance(v, os.PathLike) else v
 
     @field_validator("rewards", mode="before")

@@ -42,6 +42,9 @@ naming the file, with ``drgym index verify`` / ``drgym index build --force`` as 
 
 from __future__ import annotations
 
+import glob
+import hashlib
+import json
 import logging
 import threading
 import weakref
@@ -50,7 +53,17 @@ from typing import Any
 
 import numpy as np
 
-from drgym.errors import ConfigError, CorruptIndexError, DocumentNotFoundError
+from drgym.docstore import DocStore
+from drgym.embedding import resolve_model
+from drgym.errors import ConfigError, CorruptIndexError, DocumentNotFoundError, DrgymError, unknown_name
+from drgym.index import build as index_build  # get_encoder and build_index looked up when called (tests replace them)
+from drgym.index.bm25 import BM25Index, rrf_fuse
+from drgym.index.build import DEFAULT_FACTORY, DEFAULT_SHARD_SIZE, IndexSpec, bm25_engine_of
+from drgym.index.dense import DenseIndex
+from drgym.index.fts5 import FTS5BM25Index
+from drgym.index.manifest import FolderPin, IndexManifest, corrupt_file_error
+from drgym.index.ranking import load_tie_rank
+from drgym.paths import indexes_dir
 from drgym.search.base import DEFAULT_COLLAPSE, SearchBackend, check_collapse, collapse_to_documents
 from drgym.types import Document, SearchResult
 
@@ -92,10 +105,6 @@ class _Shared:
 
     def __init__(self, folder: Path, encoder, device, search_params, verify: bool | str = False,
                  gpu: dict[str, bool] | None = None, encoder_backend: str | None = None) -> None:
-        from drgym.docstore import DocStore
-        from drgym.index.ranking import load_tie_rank
-        from drgym.index.manifest import FolderPin, IndexManifest
-
         self.folder = folder
         # the folder is pinned first: a part loaded later (now or lazily) is checked to come
         # from the same folder, not from an index rebuilt and renamed to this path since
@@ -129,9 +138,7 @@ class _Shared:
     def encoder(self):
         with self._lock:
             if self._encoder is None:
-                from drgym.index.build import get_encoder
-
-                enc = get_encoder(self.manifest.encoder, self.device, self.encoder_backend)
+                enc = index_build.get_encoder(self.manifest.encoder, self.device, self.encoder_backend)
                 self.manifest.check_encoder(enc.name, enc.revision, enc.dim)
                 self._encoder = enc
             return self._encoder
@@ -140,8 +147,6 @@ class _Shared:
     def dense(self):
         with self._lock:
             if self._dense is None:
-                from drgym.index.dense import DenseIndex
-
                 m = self.manifest
                 self.pin.check("its dense index was first used")
                 dense = DenseIndex.from_manifest(self.folder, m, device=self.device,
@@ -158,9 +163,6 @@ class _Shared:
             if self._bm25 is None:
                 if self.manifest.bm25 is None:
                     raise ConfigError(f"Index {self.folder} has no BM25 index; rebuild it with BM25 to use method 'bm25' or 'hybrid'.")
-                from drgym.index.bm25 import BM25Index
-                from drgym.index.build import bm25_engine_of
-                from drgym.index.fts5 import FTS5BM25Index
 
                 cls = FTS5BM25Index if bm25_engine_of(self.manifest.bm25) == "fts5" else BM25Index
                 self.pin.check("its BM25 index was first used")
@@ -200,7 +202,6 @@ def resolve_index_folder(name_or_folder: str | Path) -> Path:
     Raises:
         ConfigError: a corpus name matches several built indexes (they are listed).
     """
-    from drgym.paths import indexes_dir
 
     p = Path(name_or_folder).expanduser()
     if not (p / "manifest.json").exists():
@@ -209,8 +210,6 @@ def resolve_index_folder(name_or_folder: str | Path) -> Path:
         if (root / name / "manifest.json").exists():
             p = root / name
         elif "/" not in name and name not in ("", ".", ".."):
-            import glob
-
             found = sorted(d.name for d in root.glob(f"{glob.escape(name)}--*") if (d / "manifest.json").exists())
             if len(found) > 1:
                 raise ConfigError(f"index name {name!r} matches {len(found)} built indexes: "
@@ -298,8 +297,6 @@ class LocalSearchEngine(SearchBackend):
         _shared: _Shared | None = None,
     ) -> None:
         if method not in METHODS:
-            from drgym.errors import unknown_name
-
             raise unknown_name("search method", method, METHODS)
         if search_threads is not None and int(search_threads) < 1:
             raise ConfigError(f"search_threads must be >= 1, got {search_threads}.")
@@ -312,13 +309,9 @@ class LocalSearchEngine(SearchBackend):
             folder = Path(folder)
             enc = encoder
             if isinstance(encoder, str):
-                from drgym.embedding import resolve_model
-                from drgym.index.manifest import IndexManifest
-
                 IndexManifest.read(folder).check_encoder(resolve_model(encoder)[0])
-                from drgym.index.build import get_encoder
 
-                enc = get_encoder(encoder, device, encoder_backend)
+                enc = index_build.get_encoder(encoder, device, encoder_backend)
             _shared = _Shared(folder, enc, device, search_params, verify,
                               {"gpu_shard": bool(gpu_shard), "gpu_float16": bool(gpu_float16), "mmap": bool(mmap)},
                               encoder_backend)
@@ -381,13 +374,12 @@ class LocalSearchEngine(SearchBackend):
         Raises:
             As :func:`drgym.index.build.build_index` and :class:`LocalSearchEngine`.
         """
-        from drgym.index.build import DEFAULT_FACTORY, DEFAULT_SHARD_SIZE, IndexSpec, build_index, get_encoder
 
-        enc = get_encoder(encoder, device, encoder_backend)
+        enc = index_build.get_encoder(encoder, device, encoder_backend)
         spec = IndexSpec(corpus=corpus, format=format, encoder=encoder, factory=factory or DEFAULT_FACTORY,
                          shard_size=shard_size or DEFAULT_SHARD_SIZE, name=name, bm25_tokenizer=bm25_tokenizer,
                          bm25_engine=bm25_engine)
-        res = build_index(spec, root=root, encoder=enc, force=rebuild, progress=progress)
+        res = index_build.build_index(spec, root=root, encoder=enc, force=rebuild, progress=progress)
         # build_index has just checked the sizes and sampled checksums (of the index it
         # reused, or of the one it built): loading checks sizes again, the full hashes if asked
         mode = _verify_mode(verify)
@@ -442,8 +434,6 @@ class LocalSearchEngine(SearchBackend):
         (:data:`drgym.embedding.ENCODER_BACKENDS`; it moves rankings, so a run resumed
         against another is refused), None for ``method="bm25"``, which encodes no query.
         Loads the query encoder if it is not loaded yet (dense and hybrid)."""
-        import hashlib
-        import json
 
         m = self.manifest
         fp = hashlib.sha256(json.dumps(m.identity(), sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -487,8 +477,6 @@ class LocalSearchEngine(SearchBackend):
         """
         method = method or self.method
         if method not in METHODS:
-            from drgym.errors import unknown_name
-
             raise unknown_name("search method", method, METHODS)
         sh = self._shared
         cut = [q[:MAX_QUERY_CHARS] for q in queries]
@@ -503,11 +491,9 @@ class LocalSearchEngine(SearchBackend):
             try:
                 bm25_runs = bm25.search(cut, depth, sh.tie_rank)
             except (IndexError, ValueError, TypeError) as e:  # a garbled array that the column checks missed
-                from drgym.errors import DrgymError
 
                 if isinstance(e, DrgymError):  # CorruptIndexError (a ValueError) already names the file
                     raise
-                from drgym.index.manifest import corrupt_file_error
 
                 raise corrupt_file_error(bm25.path, f"is unreadable ({type(e).__name__} while ranking: {e})",
                                          self.folder) from e
@@ -515,7 +501,6 @@ class LocalSearchEngine(SearchBackend):
             return dense_runs
         if method == "bm25":
             return bm25_runs
-        from drgym.index.bm25 import rrf_fuse
 
         return [rrf_fuse([dense_runs[i][1], bm25_runs[i][1]], k, sh.tie_rank) for i in range(len(cut))]
 
