@@ -133,7 +133,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", required=True, help="Folder for the runs (not the repository).")
     ap.add_argument("--out", default=str(ROOT / "training" / "results" / "ranks_cpu" / "ranks_cpu.json"))
-    ap.add_argument("--skip", nargs="*", default=[], choices=["resume", "compare"],
+    ap.add_argument("--skip", nargs="*", default=[], choices=["resume", "compare", "spread"],
                     help="Parts not to run; with an existing --out, the parts run replace theirs in it.")
     a = ap.parse_args()
     work = Path(a.work)
@@ -165,11 +165,15 @@ def main() -> None:
     if "compare" not in a.skip:
         load = os.getloadavg()
         result["one_vs_two_ranks"] = {"load_average_at_start": load, **compare_first_step(work / "compare")}
+    if "spread" not in a.skip:  # the same with a reward that gives every group a spread (the split one too)
+        load = os.getloadavg()
+        result["one_vs_two_ranks_every_group_spread"] = {
+            "load_average_at_start": load, **compare_first_step(work / "compare_spread", spread=True)}
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     if a.skip and Path(a.out).is_file():  # a partial run replaces its own parts of an earlier JSON
         earlier = json.loads(Path(a.out).read_text())
-        result = {**earlier, **{k: v for k, v in result.items() if k in ("full_run", "stop_and_resume",
-                                                                            "one_vs_two_ranks")}}
+        result = {**earlier, **{k: v for k, v in result.items() if k in (
+            "full_run", "stop_and_resume", "one_vs_two_ranks", "one_vs_two_ranks_every_group_spread")}}
     tmp = Path(a.out).with_suffix(".tmp")
     tmp.write_text(json.dumps(result, indent=1, default=str) + "\n")
     tmp.replace(a.out)

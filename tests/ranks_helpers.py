@@ -14,8 +14,8 @@ Run as a script, it patches :class:`drgym.training.rollout.SearchRolloutFunc` wh
 line unchanged::
 
     accelerate launch --config_file training/configs/accelerate_cpu.yaml --num_processes 2 \\
-        tests/ranks_helpers.py record DIR train grpo --config C2.yaml
-    python tests/ranks_helpers.py replay DIR train grpo --config C1.yaml
+        tests/ranks_helpers.py record DIR [--spread] train grpo --config C2.yaml
+    python tests/ranks_helpers.py replay DIR [--spread] train grpo --config C1.yaml
 
 ``scripts/ranks_cpu.py`` and ``tests/test_ranks_cpu.py`` use :func:`compare_first_step`.
 """
@@ -46,9 +46,24 @@ GATHERED = ("loss", "grad_norm", "reward", "reward_std", "frac_reward_zero_std",
             "entropy", "clip_ratio/region_mean")
 
 
-def _patch(mode: str, folder: Path) -> None:
+def action_chars(prompts, completions, trajectory=None, **kw):
+    """Characters the model wrote in its actions / 100: an extra reward that gives almost
+    every group a reward spread (so no group is filtered and a split group has advantages)."""
+    return [sum(len(s["action"]) for s in t["steps"]) / 100 for t in trajectory]
+
+
+def _patch(mode: str, folder: Path, spread: bool = False) -> None:
     from drgym.training import grpo
     from drgym.training.rollout import SearchRolloutFunc
+
+    if spread:
+        build = grpo.build_trainer
+
+        def with_spread(cfg, **kw):
+            kw["extra_reward_funcs"] = [action_chars, *(kw.get("extra_reward_funcs") or [])]
+            return build(cfg, **kw)
+
+        grpo.build_trainer = with_spread
 
     class Recording(SearchRolloutFunc):
         def run(self, prompts, **kw):
@@ -137,8 +152,11 @@ def adapter_weights(folder: Path) -> dict[str, Any]:
     return load_file(str(folder / "adapter_model.safetensors"))
 
 
-def compare_first_step(work: Path, timeout: float = 1500) -> dict[str, Any]:
+def compare_first_step(work: Path, timeout: float = 1500, *, spread: bool = False) -> dict[str, Any]:
     """Run step 1 on 2 processes (recording) and on 1 process (replaying); return the comparison.
+
+    ``spread``: both runs add :func:`action_chars` to the config's rewards, so (almost)
+    every group has a reward spread, the split group included.
 
     Returns:
         ``{"two_ranks": {...}, "one_rank": {...}, "metrics": {name: [two, one, abs diff]},
@@ -158,14 +176,16 @@ def compare_first_step(work: Path, timeout: float = 1500) -> dict[str, Any]:
     c1 = tiny_config(work / "one_rank.yaml", one, processes=1, rows_per_process=12)
     helper = str(Path(__file__).resolve())
     accelerate = str(Path(sys.executable).parent / "accelerate")
+    flag = ["--spread"] if spread else []
     wall2 = _run([accelerate, "launch", "--config_file", str(ACCELERATE_CPU),
-                  "--num_processes", "2", helper, "record", str(rec), "train", "grpo", "--config", str(c2)],
+                  "--num_processes", "2", helper, "record", str(rec), *flag, "train", "grpo", "--config", str(c2)],
                  work / "two_ranks.log", timeout)
-    wall1 = _run([sys.executable, helper, "replay", str(rec), "train", "grpo", "--config", str(c1)],
+    wall1 = _run([sys.executable, helper, "replay", str(rec), *flag, "train", "grpo", "--config", str(c1)],
                  work / "one_rank.log", timeout)
     m2, m1 = train_record(two), train_record(one)
+    names = GATHERED + (("rewards/action_chars/mean", "rewards/action_chars/std") if spread else ())
     metrics = {k: [m2.get(k), m1.get(k), None if m2.get(k) is None or m1.get(k) is None else abs(m2[k] - m1[k])]
-               for k in GATHERED}
+               for k in names}
     w2, w1 = adapter_weights(two / "final"), adapter_weights(one / "final")
     from drgym.models import resolve_lm
 
@@ -173,6 +193,12 @@ def compare_first_step(work: Path, timeout: float = 1500) -> dict[str, Any]:
     diff = max(float((w2[k] - w1[k]).abs().max()) for k in w2)
     moved = max(float((w1[k] - w0[k]).abs().max()) for k in w1 if k in w0)
     batches2 = [json.loads(x) for x in (two / "batches.jsonl").read_text().splitlines()]
+    # the total reward of each row, as the env scored it (plus action_chars with spread), by group of 4
+    rows = [(c.get("f1+format"), t) for p in sorted(rec.glob("rank*_call0.pkl"))
+            for c, t in zip(pickle.loads(p.read_bytes())["out"]["env_reward_components"],
+                            pickle.loads(p.read_bytes())["out"]["trajectory"])]
+    totals = [round(r + (action_chars(None, None, [t])[0] if spread else 0.0), 9) for r, t in rows]
+    groups = [totals[g:g + 4] for g in range(0, len(totals), 4)]
     rank_files = sorted(p.name for p in rec.iterdir())
     return {"two_ranks": {"config": c2.name, "step_time_s": m2.get("step_time"), "wall_s": round(wall2, 1),
                           "generation_s_slowest_rank": m2.get("timing/generation_s")},
@@ -180,14 +206,17 @@ def compare_first_step(work: Path, timeout: float = 1500) -> dict[str, Any]:
                          "replayed": rank_files},
             "metrics": metrics,
             "weights_max_abs_diff": diff, "update_max_abs": moved, "batches_two_ranks": batches2,
+            "group_rewards": groups, "split_group_has_spread": len(set(groups[1])) > 1 if len(groups) > 1 else None,
             "same_keys": sorted(w2) == sorted(w1)}
 
 
 if __name__ == "__main__":
     mode, folder, *rest = sys.argv[1:]
     if mode not in ("record", "replay"):
-        raise SystemExit("usage: ranks_helpers.py record|replay DIR <drgym arguments>")
-    _patch(mode, Path(folder))
+        raise SystemExit("usage: ranks_helpers.py record|replay DIR [--spread] <drgym arguments>")
+    spread = bool(rest) and rest[0] == "--spread"
+    _patch(mode, Path(folder), spread=spread)
+    rest = rest[1:] if spread else rest
     from drgym.cli import main
 
     sys.argv = ["drgym", *rest]
