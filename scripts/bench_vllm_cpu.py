@@ -65,6 +65,7 @@ def train(backend: str, steps: int, out: Path) -> dict:
     from drgym.training.grpo import build_trainer
     from drgym.training.vllm_sync import GreedyAgreement, ReloadWeightSync
 
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     work = Path(tempfile.mkdtemp(prefix=f"bench_vllm_cpu_{backend}_"))
     cfg = load_config(CONFIG, overrides={"output_dir": str(work)})
     if backend == "hf":
@@ -134,6 +135,8 @@ def train(backend: str, steps: int, out: Path) -> dict:
                 "model_tokens_per_wall_s": round(sum(r["model_tokens"] for r in rs) / sum(r["wall_s"] for r in rs), 1)}
 
     res = {"backend": backend, "config": CONFIG, "steps": steps, "weight_sync": sync_kind,
+           "command": f"python scripts/bench_vllm_cpu.py train --backend {backend} --steps {steps} --out {out}",
+           "started_utc": started, "ended_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "startup_s": round(startup, 1), "train_s": round(total, 1),
            "summary_all_steps": summary(rows), "summary_after_step_1": summary(rows[1:]) if len(rows) > 1 else None,
            "per_step": rows, "rollout_checks": {"batches": len(batches), "problems": problems[:20],
@@ -151,6 +154,9 @@ ROLLOUT_ARGS = ["--tasks", "answerable-dev", "--max-turns", "3", "--max-new-toke
                 "-p", "dtype=float32", "-e", "top_k=3", "-e", "max_obs_tokens=150", "-e", "max_searches=2",
                 "--no-plots", "--no-progress", "--fresh"]
 """``drgym rollout`` settings of the episodes/minute comparison: the GRPO config's env and turn budget."""
+POLICY_ARGS = {"hf:smollm2": ["-p", "scaffold=none"], "vllm:smollm2": []}
+"""Per-policy options: ``hf:smollm2`` writes whole turns as ``vllm:`` does (its default for the
+base SmolLM2 is the search-answer scaffold, which vLLM's policy does not have)."""
 
 
 def rollout(policy: str, n: int) -> dict:
@@ -161,19 +167,35 @@ def rollout(policy: str, n: int) -> dict:
     """
     out = Path(tempfile.mkdtemp(prefix="bench_vllm_cpu_rollout_")) / "run"
     t0 = time.perf_counter()
-    subprocess.run(["drgym", "rollout", "--policy", policy, "--n", str(n), "--out", str(out), *ROLLOUT_ARGS],
-                   check=True)
+    subprocess.run(["drgym", "rollout", "--policy", policy, "--n", str(n), "--out", str(out), *ROLLOUT_ARGS,
+                    *POLICY_ARGS[policy]], check=True)
     total = time.perf_counter() - t0
     m = json.loads((out / "metrics.json").read_text())
     wall = float(m["wall_s"])
-    return {"policy": policy, "episodes": n, "episode_loop_s": round(wall, 1), "command_wall_s": round(total, 1),
+    return {"policy": policy, "options": POLICY_ARGS[policy], "episodes": n, "run_dir": str(out), "episode_loop_s": round(wall, 1), "command_wall_s": round(total, 1),
             "episodes_per_minute": round(60.0 * n / wall, 2), "completion_tokens_per_episode": m.get("completion_tokens"),
-            "f1": m.get("f1"), "answer_rate": m.get("answer_rate")}
+            "f1": m.get("f1"), "answer_rate": m.get("answer_rate"), "turns": m.get("turns")}
+
+
+def agreement(run_a: Path, run_b: Path) -> dict:
+    """How many episodes two ``drgym rollout`` runs wrote identically (every assistant turn equal)."""
+    def turns(run):
+        out = {}
+        for line in (run / "trajectories.jsonl").read_text().splitlines():
+            t = json.loads(line)
+            out[t["task_id"]] = [m["content"] for m in t["messages"] if m["role"] == "assistant"]
+        return out
+
+    a, b = turns(run_a), turns(run_b)
+    return {"episodes": len(a), "identical_episodes": sum(a[k] == b.get(k) for k in a),
+            "first_turn_first_40_chars_equal": sum(bool(b.get(k)) and a[k][0][:40] == b[k][0][:40] for k in a)}
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["train", "rollout", "all"])
+    ap.add_argument("what", choices=["train", "rollout", "all", "merge"])
+    ap.add_argument("--note", default="both runs on the same 2 cores, one after the other; a GRPO run used one core "
+                    "throughout", help="all/merge: how the two runs shared the machine")
     ap.add_argument("--episodes", type=int, default=32, help="rollout: answerable-dev tasks per policy")
     ap.add_argument("--backend", choices=["vllm", "hf"], default="vllm")
     ap.add_argument("--steps", type=int, default=20)
@@ -193,6 +215,7 @@ def main(argv=None) -> int:
         res = {"command": f"python scripts/bench_vllm_cpu.py rollout --episodes {a.episodes} --out {a.out}",
                "drgym_rollout_args": ROLLOUT_ARGS,
                "runs": [rollout(p, a.episodes) for p in ("hf:smollm2", "vllm:smollm2")]}
+        res["agreement"] = agreement(*(Path(r.pop("run_dir")) for r in res["runs"]))
         atomic_write_json(a.out, res)
         print(json.dumps(res["runs"]))
         return 0
@@ -200,16 +223,19 @@ def main(argv=None) -> int:
     steps = {"vllm": a.steps, "hf": a.hf_steps or a.steps}
     for b in ("vllm", "hf"):
         p = a.out.with_name(f"{a.out.stem}.{b}.json")
-        subprocess.run([sys.executable, __file__, "train", "--backend", b, "--steps", str(steps[b]), "--out", str(p)],
-                       check=True)
-        parts[b] = json.loads(p.read_text())
+        if a.what == "all":
+            subprocess.run([sys.executable, __file__, "train", "--backend", b, "--steps", str(steps[b]), "--out",
+                            str(p)], check=True)
+        parts[b] = json.loads(p.read_text())  # merge: the two train outputs written earlier
     import platform
 
     from drgym.atomic import atomic_write_json
 
-    merged = {"command": f"python scripts/bench_vllm_cpu.py all --steps {a.steps} --hf-steps {steps['hf']} --out {a.out}",
+    merged = {"command": (f"python scripts/bench_vllm_cpu.py all --steps {a.steps} --hf-steps {steps['hf']} --out {a.out}"
+                          if a.what == "all" else "python scripts/bench_vllm_cpu.py merge --out " + str(a.out)),
+              "train_commands": {b: r.get("command") for b, r in parts.items()},
               "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-              "note": "both runs on the same 2 cores, one after the other; a GRPO run used one core throughout",
+              "note": a.note,
               **{b: {k: v for k, v in r.items() if k not in ("logs",)} for b, r in parts.items()}}
     atomic_write_json(a.out, merged)
     return 0
