@@ -31,13 +31,15 @@ def main() -> int:
     ap.add_argument("--snapshot-every", type=float, default=900.0, help="seconds between snapshots")
     ap.add_argument("--snapshot", action="store_true", help="snapshot the run folder and exit")
     ap.add_argument("--max-steps", type=int, default=None, help="override grpo.max_steps")
+    ap.add_argument("--restarts", type=int, default=3,
+                    help="times a run killed by SIGKILL (the out-of-memory killer) is resumed from its last checkpoint")
     a = ap.parse_args()
     if a.snapshot:
         cfg = load_config(a.config)
         print(json.dumps(snapshot(cfg.name, Path(a.run_dir) if a.run_dir else run_dir_of(cfg.name))))
         return 0
     return supervise(a.config, run_dir=Path(a.run_dir) if a.run_dir else None, snapshot_every=a.snapshot_every,
-                     max_steps=a.max_steps)
+                     max_steps=a.max_steps, restarts=a.restarts)
 
 
 if __name__ == "__main__":

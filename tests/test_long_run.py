@@ -66,6 +66,37 @@ def test_supervise_restores_then_resumes_the_child_and_snapshots_when_it_ends(tm
     assert 'long_run: snapshot {"step": null, "checkpoint": "checkpoint-6"' in err
 
 
+def test_a_child_killed_by_sigkill_is_resumed_and_another_exit_ends_the_run(tmp_path, monkeypatch, capsys):
+    """The out-of-memory killer ends the child with SIGKILL: it is started again with --resume,
+    at most ``restarts`` times; an ordinary failure is not retried."""
+    import signal
+
+    lr = _long_run(monkeypatch, tmp_path / "repo")
+    (tmp_path / "repo" / "training").mkdir(parents=True)  # a source checkout
+    monkeypatch.setattr(lr, "RESTART_PAUSE_S", 0.0)
+    codes, started = [-signal.SIGKILL, -signal.SIGKILL, 1, 0], []
+
+    class Child:
+        def __init__(self, cmd):
+            started.append(cmd)
+            self.returncode = codes[len(started) - 1]
+
+        def poll(self):
+            return self.returncode
+
+    monkeypatch.setattr(lr.subprocess, "Popen", Child)
+    run = tmp_path / "run"
+    (run / "checkpoint-4").mkdir(parents=True)
+    (run / "checkpoint-4" / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
+    assert lr.supervise("smollm2_breadth_cpu", run_dir=run, restarts=3) == 1  # the third child failed: no retry
+    assert len(started) == 3 and all(cmd[-1] == "--resume" for cmd in started)
+    assert capsys.readouterr().err.count("long_run: the run was killed (SIGKILL") == 2
+    started.clear()
+    codes[:] = [-signal.SIGKILL, -signal.SIGKILL]
+    assert lr.supervise("smollm2_breadth_cpu", run_dir=run, restarts=1) == -signal.SIGKILL  # out of restarts
+    assert len(started) == 2
+
+
 def test_drgym_train_long_run_snapshots_into_a_checkout_and_refuses_an_installed_copy(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -236,21 +237,31 @@ def snapshot(name: str, run: Path) -> dict:
     return {"step": step, "checkpoint": ck.name if ck is not None else None, "files": files}
 
 
+RESTART_PAUSE_S = 60.0
+"""Seconds :func:`supervise` waits before starting a child that was killed again."""
+
+
 def supervise(config: str, *, run_dir: Path | None = None, snapshot_every: float = 900.0,
-              max_steps: int | None = None) -> int:
+              max_steps: int | None = None, restarts: int = 3) -> int:
     """Start or continue the run of training config ``config``: :func:`restore` when the run
     folder has no checkpoint, ``drgym train grpo --config CONFIG --output-dir RUN [--resume]
     [--max-steps N]`` in a child process, a :func:`snapshot` every ``snapshot_every`` seconds
     and one when the child ends.
+
+    A child killed by SIGKILL (the kernel's out-of-memory killer, on a machine where other
+    jobs took the memory; a GRPO step of the SmolLM2 CPU configs peaks near 10 GB) is started
+    again with ``--resume`` from its last checkpoint, after :data:`RESTART_PAUSE_S` seconds,
+    at most ``restarts`` times; each restart is logged. Any other exit ends the supervision.
 
     Args:
         config: bundled config name or YAML file.
         run_dir: the run folder (default :func:`run_dir_of` the config's name).
         snapshot_every: seconds between snapshots.
         max_steps: overrides ``grpo.max_steps``.
+        restarts: how many SIGKILLed children to start again (0: none).
 
     Returns:
-        The child's exit status.
+        The last child's exit status (negative: the signal that killed it).
 
     Raises:
         ConfigError: drgym does not run from a source checkout (:func:`require_checkout`).
@@ -262,18 +273,24 @@ def supervise(config: str, *, run_dir: Path | None = None, snapshot_every: float
     cfg = load_config(config)
     run = Path(run_dir) if run_dir else run_dir_of(cfg.name)
     restore(cfg.name, run)
-    cmd = ["drgym", "train", "grpo", "--config", config, "--output-dir", str(run)]
-    if last_complete_checkpoint(run) is not None:
-        cmd.append("--resume")
-    if max_steps:
-        cmd += ["--max-steps", str(max_steps)]
-    print("long_run: " + " ".join(cmd), file=sys.stderr, flush=True)
-    child = subprocess.Popen(cmd)
-    last = time.monotonic()
-    while child.poll() is None:
-        time.sleep(5)
-        if time.monotonic() - last >= snapshot_every:
-            last = time.monotonic()
-            print("long_run: snapshot " + json.dumps(snapshot(cfg.name, run)), file=sys.stderr, flush=True)
-    print("long_run: snapshot " + json.dumps(snapshot(cfg.name, run)), file=sys.stderr, flush=True)
+    for attempt in range(restarts + 1):
+        cmd = ["drgym", "train", "grpo", "--config", config, "--output-dir", str(run)]
+        if last_complete_checkpoint(run) is not None:
+            cmd.append("--resume")
+        if max_steps:
+            cmd += ["--max-steps", str(max_steps)]
+        print("long_run: " + " ".join(cmd), file=sys.stderr, flush=True)
+        child = subprocess.Popen(cmd)
+        last = time.monotonic()
+        while child.poll() is None:
+            time.sleep(5)
+            if time.monotonic() - last >= snapshot_every:
+                last = time.monotonic()
+                print("long_run: snapshot " + json.dumps(snapshot(cfg.name, run)), file=sys.stderr, flush=True)
+        print("long_run: snapshot " + json.dumps(snapshot(cfg.name, run)), file=sys.stderr, flush=True)
+        if child.returncode != -signal.SIGKILL or attempt == restarts:
+            break
+        print(f"long_run: the run was killed (SIGKILL: the out-of-memory killer, see dmesg, or a user); "
+              f"restart {attempt + 1} of {restarts} in {RESTART_PAUSE_S:.0f} s", file=sys.stderr, flush=True)
+        time.sleep(RESTART_PAUSE_S)
     return child.returncode

@@ -248,6 +248,8 @@ def long_run_cmd(
     snapshot_every: float = typer.Option(900.0, "--snapshot-every", help="Seconds between snapshots."),
     snapshot: bool = typer.Option(False, "--snapshot", help="Snapshot the run folder into the checkout and exit."),
     max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Override grpo.max_steps."),
+    restarts: int = typer.Option(3, "--restarts", min=0, help="Times a run killed by SIGKILL (the out-of-memory "
+                                 "killer) is resumed from its last checkpoint."),
 ) -> None:
     """A GRPO run that survives stops: restore the checkout's checkpoint, train in a child process,
     snapshot logs, curves and the last checkpoint into the checkout (training/results/NAME,
@@ -265,7 +267,8 @@ def long_run_cmd(
             cfg = load_config(config)
             typer.echo(json.dumps(take_snapshot(cfg.name, run_dir or run_dir_of(cfg.name))))
         else:
-            code = supervise(config, run_dir=run_dir, snapshot_every=snapshot_every, max_steps=max_steps)
+            code = supervise(config, run_dir=run_dir, snapshot_every=snapshot_every, max_steps=max_steps,
+                             restarts=restarts)
     except Exception as e:  # noqa: BLE001  (_fail prints a drgym error in one line and re-raises the others)
         _fail(e)
     raise typer.Exit(code)
