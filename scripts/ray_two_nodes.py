@@ -52,16 +52,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # ray_cluster, server_helpers, test_index_scale
 
-QUERIES = [
-    "If Gallu is a demon Lilu is what?",
-    "Who was the bishop of Elmham?",
-    "Which queen of Lotharingia was married to Lothair II?",
-    "What river flows through the capital?",
-    "demon of the underworld",
-    "Which university did the author attend?",
-    "Teutberga queen",
-    "American rock band formed in 1990s",
-]
+from ray_cluster import HOTPOT_QUESTIONS  # noqa: E402  (tests/ on the path above)
+
+QUERIES = HOTPOT_QUESTIONS + ["Teutberga queen", "American rock band formed in 1990s"]
 """Queries asked of both servers (real HotpotQA questions and short keyword queries)."""
 
 SHARD_SIZE = 600

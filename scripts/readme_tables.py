@@ -49,6 +49,12 @@ def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+
+def _search_r1_version(r: dict) -> str:
+    """`` (Search-R1 commit `abcdef123456`)`` for a bench record that names the peer's commit, else ``""``."""
+    commit = (r.get("search_r1") or {}).get("commit")
+    return f" (Search-R1 commit `{commit[:12]}`)" if commit else ""
+
 def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([_row(header), _row(["---"] * len(header)), *(_row(r) for r in rows)])
 
@@ -356,8 +362,7 @@ def search_r1_side_by_side() -> str:
     errors = {label: sum(c.get("errors", 0) for p in r["passes"] for c in p["cells"] if c["cell"].endswith(key))
               for label, key in servers}
     errs = "errors: " + ", ".join(f"{n} ({label})" for label, n in errors.items())
-    commit = r.get("search_r1", {}).get("commit")
-    version = f" (Search-R1 commit `{commit[:12]}`)" if commit else ""
+    version = _search_r1_version(r)
     return _table(head, rows) + (
         f"\n\nPOST /retrieve, one real question per request, topk 5, dense Flat over the same passages, FAISS file and "
         f"MiniLM on every server{version}; Python load generator; medians of {r['reps']} passes of {r['seconds_per_cell']:.0f} s "
@@ -738,8 +743,7 @@ def peer_default() -> str:
               "Search-R1": sum(m["errors"]["search-r1"] for m in r["summary"].values())}
     eng = r.get("drgym_engine") or {}
     loads = [c["load_avg_1m_before"] for c in r["cells"]] + [c["load_avg_1m_after"] for c in r["cells"]]
-    commit = r["search_r1"].get("commit")
-    version = f" (Search-R1 commit `{commit[:12]}`)" if commit else ""
+    version = _search_r1_version(r)
     return _table(head, rows) + (
         f"\n\n{r['request']}; drgym serve with its defaults ({eng.get('method')}, `{eng.get('encoder_backend')}` query "
         f"encoder, one search thread) and the result cache off (`--cache-size 0`: the pool's questions repeat within a "

@@ -42,6 +42,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+HOTPOT_QUESTIONS = [
+    "If Gallu is a demon Lilu is what?",
+    "Who was the bishop of Elmham?",
+    "Which queen of Lotharingia was married to Lothair II?",
+    "What river flows through the capital?",
+    "demon of the underworld",
+    "Which university did the author attend?",
+]
+"""Queries the Ray serving checks ask (real HotpotQA questions and short keyword queries)."""
+
 from server_helpers import free_port
 
 

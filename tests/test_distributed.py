@@ -18,16 +18,9 @@ from drgym.index.dense import DenseIndex  # noqa: E402
 from drgym.search.local import LocalSearchEngine  # noqa: E402
 from drgym.search.wire import decode_b64_json  # noqa: E402
 
-pytestmark = pytest.mark.slow
+from ray_cluster import HOTPOT_QUESTIONS  # noqa: E402
 
-HOTPOT_QUESTIONS = [
-    "If Gallu is a demon Lilu is what?",
-    "Who was the bishop of Elmham?",
-    "Which queen of Lotharingia was married to Lothair II?",
-    "What river flows through the capital?",
-    "demon of the underworld",
-    "Which university did the author attend?",
-]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
