@@ -137,9 +137,14 @@ def test_snapshot_commits_the_lean_files_and_logs_once(tmp_path, monkeypatch, ca
     run = tmp_path / "run"
     ck = run / "checkpoint-4"
     ck.mkdir(parents=True)
-    for f in ("adapter_model.safetensors", "adapter_config.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
+    for f in ("adapter_config.json", "optimizer.pt", "scheduler.pt", "rng_state.pth",
               "tokenizer.json", "chat_template.jinja", "training_args.bin", "README.md"):
         (ck / f).write_bytes(f.encode())
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    weights = {"a.lora_A.weight": torch.randn(8, 64) / 7, "a.lora_B.weight": torch.randn(64, 8) / 3}
+    save_file(weights, str(ck / "adapter_model.safetensors"), metadata={"format": "pt"})
     (ck / "trainer_state.json").write_text(json.dumps({"global_step": 4}))
     (run / "metrics.jsonl").write_text(_jsonl({"step": s, "loss": s / 10} for s in range(1, 7)))
     (run / "batches.jsonl").write_text(_jsonl({"step": s, "task_ids": [f"t{s}"]} for s in range(1, 7)))
@@ -149,6 +154,11 @@ def test_snapshot_commits_the_lean_files_and_logs_once(tmp_path, monkeypatch, ca
     assert sorted(p.name for p in (saved / "checkpoint-4").iterdir()) == [
         "adapter_config.json", "adapter_model.safetensors", "trainer_state.json"]
     assert sorted(p.name for p in saved.iterdir()) == ["checkpoint-4"]  # no second copy of the logs
+    half = load_file(str(saved / "checkpoint-4" / "adapter_model.safetensors"))  # the adapter in float16
+    assert {k: v.dtype for k, v in half.items()} == {k: torch.float16 for k in weights}
+    assert all(torch.equal(half[k], weights[k].half()) for k in weights)
+    assert (saved / "checkpoint-4" / "adapter_model.safetensors").stat().st_size < \
+        0.6 * (ck / "adapter_model.safetensors").stat().st_size
     res = tmp_path / "repo" / "training" / "results" / "arm"
     assert (res / "metrics.jsonl").read_text() == (run / "metrics.jsonl").read_text()
 
@@ -206,6 +216,7 @@ def test_a_resume_without_optimizer_state_keeps_the_schedule_and_data_order(tmp_
     for f in ck.iterdir():
         if f.name in ("optimizer.pt", "scheduler.pt") or f.name.startswith("rng_state"):
             f.unlink()
+
     with caplog.at_level(logging.WARNING, logger="drgym.training.resume"):
         run_grpo(tiny_config(tmp_path / "cut", **g), resume=True, backend=bm25_backend,
                  extra_reward_funcs=[action_chars])
@@ -214,3 +225,35 @@ def test_a_resume_without_optimizer_state_keeps_the_schedule_and_data_order(tmp_
     assert [b["task_ids"] for b in batches(tmp_path / "cut") if b["step"] >= 3] == \
         [b["task_ids"] for b in batches(tmp_path / "full") if b["step"] >= 3]
     assert any("AdamW moments restart from zero" in r.getMessage() for r in caplog.records)
+
+
+def test_a_half_precision_adapter_loads_into_a_float32_lora_model(tmp_path):
+    """What a snapshot commits (the adapter in float16) loads as a resume loads it (PEFT's
+    ``load_adapter``): the trainable weights stay float32 and hold the rounded values."""
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from safetensors.torch import load_file
+
+    from drgym.training.long_run import half_precision_adapter
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            return self.lin(x)
+
+    torch.manual_seed(0)
+    model = get_peft_model(Net(), LoraConfig(r=4, target_modules=["lin"], init_lora_weights=False))
+    model.save_pretrained(tmp_path / "full")
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "adapter_config.json").write_bytes((tmp_path / "full" / "adapter_config.json").read_bytes())
+    half_precision_adapter(tmp_path / "full" / "adapter_model.safetensors", tmp_path / "half" / "adapter_model.safetensors")
+    assert {v.dtype for v in load_file(str(tmp_path / "half" / "adapter_model.safetensors")).values()} == {torch.float16}
+    torch.manual_seed(1)
+    loaded = PeftModel.from_pretrained(Net(), tmp_path / "half", is_trainable=True)
+    want = {k: v for k, v in model.state_dict().items() if "lora_" in k}
+    got = {k: v for k, v in loaded.state_dict().items() if "lora_" in k}
+    assert got.keys() == want.keys() and len(got) == 2
+    assert all(got[k].dtype == torch.float32 and torch.equal(got[k], want[k].half().float()) for k in want)

@@ -21,7 +21,9 @@ The run folder lives outside the work tree (``$DRGYM_RUNS/<name>``, default
    (``drgym plot``), a window summary (and the docs' tables rendered from it,
    ``scripts/readme_tables.py --write``), and the last complete checkpoint into
    ``training/checkpoints/<name>/`` (the previous one replaced), its :data:`COMMITTED`
-   files only. Committing them is the caller's step.
+   files only, the adapter in float16 (half the bytes; a resume from it on another
+   machine starts from weights rounded to half precision). Committing them is the
+   caller's step.
 
 The repository is the source checkout the package runs from (:data:`ROOT`).
 ``scripts/long_run.py`` is the command line of :func:`supervise` and :func:`snapshot`::
@@ -76,14 +78,33 @@ def run_dir_of(name: str) -> Path:
     return Path(base) / name
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    """Copy ``src`` to ``dst`` atomically: into a sibling temp folder, then rename over."""
+def half_precision_adapter(src: Path, dst: Path) -> None:
+    """Write the LoRA adapter file ``src`` to ``dst`` with its float32 tensors in float16
+    (half the bytes; a relative rounding of at most 2^-11 per weight). Loading it into a
+    float32 model casts it back (PEFT's ``load_adapter``, a trainer's resume)."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+    import torch
+
+    with safe_open(str(src), "pt") as f:
+        meta = f.metadata() or {}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    half = {k: t.to(torch.float16) if t.dtype == torch.float32 else t for k, t in tensors.items()}
+    save_file(half, str(dst), metadata={**meta, "format": meta.get("format", "pt")})
+
+
+def _copy_tree(src: Path, dst: Path, *, half: bool = False) -> None:
+    """Copy ``src`` to ``dst`` atomically: into a sibling temp folder, then rename over.
+    With ``half``, the adapter's float32 tensors are written in float16
+    (:func:`half_precision_adapter`)."""
     tmp = dst.with_name(dst.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     for name in COMMITTED:
-        if (src / name).is_file():
+        if half and name == "adapter_model.safetensors" and (src / name).is_file():
+            half_precision_adapter(src / name, tmp / name)
+        elif (src / name).is_file():
             shutil.copy2(src / name, tmp / name)
     old = dst.with_name(dst.name + ".old")
     if dst.exists():
@@ -229,7 +250,7 @@ def snapshot(name: str, run: Path) -> dict:
         saved.mkdir(parents=True, exist_ok=True)
         have = sorted(p.name for p in saved.glob("checkpoint-*"))
         if have != [ck.name]:
-            _copy_tree(ck, saved / ck.name)
+            _copy_tree(ck, saved / ck.name, half=True)
             for old in have:
                 if old != ck.name:
                     shutil.rmtree(saved / old)
