@@ -238,20 +238,34 @@ def parse_section(model: type[_M], data: Any, *, where: str | None = None, sourc
         raise config_error(e, model, where=where, source=source) from None
 
 
-def merge_layers(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+def merge_layers(base: Mapping[str, Any], over: Mapping[str, Any], *,
+                 exclusive: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
     """``over`` merged over ``base``: mappings merge key by key at every depth, anything else
     in ``over`` replaces (a list is replaced whole). Neither argument is changed.
 
-    This is how a run file and the command line's ``--set`` options combine.
+    This is how a run file and the command line's ``--set`` options combine, and how the
+    layers of a serving config do (:func:`drgym.distributed.serve.load_config`).
+
+    Args:
+        base, over: the two layers.
+        exclusive: pairs of keys that take one another's place at any depth: a key of a
+            pair given in ``over`` drops the other from ``base`` (Ray Serve's
+            ``num_replicas`` and ``autoscaling_config``).
 
     >>> merge_layers({"env": {"id": "x", "kwargs": {"top_k": 3, "max_searches": 2}}},
     ...              {"env": {"kwargs": {"top_k": 5}}})
     {'env': {'id': 'x', 'kwargs': {'top_k': 5, 'max_searches': 2}}}
+    >>> merge_layers({"d": {"num_replicas": 2}}, {"d": {"autoscaling_config": {"max_replicas": 4}}},
+    ...              exclusive=[("num_replicas", "autoscaling_config")])
+    {'d': {'autoscaling_config': {'max_replicas': 4}}}
     """
     out = dict(base)
     for k, v in over.items():
+        for a, b in exclusive:
+            if k in (a, b):
+                out.pop(b if k == a else a, None)
         if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
-            out[k] = merge_layers(out[k], v)
+            out[k] = merge_layers(out[k], v, exclusive=exclusive)
         else:
             out[k] = v
     return out

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from drgym.config import merge_layers
 from drgym.distributed import require_ray
 from drgym.errors import BackendUnavailableError, ConfigError
 from drgym.search.base import PartialResults
@@ -71,16 +72,9 @@ def load_config(path: str | Path | None = None, overrides: dict | None = None) -
 
 
 def _merge(a: dict, b: dict) -> dict:
-    """``b`` merged over ``a`` key by key (a copy); a ``num_replicas`` in ``b`` drops the
-    ``autoscaling_config`` of ``a`` and the other way round."""
-    out = copy.deepcopy(a)
-    for k, v in b.items():
-        if k == "num_replicas" and "autoscaling_config" in out:
-            out.pop("autoscaling_config")
-        if k == "autoscaling_config" and "num_replicas" in out:
-            out.pop("num_replicas")
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
-    return out
+    """``b`` merged over ``a`` key by key (a deep copy), by :func:`drgym.config.merge_layers`:
+    a ``num_replicas`` in ``b`` drops the ``autoscaling_config`` of ``a`` and the other way round."""
+    return copy.deepcopy(merge_layers(a, b, exclusive=[("num_replicas", "autoscaling_config")]))
 
 
 RAY_DEFAULT_REPLICA_CPUS = 1.0
